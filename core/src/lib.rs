@@ -1,0 +1,22 @@
+//! nxrt-core: ONNX loading, graph IR, shape inference, optimisation, the executor, the provider
+//! and kernel traits, and portable reference kernels. `#![no_std]` + `alloc`, so the same code
+//! runs natively and in wasm (`wasm32v1-none` proves there is no hidden std).
+#![no_std]
+#![allow(clippy::too_many_arguments, clippy::needless_range_loop)]
+
+extern crate alloc;
+
+pub mod dtype;
+pub mod error;
+pub mod ir;
+pub mod kernels;
+pub mod loader;
+pub mod proto;
+pub mod provider;
+pub mod tensor;
+pub mod value;
+
+pub use dtype::DataType;
+pub use error::{Error, NodeContext, Result};
+pub use tensor::{Data, Elem, Location, Tensor};
+pub use value::{Dim, TypeInfo, Value};

@@ -1,0 +1,286 @@
+//! The one provider trait every target implements, kernels, and the kernel registry keyed by
+//! domain, op type, opset range and element type.
+
+use alloc::boxed::Box;
+use alloc::string::String;
+use alloc::vec::Vec;
+use core::future::Future;
+use core::pin::Pin;
+use hashbrown::HashMap;
+
+use crate::dtype::DataType;
+use crate::error::{Error, Result};
+use crate::ir::Node;
+use crate::tensor::{Location, Tensor};
+use crate::value::Value;
+
+/// A boxed future, so that provider traits stay object-safe and the run path stays async.
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// Strided single-precision GEMM: `C = alpha * A·B + beta * C` with A m×k, B k×n, C m×n
+/// (C row-major with row stride `ldc`). A and B are addressed through (row, column) strides so
+/// transposed operands need no copy.
+#[derive(Clone, Copy, Debug)]
+pub struct Gemm {
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    pub a_rs: isize,
+    pub a_cs: isize,
+    pub b_rs: isize,
+    pub b_cs: isize,
+    pub ldc: usize,
+    pub alpha: f32,
+    pub beta: f32,
+}
+
+/// Hot primitives a CPU target may accelerate (SIMD, threads). Core's reference kernels call
+/// these, so every kernel written once in core gets the target's fast paths.
+pub trait CpuBackend: Send + Sync {
+    /// Name for reports (e.g. `reference`, `avx2+fma x4`).
+    fn name(&self) -> String;
+    /// `C = alpha*A*B + beta*C` (see [`Gemm`]).
+    fn sgemm(&self, g: &Gemm, a: &[f32], b: &[f32], c: &mut [f32]);
+    /// Runs `f(i)` for `i in 0..n`, possibly in parallel.
+    fn parallel_for(&self, n: usize, f: &(dyn Fn(usize) + Sync)) {
+        for i in 0..n {
+            f(i)
+        }
+    }
+    /// Worker threads available to `parallel_for`.
+    fn threads(&self) -> usize {
+        1
+    }
+}
+
+/// What a kernel sees of its environment while computing.
+pub struct KernelCx<'a> {
+    pub cpu: &'a dyn CpuBackend,
+}
+
+/// A compiled operator instance (attributes parsed, ready to run).
+pub trait Kernel: Send + Sync {
+    /// Computes the node's outputs from its inputs (`None` for omitted optional inputs).
+    /// Returns one value per output the node declares (trailing optional outputs may be
+    /// omitted when the node does not use them).
+    fn compute(&self, cx: &KernelCx<'_>, inputs: &[Option<&Value>]) -> Result<Vec<Value>>;
+}
+
+impl<F> Kernel for F
+where
+    F: Fn(&KernelCx<'_>, &[Option<&Value>]) -> Result<Vec<Value>> + Send + Sync,
+{
+    fn compute(&self, cx: &KernelCx<'_>, inputs: &[Option<&Value>]) -> Result<Vec<Value>> {
+        self(cx, inputs)
+    }
+}
+
+/// Builds a kernel for a node (parses and checks attributes at load time).
+pub type KernelFactory = fn(&Node) -> Result<Box<dyn Kernel>>;
+
+/// One registration: a kernel for `domain::op` over opsets `since..=until`, for the listed
+/// element types of input `type_input` (empty list: any type; the kernel checks).
+#[derive(Clone, Copy)]
+pub struct KernelDef {
+    pub domain: &'static str,
+    pub op: &'static str,
+    pub since: i64,
+    pub until: i64,
+    pub type_input: usize,
+    pub types: &'static [DataType],
+    pub build: KernelFactory,
+}
+
+/// Outcome of a registry lookup, precise enough for a useful error.
+pub enum Lookup<'a> {
+    Found(&'a KernelDef),
+    UnknownOp,
+    NoOpsetVersion { have: Vec<(i64, i64)> },
+    NoType { dtype: DataType },
+}
+
+/// Kernels keyed by (domain, op type).
+#[derive(Default)]
+pub struct KernelRegistry {
+    map: HashMap<&'static str, HashMap<&'static str, Vec<KernelDef>>>,
+}
+
+impl KernelRegistry {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn add(&mut self, def: KernelDef) {
+        self.map
+            .entry(def.domain)
+            .or_default()
+            .entry(def.op)
+            .or_default()
+            .push(def);
+    }
+
+    pub fn extend(&mut self, defs: &[KernelDef]) {
+        for d in defs {
+            self.add(*d);
+        }
+    }
+
+    /// Finds the kernel for a node, given the element type of its type-deciding input when known.
+    pub fn lookup(&self, node: &Node, input_types: &[Option<DataType>]) -> Lookup<'_> {
+        let Some(defs) = self
+            .map
+            .get(node.domain.as_str())
+            .and_then(|m| m.get(node.op_type.as_str()))
+        else {
+            return Lookup::UnknownOp;
+        };
+        let in_range: Vec<&KernelDef> = defs
+            .iter()
+            .filter(|d| node.opset >= d.since && node.opset <= d.until)
+            .collect();
+        if in_range.is_empty() {
+            return Lookup::NoOpsetVersion {
+                have: defs.iter().map(|d| (d.since, d.until)).collect(),
+            };
+        }
+        let mut last_dt = None;
+        for d in in_range {
+            let dt = input_types.get(d.type_input).copied().flatten();
+            match dt {
+                Some(dt) if !d.types.is_empty() && !d.types.contains(&dt) => last_dt = Some(dt),
+                _ => return Lookup::Found(d),
+            }
+        }
+        Lookup::NoType {
+            dtype: last_dt.unwrap_or(DataType::Float),
+        }
+    }
+
+    /// Every registered (domain, op, since, until, types), for docs and `inspect`.
+    pub fn entries(&self) -> impl Iterator<Item = &KernelDef> {
+        self.map.values().flat_map(|m| m.values()).flatten()
+    }
+
+    pub fn has_op(&self, domain: &str, op: &str) -> bool {
+        self.map.get(domain).is_some_and(|m| m.contains_key(op))
+    }
+}
+
+/// Whether a provider can run a node.
+pub enum Support {
+    Yes,
+    /// Not supported, with the reason (shown in partition reports).
+    No(String),
+}
+
+/// An execution provider: a target that owns a memory location and runs kernels there.
+///
+/// The CPU provider's location is [`Location::Host`]; device providers (WebGPU, CUDA) own a
+/// [`Location::Device`]. The session partitions a graph across providers and inserts explicit
+/// copies where a value crosses locations; read-back is async so a browser never blocks.
+pub trait ExecutionProvider: Send + Sync {
+    /// Short name (`cpu`, `webgpu`, `cuda`).
+    fn name(&self) -> &str;
+    /// Where this provider's kernels read and write tensors.
+    fn location(&self) -> Location;
+    /// Whether this provider has a kernel for `node` given its inputs' element types.
+    fn supports(&self, node: &Node, input_types: &[Option<DataType>]) -> Support;
+    /// Builds the kernel for `node`.
+    fn create_kernel(&self, node: &Node, input_types: &[Option<DataType>])
+        -> Result<Box<dyn Kernel>>;
+    /// The CPU primitives kernels on this provider may use.
+    fn cpu_backend(&self) -> &dyn CpuBackend;
+    /// Copies a host tensor into this provider's memory (identity for host providers).
+    fn upload(&self, t: &Tensor) -> Result<Tensor> {
+        if self.location() == Location::Host {
+            Ok(t.clone())
+        } else {
+            Err(Error::Provider(alloc::format!(
+                "provider {} has no upload",
+                self.name()
+            )))
+        }
+    }
+    /// Copies a tensor of this provider back to the host; async because device read-back is.
+    fn download<'a>(&'a self, t: &'a Tensor) -> BoxFuture<'a, Result<Tensor>> {
+        Box::pin(async move {
+            if t.location() == Location::Host {
+                Ok(t.clone())
+            } else {
+                Err(Error::Provider(alloc::format!(
+                    "provider {} cannot read back {:?}",
+                    self.name(),
+                    t.location()
+                )))
+            }
+        })
+    }
+}
+
+/// Portable single-threaded primitives: what wasm and `no_std` builds use.
+pub struct ReferenceCpu;
+
+impl CpuBackend for ReferenceCpu {
+    fn name(&self) -> String {
+        String::from("reference")
+    }
+    fn sgemm(&self, g: &Gemm, a: &[f32], b: &[f32], c: &mut [f32]) {
+        reference_sgemm(g, a, b, c)
+    }
+}
+
+/// A cache-blocked portable SGEMM (packs B panels row-major, inner loop over contiguous C rows
+/// so the compiler vectorises it).
+pub fn reference_sgemm(g: &Gemm, a: &[f32], b: &[f32], c: &mut [f32]) {
+    let (m, n, k) = (g.m, g.n, g.k);
+    if m == 0 || n == 0 {
+        return;
+    }
+    for i in 0..m {
+        let row = &mut c[i * g.ldc..i * g.ldc + n];
+        if g.beta == 0.0 {
+            row.iter_mut().for_each(|x| *x = 0.0);
+        } else if g.beta != 1.0 {
+            row.iter_mut().for_each(|x| *x *= g.beta);
+        }
+    }
+    if k == 0 {
+        return;
+    }
+    const KC: usize = 256;
+    const NC: usize = 512;
+    let mut bp = alloc::vec![0f32; KC.min(k) * NC.min(n)];
+    let mut k0 = 0;
+    while k0 < k {
+        let kc = KC.min(k - k0);
+        let mut n0 = 0;
+        while n0 < n {
+            let nc = NC.min(n - n0);
+            // pack B[k0..k0+kc, n0..n0+nc] row-major
+            for kk in 0..kc {
+                let dst = &mut bp[kk * nc..kk * nc + nc];
+                let base = (k0 + kk) as isize * g.b_rs + n0 as isize * g.b_cs;
+                if g.b_cs == 1 {
+                    dst.copy_from_slice(&b[base as usize..base as usize + nc]);
+                } else {
+                    for (j, d) in dst.iter_mut().enumerate() {
+                        *d = b[(base + j as isize * g.b_cs) as usize];
+                    }
+                }
+            }
+            for i in 0..m {
+                let crow = &mut c[i * g.ldc + n0..i * g.ldc + n0 + nc];
+                let abase = i as isize * g.a_rs + k0 as isize * g.a_cs;
+                for kk in 0..kc {
+                    let av = g.alpha * a[(abase + kk as isize * g.a_cs) as usize];
+                    let brow = &bp[kk * nc..kk * nc + nc];
+                    for (cv, bv) in crow.iter_mut().zip(brow) {
+                        *cv += av * bv;
+                    }
+                }
+            }
+            n0 += nc;
+        }
+        k0 += kc;
+    }
+}
