@@ -21,9 +21,13 @@ use crate::value::Value;
 
 pub mod elementwise;
 pub mod linalg;
+pub mod ml;
 pub mod nn;
+pub mod norm;
 pub mod reduce;
+pub mod rnn;
 pub mod shape;
+pub mod signal;
 
 /// Every kernel family's registrations. A family added to `kernels/` is listed here once.
 pub fn cpu_registry() -> KernelRegistry {
@@ -33,7 +37,11 @@ pub fn cpu_registry() -> KernelRegistry {
         shape::KERNELS,
         linalg::KERNELS,
         nn::KERNELS,
+        norm::KERNELS,
         reduce::KERNELS,
+        rnn::KERNELS,
+        signal::KERNELS,
+        ml::KERNELS,
     ] {
         r.extend(fam);
     }

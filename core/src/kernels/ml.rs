@@ -1,0 +1,5 @@
+//! Kernel family: ml (placeholder until filled in).
+
+use crate::provider::KernelDef;
+
+pub(crate) const KERNELS: &[KernelDef] = &[];

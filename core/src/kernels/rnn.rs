@@ -1,0 +1,5 @@
+//! Kernel family: rnn (placeholder until filled in).
+
+use crate::provider::KernelDef;
+
+pub(crate) const KERNELS: &[KernelDef] = &[];
