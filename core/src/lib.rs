@@ -8,11 +8,15 @@ extern crate alloc;
 
 pub mod dtype;
 pub mod error;
+pub mod infer;
 pub mod ir;
 pub mod kernels;
 pub mod loader;
+pub mod npy;
+pub mod optimize;
 pub mod proto;
 pub mod provider;
+pub mod session;
 pub mod tensor;
 pub mod value;
 
@@ -20,3 +24,4 @@ pub use dtype::DataType;
 pub use error::{Error, NodeContext, Result};
 pub use tensor::{Data, Elem, Location, Tensor};
 pub use value::{Dim, TypeInfo, Value};
+pub use session::{OptLevel, Session, SessionOptions};

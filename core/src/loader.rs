@@ -296,8 +296,18 @@ impl LoadCx<'_> {
                 let v = self.attr_value(a, &node_opsets, &sub_scope, &mut implicit)?;
                 attrs.push((name, v));
             }
+            let name = if np.name.is_empty() {
+                // unnamed nodes are named after their first output, so errors can point at them
+                alloc::format!(
+                    "{}->{}",
+                    np.op_type,
+                    np.output.iter().find(|o| !o.is_empty()).map_or("", |o| o.as_str())
+                )
+            } else {
+                np.name
+            };
             let mut node = Node {
-                name: np.name,
+                name,
                 op_type: np.op_type,
                 domain,
                 opset,

@@ -1,1 +1,453 @@
-fn main() {}
+//! The `nxrt` command line: `run`, `bench` and `inspect` (a contract other tools script against).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Instant;
+
+use clap::{Args, Parser, Subcommand};
+use nxrt::{DataType, Dim, Error, Session, SessionBuilder, Tensor, TypeInfo, Value};
+use nxrt_core::loader;
+use serde_json::json;
+
+#[derive(Parser)]
+#[command(name = "nxrt", version, about = "Run, benchmark and inspect ONNX models")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Option<Cmd>,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Run a model once (without MODEL: the small model built into this binary).
+    Run(RunArgs),
+    /// Time repeated runs of a model.
+    Bench(BenchArgs),
+    /// Show a model's opsets, ops, inputs/outputs, weights and unsupported nodes.
+    Inspect(InspectArgs),
+}
+
+#[derive(Args, Clone)]
+struct Common {
+    /// Input as NAME=FILE (.npy, or .pb holding a TensorProto/SequenceProto/MapProto/OptionalProto).
+    #[arg(long = "input", value_name = "NAME=FILE")]
+    inputs: Vec<String>,
+    /// Fix a symbolic dimension for generated inputs (default 1).
+    #[arg(long = "dim", value_name = "NAME=VALUE")]
+    dims: Vec<String>,
+    /// Execution provider (this build: cpu).
+    #[arg(long, default_value = "cpu")]
+    provider: String,
+    /// Intra-op threads (0 = all cores).
+    #[arg(long, default_value_t = 1)]
+    threads: usize,
+    /// Seed for generated inputs.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+}
+
+#[derive(Args)]
+struct RunArgs {
+    model: Option<PathBuf>,
+    #[command(flatten)]
+    common: Common,
+    /// Write every output to DIR/<name>.npy (or .pb for types .npy cannot hold).
+    #[arg(long)]
+    output_dir: Option<PathBuf>,
+}
+
+#[derive(Args)]
+struct BenchArgs {
+    model: PathBuf,
+    #[command(flatten)]
+    common: Common,
+    #[arg(long, default_value_t = 3)]
+    warmup: usize,
+    #[arg(long, default_value_t = 20)]
+    runs: usize,
+    /// One JSON object on stdout.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args)]
+struct InspectArgs {
+    model: PathBuf,
+    #[arg(long)]
+    json: bool,
+    #[arg(long, default_value = "cpu")]
+    provider: String,
+}
+
+fn main() -> ExitCode {
+    // Behave like other Unix tools when stdout is a closed pipe (`nxrt inspect m | head`).
+    #[cfg(unix)]
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+    let cli = Cli::parse();
+    let res = match cli.cmd {
+        None => run(RunArgs {
+            model: None,
+            common: Common {
+                inputs: vec![],
+                dims: vec![],
+                provider: "cpu".into(),
+                threads: 1,
+                seed: 0,
+            },
+            output_dir: None,
+        }),
+        Some(Cmd::Run(a)) => run(a),
+        Some(Cmd::Bench(a)) => bench(a),
+        Some(Cmd::Inspect(a)) => inspect(a),
+    };
+    match res {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error[{}]: {e}", e.kind());
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn builder(c: &Common) -> SessionBuilder {
+    Session::builder().threads(c.threads).providers(&[c.provider.as_str()])
+}
+
+fn split_kv<'a>(s: &'a str, what: &str) -> Result<(&'a str, &'a str), Error> {
+    s.split_once('=')
+        .ok_or_else(|| Error::Input(format!("{what} '{s}' should be NAME=VALUE")))
+}
+
+/// Reads a value file: `.npy` or a `.pb` value proto (decoded by the input's declared kind).
+fn read_value(path: &Path, declared: &TypeInfo) -> Result<Value, Error> {
+    let bytes =
+        std::fs::read(path).map_err(|e| Error::Io(format!("cannot read {}: {e}", path.display())))?;
+    match path.extension().and_then(|e| e.to_str()) {
+        Some("npy") => Ok(Value::Tensor(nxrt::npy::read_npy(&bytes)?)),
+        Some("pb") => loader::value_from_proto_bytes(&bytes, declared),
+        _ => Err(Error::Input(format!(
+            "{}: input files must be .npy or .pb",
+            path.display()
+        ))),
+    }
+}
+
+/// A small xorshift generator for seeded inputs.
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn unit(&mut self) -> f64 {
+        (self.next() >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
+fn gen_tensor(dt: DataType, shape: &[usize], rng: &mut Rng) -> Result<Tensor, Error> {
+    let n = nxrt_core::tensor::numel(shape)?;
+    if n > (1 << 28) {
+        return Err(Error::Shape(format!(
+            "generated input of shape {shape:?} is too large; give it with --input or fix --dim"
+        )));
+    }
+    macro_rules! ints {
+        ($t:ty) => {
+            Tensor::from_vec(shape, (0..n).map(|_| (rng.next() % 10) as $t).collect::<Vec<$t>>())
+        };
+    }
+    match dt {
+        DataType::Float => Tensor::from_vec(shape, (0..n).map(|_| (rng.unit() * 2.0 - 1.0) as f32).collect()),
+        DataType::Double => Tensor::from_vec(shape, (0..n).map(|_| rng.unit() * 2.0 - 1.0).collect()),
+        DataType::Float16 => Tensor::from_vec(
+            shape,
+            (0..n).map(|_| half::f16::from_f64(rng.unit() * 2.0 - 1.0)).collect(),
+        ),
+        DataType::Int64 => ints!(i64),
+        DataType::Int32 => ints!(i32),
+        DataType::Int16 => ints!(i16),
+        DataType::Int8 => ints!(i8),
+        DataType::Uint8 => ints!(u8),
+        DataType::Uint16 => ints!(u16),
+        DataType::Uint32 => ints!(u32),
+        DataType::Uint64 => ints!(u64),
+        DataType::Bool => Tensor::from_vec(shape, (0..n).map(|_| rng.next() % 2 == 1).collect()),
+        DataType::String => Tensor::from_vec(shape, (0..n).map(|i| format!("s{i}")).collect()),
+        other => Err(Error::Input(format!("cannot generate {other} inputs; give one with --input"))),
+    }
+}
+
+fn feeds_for(session: &Session, c: &Common) -> Result<Vec<(String, Value)>, Error> {
+    let mut given: BTreeMap<String, PathBuf> = BTreeMap::new();
+    for s in &c.inputs {
+        let (n, f) = split_kv(s, "--input")?;
+        given.insert(n.to_string(), PathBuf::from(f));
+    }
+    let mut dims: BTreeMap<String, usize> = BTreeMap::new();
+    for s in &c.dims {
+        let (n, v) = split_kv(s, "--dim")?;
+        dims.insert(
+            n.to_string(),
+            v.parse()
+                .map_err(|_| Error::Input(format!("--dim {s}: value must be a size")))?,
+        );
+    }
+    let inputs = session.inputs();
+    for name in given.keys() {
+        if !inputs.iter().any(|i| &i.name == name) {
+            let names: Vec<&str> = inputs.iter().map(|i| i.name.as_str()).collect();
+            return Err(Error::Input(format!(
+                "the model has no input named '{name}' (inputs: {names:?})"
+            )));
+        }
+    }
+    let mut rng = Rng(0x2545_F491_4F6C_DD1D ^ c.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+    let mut feeds = Vec::new();
+    for i in inputs {
+        let v = match given.get(&i.name) {
+            Some(path) => read_value(path, &i.ty)?,
+            None => match &i.ty {
+                TypeInfo::Tensor { dtype, shape } => {
+                    let dt = dtype.ok_or_else(|| {
+                        Error::Input(format!("input '{}' has no declared type; give it with --input", i.name))
+                    })?;
+                    let shape: Vec<usize> = shape
+                        .as_deref()
+                        .unwrap_or(&[])
+                        .iter()
+                        .map(|d| match d {
+                            Dim::Known(n) => *n,
+                            Dim::Sym(s) => dims.get(s).copied().unwrap_or(1),
+                            Dim::Unknown => 1,
+                        })
+                        .collect();
+                    Value::Tensor(gen_tensor(dt, &shape, &mut rng)?)
+                }
+                other => {
+                    return Err(Error::Input(format!(
+                        "input '{}' is a {other}; give it with --input",
+                        i.name
+                    )))
+                }
+            },
+        };
+        feeds.push((i.name, v));
+    }
+    Ok(feeds)
+}
+
+/// `[A-Za-z0-9._-]` kept, everything else becomes `_`.
+fn safe_name(name: &str) -> String {
+    name.chars()
+        .map(|c| if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') { c } else { '_' })
+        .collect()
+}
+
+fn write_output(dir: &Path, name: &str, v: &Value) -> Result<PathBuf, Error> {
+    let base = safe_name(name);
+    let (path, bytes) = match v {
+        Value::Tensor(t) if nxrt::npy::can_hold(t.dtype()) => {
+            (dir.join(format!("{base}.npy")), nxrt::npy::write_npy(t)?)
+        }
+        other => (dir.join(format!("{base}.pb")), loader::value_to_proto_bytes(name, other)?),
+    };
+    std::fs::write(&path, bytes).map_err(|e| Error::Io(format!("{}: {e}", path.display())))?;
+    Ok(path)
+}
+
+fn summarize(v: &Value) -> String {
+    match v {
+        Value::Tensor(t) => {
+            let head = match t.dtype() {
+                DataType::String => t
+                    .as_slice::<String>()
+                    .map(|s| format!("{:?}", &s[..s.len().min(6)]))
+                    .unwrap_or_default(),
+                _ => match t.to_f32_vec() {
+                    Ok(v) => {
+                        let shown: Vec<String> = v.iter().take(8).map(|x| format!("{x:.5}")).collect();
+                        format!("[{}{}]", shown.join(", "), if v.len() > 8 { ", ..." } else { "" })
+                    }
+                    Err(_) => String::from("(packed)"),
+                },
+            };
+            format!("{} {:?} {}", t.dtype(), t.shape(), head)
+        }
+        Value::Sequence { items, .. } => format!("sequence of {} items", items.len()),
+        Value::Map(m) => format!("map with {} keys", m.keys.len()),
+        Value::Optional { value, .. } => {
+            if value.is_some() { "optional (present)".into() } else { "optional (empty)".into() }
+        }
+    }
+}
+
+fn run(a: RunArgs) -> Result<(), Error> {
+    let c = &a.common;
+    let (session, label) = match &a.model {
+        Some(p) => (builder(c).load(p)?, p.display().to_string()),
+        None => (
+            builder(c).load_bytes(&nxrt::embedded::tiny_cnn())?,
+            "embedded tiny_cnn (16x16 image -> 10 classes)".to_string(),
+        ),
+    };
+    let feeds = feeds_for(&session, c)?;
+    let t0 = Instant::now();
+    let outs = session.run(feeds)?;
+    let ms = t0.elapsed().as_secs_f64() * 1e3;
+    println!("model: {label}");
+    println!(
+        "load: {:.3} ms, run: {:.3} ms ({} thread{}, provider {})",
+        session.load_time().as_secs_f64() * 1e3,
+        ms,
+        session.threads(),
+        if session.threads() == 1 { "" } else { "s" },
+        c.provider
+    );
+    for (name, v) in outs.iter() {
+        println!("  {name}: {}", summarize(v));
+    }
+    if let Some(dir) = &a.output_dir {
+        std::fs::create_dir_all(dir).map_err(|e| Error::Io(format!("{}: {e}", dir.display())))?;
+        for (name, v) in outs.iter() {
+            let p = write_output(dir, name, v)?;
+            println!("  wrote {}", p.display());
+        }
+    }
+    Ok(())
+}
+
+fn bench(a: BenchArgs) -> Result<(), Error> {
+    let c = &a.common;
+    let session = builder(c).load(&a.model)?;
+    let feeds = feeds_for(&session, c)?;
+    for _ in 0..a.warmup {
+        session.run(feeds.clone())?;
+    }
+    let mut times = Vec::with_capacity(a.runs);
+    for _ in 0..a.runs.max(1) {
+        let f = feeds.clone();
+        let t0 = Instant::now();
+        session.run(f)?;
+        times.push(t0.elapsed().as_secs_f64() * 1e3);
+    }
+    times.sort_by(|x, y| x.total_cmp(y));
+    let median = if times.len() % 2 == 1 {
+        times[times.len() / 2]
+    } else {
+        (times[times.len() / 2 - 1] + times[times.len() / 2]) / 2.0
+    };
+    let (min, max) = (times[0], times[times.len() - 1]);
+    let load_ms = session.load_time().as_secs_f64() * 1e3;
+    if a.json {
+        println!(
+            "{}",
+            json!({
+                "model": a.model.display().to_string(),
+                "provider": c.provider,
+                "threads": session.threads(),
+                "warmup": a.warmup,
+                "runs": times.len(),
+                "median_ms": median,
+                "min_ms": min,
+                "max_ms": max,
+                "load_ms": load_ms,
+            })
+        );
+    } else {
+        println!(
+            "{}: median {median:.3} ms, min {min:.3} ms, max {max:.3} ms over {} runs ({} warm-up), load {load_ms:.1} ms, {} thread(s), provider {}",
+            a.model.display(),
+            times.len(),
+            a.warmup,
+            session.threads(),
+            c.provider
+        );
+    }
+    Ok(())
+}
+
+fn inspect(a: InspectArgs) -> Result<(), Error> {
+    let bytes = std::fs::read(&a.model)
+        .map_err(|e| Error::Io(format!("cannot read {}: {e}", a.model.display())))?;
+    let dir = a.model.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let model = loader::load_model(&bytes, &nxrt::FolderData::new(dir)?)?;
+    let g = &model.graph;
+    let mut hist: BTreeMap<String, usize> = BTreeMap::new();
+    g.walk_nodes(&mut |n, _| {
+        let key = if n.domain.is_empty() {
+            n.op_type.clone()
+        } else {
+            format!("{}:{}", n.domain, n.op_type)
+        };
+        *hist.entry(key).or_default() += 1;
+    });
+    let io = |ids: &[usize]| -> Vec<(String, String)> {
+        ids.iter().map(|&i| (g.values[i].name.clone(), g.values[i].ty.to_string())).collect()
+    };
+    let inputs = io(&g.inputs);
+    let outputs = io(&g.outputs);
+    let init_bytes = g.initializer_bytes();
+    let report = Session::builder()
+        .providers(&[a.provider.as_str()])
+        .analyze(&a.model)?;
+    if a.json {
+        let v = json!({
+            "model": a.model.display().to_string(),
+            "ir_version": model.ir_version,
+            "producer": model.producer,
+            "opsets": model.opsets.iter().map(|(d, v)| json!({"domain": if d.is_empty() {"ai.onnx"} else {d}, "version": v})).collect::<Vec<_>>(),
+            "node_count": hist.values().sum::<usize>(),
+            "ops": hist,
+            "inputs": inputs.iter().map(|(n, t)| json!({"name": n, "type": t})).collect::<Vec<_>>(),
+            "outputs": outputs.iter().map(|(n, t)| json!({"name": n, "type": t})).collect::<Vec<_>>(),
+            "initializer_bytes": init_bytes,
+            "partition": {
+                "nodes_per_provider": report.nodes_per_provider.iter().map(|(p, n)| json!({"provider": p, "nodes": n})).collect::<Vec<_>>(),
+                "copies": report.copies,
+            },
+            "unsupported": report.unsupported.iter().map(|u| json!({"node": u.node, "op": u.op, "domain": u.domain, "opset": u.opset, "reason": u.reason})).collect::<Vec<_>>(),
+        });
+        println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
+        return Ok(());
+    }
+    println!("model: {}", a.model.display());
+    println!("ir_version: {}  producer: {}", model.ir_version, model.producer);
+    let ops: Vec<String> = model
+        .opsets
+        .iter()
+        .map(|(d, v)| format!("{}={v}", if d.is_empty() { "ai.onnx" } else { d }))
+        .collect();
+    println!("opsets: {}", ops.join(", "));
+    println!("inputs:");
+    for (n, t) in &inputs {
+        println!("  {n}: {t}");
+    }
+    println!("outputs:");
+    for (n, t) in &outputs {
+        println!("  {n}: {t}");
+    }
+    println!("initializer bytes: {init_bytes}");
+    println!("ops ({} nodes, incl. subgraphs):", hist.values().sum::<usize>());
+    for (op, n) in &hist {
+        println!("  {op:<28} {n}");
+    }
+    let parts: Vec<String> = report
+        .nodes_per_provider
+        .iter()
+        .map(|(p, n)| format!("{p}: {n}"))
+        .collect();
+    println!("partition: {} (copies: {})", parts.join(", "), report.copies);
+    if report.unsupported.is_empty() {
+        println!("unsupported nodes: none");
+    } else {
+        println!("unsupported nodes: {}", report.unsupported.len());
+        for u in &report.unsupported {
+            println!("  {} ({} of {}, opset {}): {}", u.node, u.op, u.domain, u.opset, u.reason);
+        }
+    }
+    Ok(())
+}

@@ -66,21 +66,23 @@ impl CpuProvider {
     }
 }
 
-/// Explains why no kernel matched, naming the node, op, domain, opset and dtype.
-pub fn lookup_error(node: &Node, lookup: &Lookup<'_>) -> Error {
-    let ctx = node.ctx();
+/// Why no kernel matched (the caller adds node, op, domain and opset).
+pub fn lookup_detail(lookup: &Lookup<'_>) -> String {
     match lookup {
-        Lookup::Found(_) => Error::Other(String::from("no error")),
-        Lookup::UnknownOp => Error::unsupported(&ctx, "no kernel for this op"),
-        Lookup::NoOpsetVersion { have } => Error::unsupported(
-            &ctx,
-            alloc::format!("this opset version is not supported (kernels exist for opsets {have:?})"),
+        Lookup::Found(_) => String::new(),
+        Lookup::UnknownOp => String::from("no kernel for this op"),
+        Lookup::NoOpsetVersion { have } => alloc::format!(
+            "this opset version is not supported (kernels exist for opsets {have:?})"
         ),
-        Lookup::NoType { dtype } => Error::unsupported(
-            &ctx,
-            alloc::format!("element type {dtype} is not supported by this op's kernel"),
-        ),
+        Lookup::NoType { dtype } => {
+            alloc::format!("element type {dtype} is not supported by this op's kernel")
+        }
     }
+}
+
+/// The typed error for a failed lookup, naming the node, op, domain, opset and dtype.
+pub fn lookup_error(node: &Node, lookup: &Lookup<'_>) -> Error {
+    Error::unsupported(&node.ctx(), lookup_detail(lookup))
 }
 
 impl ExecutionProvider for CpuProvider {
@@ -93,7 +95,7 @@ impl ExecutionProvider for CpuProvider {
     fn supports(&self, node: &Node, input_types: &[Option<DataType>]) -> Support {
         match self.registry.lookup(node, input_types) {
             Lookup::Found(_) => Support::Yes,
-            l => Support::No(alloc::format!("{}", lookup_error(node, &l))),
+            l => Support::No(lookup_detail(&l)),
         }
     }
     fn create_kernel(

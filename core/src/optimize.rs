@@ -1,0 +1,163 @@
+//! Graph optimisation at load: constant folding (including the Shape -> Gather -> Concat ->
+//! Reshape arithmetic exporters emit, once shapes are known) and dead-node removal.
+
+use alloc::vec;
+use alloc::vec::Vec;
+
+use crate::error::Result;
+use crate::ir::Graph;
+use crate::provider::{ExecutionProvider, KernelCx};
+use crate::session::input_types;
+use crate::tensor::Tensor;
+use crate::value::{Dim, Value};
+
+/// Ops whose outputs are not a pure function of their inputs: never folded.
+const NOT_FOLDABLE: &[&str] = &[
+    "RandomNormal",
+    "RandomUniform",
+    "RandomNormalLike",
+    "RandomUniformLike",
+    "Multinomial",
+    "Bernoulli",
+    "If",
+    "Loop",
+    "Scan",
+];
+
+/// Folded outputs may grow to at most this many bytes beyond twice their inputs (so folding
+/// never turns a tiny `ConstantOfShape` into a huge initializer).
+const FOLD_GROWTH_LIMIT: usize = 1 << 20;
+
+/// Folds every node whose inputs are all constant, using the host provider's kernels, and
+/// `Shape`/`Size` of values whose shapes inference fully knows. Removes nodes nothing reads.
+pub fn fold_constants(g: &mut Graph, cpu: &dyn ExecutionProvider) -> Result<usize> {
+    let mut consts: Vec<Option<Value>> = vec![None; g.values.len()];
+    for (id, v) in &g.initializers {
+        consts[*id] = Some(v.clone());
+    }
+    let is_input: Vec<bool> = {
+        let mut b = vec![false; g.values.len()];
+        for &i in &g.inputs {
+            b[i] = true;
+        }
+        for (_, i) in &g.captures {
+            b[*i] = true;
+        }
+        b
+    };
+    let mut folded = vec![false; g.nodes.len()];
+    let mut count = 0;
+    for (ni, node) in g.nodes.iter().enumerate() {
+        if !node.domain.is_empty() && node.domain != "ai.onnx.ml"
+            || NOT_FOLDABLE.contains(&node.op_type.as_str())
+            || !node.implicit_inputs.is_empty()
+            || node.outputs.iter().flatten().any(|o| is_input[*o])
+        {
+            continue;
+        }
+        // Shape/Size of a fully known shape.
+        if (node.op_type == "Shape" || node.op_type == "Size") && node.domain.is_empty() {
+            if let Some(Some(id)) = node.inputs.first() {
+                if let Some(shape) = g.values[*id].ty.tensor_shape() {
+                    let known: Option<Vec<usize>> = shape
+                        .iter()
+                        .map(|d| match d {
+                            Dim::Known(n) => Some(*n),
+                            _ => None,
+                        })
+                        .collect();
+                    if let (Some(dims), Some(Some(out))) = (known, node.outputs.first()) {
+                        let v = if node.op_type == "Size" {
+                            Tensor::scalar(dims.iter().product::<usize>() as i64)
+                        } else {
+                            let r = dims.len() as i64;
+                            let clamp = |v: i64| (if v < 0 { v + r } else { v }).clamp(0, r) as usize;
+                            let start = clamp(node.get_i("start", 0)?);
+                            let end = clamp(node.attr_i("end")?.unwrap_or(r));
+                            let d: Vec<i64> = dims[start..end.max(start)].iter().map(|&x| x as i64).collect();
+                            Tensor::from_vec(&[d.len()], d)?
+                        };
+                        consts[*out] = Some(Value::Tensor(v));
+                        folded[ni] = true;
+                        count += 1;
+                        continue;
+                    }
+                }
+            }
+        }
+        let all_const = node
+            .inputs
+            .iter()
+            .all(|i| i.is_none_or(|id| consts[id].is_some()));
+        if !all_const {
+            continue;
+        }
+        let tys = input_types(g, node);
+        let Ok(kernel) = cpu.create_kernel(node, &tys) else {
+            continue; // unsupported here: the session will report it
+        };
+        let inputs: Vec<Option<&Value>> = node
+            .inputs
+            .iter()
+            .map(|i| i.and_then(|id| consts[id].as_ref()))
+            .collect();
+        let in_bytes: usize = inputs.iter().flatten().map(|v| v.byte_size()).sum();
+        let cx = KernelCx {
+            cpu: cpu.cpu_backend(),
+        };
+        let Ok(outs) = kernel.compute(&cx, &inputs) else {
+            continue; // errors surface at run time, with context
+        };
+        let out_bytes: usize = outs.iter().map(|v| v.byte_size()).sum();
+        if out_bytes > 2 * in_bytes + FOLD_GROWTH_LIMIT {
+            continue;
+        }
+        for (slot, v) in node.outputs.iter().zip(outs) {
+            if let Some(id) = slot {
+                consts[*id] = Some(v);
+            }
+        }
+        folded[ni] = true;
+        count += 1;
+    }
+    if count == 0 {
+        return Ok(0);
+    }
+    // Which values are still read (by remaining nodes, subgraphs, or as graph outputs)?
+    let mut live = vec![false; g.values.len()];
+    for &o in &g.outputs {
+        live[o] = true;
+    }
+    let mut keep = vec![true; g.nodes.len()];
+    for ni in (0..g.nodes.len()).rev() {
+        let node = &g.nodes[ni];
+        let used = node.outputs.iter().flatten().any(|o| live[*o]);
+        if folded[ni] || !used {
+            keep[ni] = false;
+            continue;
+        }
+        for i in node.inputs.iter().flatten().chain(node.implicit_inputs.iter()) {
+            live[*i] = true;
+        }
+    }
+    let mut nodes = Vec::with_capacity(g.nodes.len());
+    for (ni, n) in core::mem::take(&mut g.nodes).into_iter().enumerate() {
+        if keep[ni] {
+            nodes.push(n);
+        }
+    }
+    g.nodes = nodes;
+    let mut inits = Vec::new();
+    for (id, c) in consts.into_iter().enumerate() {
+        if let Some(v) = c {
+            if live[id] {
+                if let Value::Tensor(t) = &v {
+                    g.values[id].ty = Value::Tensor(t.clone()).type_info();
+                }
+                inits.push((id, v));
+            }
+        }
+    }
+    g.initializers = inits;
+    Ok(count)
+}

@@ -1,0 +1,828 @@
+//! The session: partitions a loaded graph across providers, compiles a kernel per node, and
+//! runs it (async-capable). Control flow (If, Loop, Scan) runs here, over nested plans.
+
+use alloc::boxed::Box;
+use alloc::string::{String, ToString};
+use alloc::sync::Arc;
+use alloc::vec;
+use alloc::vec::Vec;
+
+use crate::dtype::DataType;
+use crate::error::{Error, Result};
+use crate::infer;
+use crate::ir::{Graph, Node, ValueId};
+use crate::loader::Model;
+use crate::optimize;
+use crate::provider::{BoxFuture, ExecutionProvider, Kernel, KernelCx, Support};
+use crate::tensor::{Location, Tensor};
+use crate::value::{Dim, TypeInfo, Value};
+
+/// How much graph optimisation to apply at load.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum OptLevel {
+    /// Run the graph as written.
+    None,
+    /// Fold constants (including the shape arithmetic exporters emit) and drop dead nodes.
+    #[default]
+    Basic,
+    /// Everything in `Basic` plus fusions (none yet beyond Basic).
+    All,
+}
+
+/// Options that shape a session.
+#[derive(Clone, Debug, Default)]
+pub struct SessionOptions {
+    pub optimization: OptLevel,
+}
+
+/// A public description of a graph input or output.
+#[derive(Clone, Debug)]
+pub struct IoInfo {
+    pub name: String,
+    pub ty: TypeInfo,
+}
+
+/// One node that no provider could take.
+#[derive(Clone, Debug)]
+pub struct Unsupported {
+    pub node: String,
+    pub op: String,
+    pub domain: String,
+    pub opset: i64,
+    pub reason: String,
+}
+
+/// Where each node runs and how many copies the partition needs.
+#[derive(Clone, Debug, Default)]
+pub struct PartitionReport {
+    /// (provider name, node count), including nodes inside subgraphs.
+    pub nodes_per_provider: Vec<(String, usize)>,
+    /// Explicit copies between locations.
+    pub copies: usize,
+    pub unsupported: Vec<Unsupported>,
+}
+
+enum StepKind {
+    Kernel {
+        provider: usize,
+        kernel: Box<dyn Kernel>,
+    },
+    If {
+        then_branch: Box<Plan>,
+        else_branch: Box<Plan>,
+    },
+    Loop {
+        body: Box<Plan>,
+    },
+    Scan {
+        body: Box<Plan>,
+    },
+    /// A node no provider supports (only in analysis plans, never run).
+    Missing,
+}
+
+struct Step {
+    node: usize,
+    kind: StepKind,
+    /// Values (by id) this step may drop after it runs: their last reader.
+    frees: Vec<ValueId>,
+    /// Inputs to move to the step's provider first: (value, target provider).
+    copies: Vec<(ValueId, usize)>,
+}
+
+/// A compiled graph: one step per node, value lifetimes, constants.
+struct Plan {
+    graph: Arc<Graph>,
+    steps: Vec<Step>,
+    /// For subgraphs: (local id, id in the enclosing graph) of each captured value.
+    captures: Vec<(ValueId, ValueId)>,
+}
+
+/// A loaded, compiled model ready to run.
+pub struct Session {
+    model_meta: ModelMeta,
+    providers: Vec<Arc<dyn ExecutionProvider>>,
+    plan: Plan,
+    report: PartitionReport,
+}
+
+/// Model metadata kept after load.
+#[derive(Clone, Debug)]
+pub struct ModelMeta {
+    pub ir_version: i64,
+    pub producer: String,
+    pub opsets: Vec<(String, i64)>,
+}
+
+impl Session {
+    /// Compiles `model` for `providers` (in preference order; the last should be a CPU
+    /// provider that takes whatever the others cannot).
+    pub fn new(
+        model: Model,
+        providers: Vec<Arc<dyn ExecutionProvider>>,
+        opts: &SessionOptions,
+    ) -> Result<Session> {
+        let (s, report) = Self::build(model, providers, opts)?;
+        if let Some(u) = report.unsupported.first() {
+            return Err(Error::Unsupported {
+                ctx: crate::error::NodeContext {
+                    node: u.node.clone(),
+                    op: u.op.clone(),
+                    domain: u.domain.clone(),
+                    opset: u.opset,
+                },
+                detail: u.reason.clone(),
+            });
+        }
+        Ok(s)
+    }
+
+    /// Partitions without failing on unsupported nodes (for `inspect`).
+    pub fn analyze(
+        model: Model,
+        providers: Vec<Arc<dyn ExecutionProvider>>,
+        opts: &SessionOptions,
+    ) -> Result<PartitionReport> {
+        Ok(Self::build(model, providers, opts)?.1)
+    }
+
+    fn build(
+        mut model: Model,
+        providers: Vec<Arc<dyn ExecutionProvider>>,
+        opts: &SessionOptions,
+    ) -> Result<(Session, PartitionReport)> {
+        if providers.is_empty() {
+            return Err(Error::Provider("a session needs at least one provider".into()));
+        }
+        infer::infer_graph(&mut model.graph, &[])?;
+        if opts.optimization != OptLevel::None {
+            let cpu = providers
+                .iter()
+                .find(|p| p.location() == Location::Host)
+                .cloned();
+            if let Some(cpu) = cpu {
+                optimize::fold_constants(&mut model.graph, &*cpu)?;
+                infer::infer_graph(&mut model.graph, &[])?;
+            }
+        }
+        let mut report = PartitionReport::default();
+        let graph = Arc::new(model.graph);
+        let plan = compile(&graph, &providers, &mut report, None)?;
+        let meta = ModelMeta {
+            ir_version: model.ir_version,
+            producer: model.producer,
+            opsets: model.opsets,
+        };
+        Ok((
+            Session {
+                model_meta: meta,
+                providers,
+                plan,
+                report: report.clone(),
+            },
+            report,
+        ))
+    }
+
+    pub fn meta(&self) -> &ModelMeta {
+        &self.model_meta
+    }
+
+    pub fn graph(&self) -> &Graph {
+        &self.plan.graph
+    }
+
+    /// The inputs a caller feeds, with declared (symbolic) types.
+    pub fn inputs(&self) -> Vec<IoInfo> {
+        let g = &self.plan.graph;
+        g.inputs
+            .iter()
+            .map(|&id| IoInfo {
+                name: g.values[id].name.clone(),
+                ty: g.values[id].ty.clone(),
+            })
+            .collect()
+    }
+
+    /// The outputs, with declared or inferred types.
+    pub fn outputs(&self) -> Vec<IoInfo> {
+        let g = &self.plan.graph;
+        g.outputs
+            .iter()
+            .map(|&id| IoInfo {
+                name: g.values[id].name.clone(),
+                ty: g.values[id].ty.clone(),
+            })
+            .collect()
+    }
+
+    pub fn partition(&self) -> &PartitionReport {
+        &self.report
+    }
+
+    pub fn providers(&self) -> &[Arc<dyn ExecutionProvider>] {
+        &self.providers
+    }
+
+    /// Checks feeds against the declared inputs: names, kinds, element types, ranks and fixed dims.
+    fn bind_inputs(&self, feeds: Vec<(String, Value)>) -> Result<Vec<Option<Value>>> {
+        let g = &self.plan.graph;
+        let mut env: Vec<Option<Value>> = vec![None; g.values.len()];
+        for (id, v) in &g.initializers {
+            env[*id] = Some(v.clone());
+        }
+        for (name, v) in feeds {
+            let Some(&id) = g.inputs.iter().find(|&&i| g.values[i].name == name) else {
+                let known: Vec<&str> = g.inputs.iter().map(|&i| g.values[i].name.as_str()).collect();
+                return Err(Error::Input(alloc::format!(
+                    "the model has no input named '{name}' (inputs: {known:?})"
+                )));
+            };
+            check_feed(&name, &g.values[id].ty, &v)?;
+            if env[id].is_some() && g.initializers.iter().all(|(i, _)| *i != id) {
+                return Err(Error::Input(alloc::format!("input '{name}' is fed twice")));
+            }
+            env[id] = Some(v);
+        }
+        for &id in &g.inputs {
+            if env[id].is_none() {
+                // an optional-typed input may be omitted
+                if let TypeInfo::Optional(elem) = &g.values[id].ty {
+                    env[id] = Some(Value::Optional {
+                        elem: (**elem).clone(),
+                        value: None,
+                    });
+                    continue;
+                }
+                return Err(Error::Input(alloc::format!(
+                    "input '{}' was not given",
+                    g.values[id].name
+                )));
+            }
+        }
+        Ok(env)
+    }
+
+    /// Runs the model: feeds by name, outputs in graph order (read back to the host).
+    pub fn run_async<'a>(
+        &'a self,
+        feeds: Vec<(String, Value)>,
+    ) -> BoxFuture<'a, Result<Vec<(String, Value)>>> {
+        Box::pin(async move {
+            let env = self.bind_inputs(feeds)?;
+            let outs = self.run_plan(&self.plan, env).await?;
+            let g = &self.plan.graph;
+            let mut named = Vec::with_capacity(outs.len());
+            for (v, &id) in outs.into_iter().zip(&g.outputs) {
+                let v = self.to_host(v).await?;
+                named.push((g.values[id].name.clone(), v));
+            }
+            Ok(named)
+        })
+    }
+
+    fn to_host<'a>(&'a self, v: Value) -> BoxFuture<'a, Result<Value>> {
+        Box::pin(async move {
+            Ok(match v {
+                Value::Tensor(t) => match t.location() {
+                    Location::Host => Value::Tensor(t),
+                    Location::Device(p) => {
+                        let prov = self
+                            .providers
+                            .get(p as usize)
+                            .ok_or_else(|| Error::Provider("tensor of an unknown provider".into()))?;
+                        Value::Tensor(prov.download(&t).await?)
+                    }
+                },
+                other => other,
+            })
+        })
+    }
+
+    fn run_plan<'a>(
+        &'a self,
+        plan: &'a Plan,
+        mut env: Vec<Option<Value>>,
+    ) -> BoxFuture<'a, Result<Vec<Value>>> {
+        Box::pin(async move {
+            let g = &*plan.graph;
+            for step in &plan.steps {
+                let node = &g.nodes[step.node];
+                for &(vid, p) in &step.copies {
+                    if let Some(Value::Tensor(t)) = &env[vid] {
+                        let prov = &self.providers[p];
+                        let moved = if prov.location() == Location::Host {
+                            self.to_host(Value::Tensor(t.clone())).await?
+                        } else {
+                            Value::Tensor(prov.upload(t)?)
+                        };
+                        env[vid] = Some(moved);
+                    }
+                }
+                let outs = {
+                    let inputs: Vec<Option<&Value>> = node
+                        .inputs
+                        .iter()
+                        .map(|i| i.and_then(|id| env[id].as_ref()))
+                        .collect();
+                    for (k, i) in node.inputs.iter().enumerate() {
+                        if let Some(id) = i {
+                            if inputs[k].is_none() {
+                                return Err(Error::node(
+                                    &node.ctx(),
+                                    alloc::format!("input '{}' has no value", g.values[*id].name),
+                                ));
+                            }
+                        }
+                    }
+                    match &step.kind {
+                        StepKind::Kernel { provider, kernel } => {
+                            let cx = KernelCx {
+                                cpu: self.providers[*provider].cpu_backend(),
+                            };
+                            kernel
+                                .compute(&cx, &inputs)
+                                .map_err(|e| e.in_node(&node.ctx()))?
+                        }
+                        StepKind::If {
+                            then_branch,
+                            else_branch,
+                        } => {
+                            let cond = crate::kernels::tensor_in(&inputs, 0)
+                                .and_then(|t| {
+                                    let t = t.to_i64_vec()?;
+                                    t.first().copied().ok_or_else(|| {
+                                        Error::Other("If condition is empty".into())
+                                    })
+                                })
+                                .map_err(|e| e.in_node(&node.ctx()))?;
+                            let branch = if cond != 0 { then_branch } else { else_branch };
+                            let sub_env = self.capture_env(branch, node, &env, &[])?;
+                            self.run_plan(branch, sub_env).await?
+                        }
+                        StepKind::Loop { body } => {
+                            let inputs: Vec<Option<Value>> =
+                                inputs.iter().map(|v| v.cloned()).collect();
+                            self.run_loop(body, node, &env, inputs).await?
+                        }
+                        StepKind::Scan { body } => {
+                            let inputs: Vec<Option<Value>> =
+                                inputs.iter().map(|v| v.cloned()).collect();
+                            self.run_scan(body, node, &env, inputs).await?
+                        }
+                        StepKind::Missing => {
+                            return Err(Error::unsupported(&node.ctx(), "no provider runs it"))
+                        }
+                    }
+                };
+                if outs.len() < node.outputs.iter().rposition(|o| o.is_some()).map_or(0, |p| p + 1) {
+                    return Err(Error::node(
+                        &node.ctx(),
+                        alloc::format!(
+                            "kernel produced {} outputs, the node uses {}",
+                            outs.len(),
+                            node.outputs.len()
+                        ),
+                    ));
+                }
+                for (slot, v) in node.outputs.iter().zip(outs) {
+                    if let Some(id) = slot {
+                        env[*id] = Some(v);
+                    }
+                }
+                for &f in &step.frees {
+                    env[f] = None;
+                }
+            }
+            let mut outs = Vec::with_capacity(g.outputs.len());
+            for &id in &g.outputs {
+                outs.push(env[id].clone().ok_or_else(|| {
+                    Error::InvalidModel(alloc::format!(
+                        "graph output '{}' was never computed",
+                        g.values[id].name
+                    ))
+                })?);
+            }
+            Ok(outs)
+        })
+    }
+
+    /// The environment of a subgraph: its constants, its captured outer values and `inputs`
+    /// bound to its declared inputs.
+    fn capture_env(
+        &self,
+        plan: &Plan,
+        node: &Node,
+        outer: &[Option<Value>],
+        inputs: &[Value],
+    ) -> Result<Vec<Option<Value>>> {
+        let _ = node;
+        let g = &*plan.graph;
+        let mut env: Vec<Option<Value>> = vec![None; g.values.len()];
+        for (id, v) in &g.initializers {
+            env[*id] = Some(v.clone());
+        }
+        for &(local, outer_id) in &plan.captures {
+            env[local] = Some(outer.get(outer_id).cloned().flatten().ok_or_else(|| {
+                Error::node(
+                    &node.ctx(),
+                    alloc::format!(
+                        "captured value '{}' has no value",
+                        g.values[local].name
+                    ),
+                )
+            })?);
+        }
+        for (k, v) in inputs.iter().enumerate() {
+            if let Some(&id) = g.inputs.get(k) {
+                env[id] = Some(v.clone());
+            }
+        }
+        Ok(env)
+    }
+
+    async fn run_loop(
+        &self,
+        body: &Plan,
+        node: &Node,
+        outer: &[Option<Value>],
+        inputs: Vec<Option<Value>>,
+    ) -> Result<Vec<Value>> {
+        let ctx = node.ctx();
+        let max_trip = match inputs.first().cloned().flatten() {
+            Some(v) => Some(
+                v.as_tensor()?
+                    .to_i64_vec()?
+                    .first()
+                    .copied()
+                    .ok_or_else(|| Error::node(&ctx, "empty trip count"))?,
+            ),
+            None => None,
+        };
+        let mut cond = match inputs.get(1).cloned().flatten() {
+            Some(v) => v.as_tensor()?.to_i64_vec()?.first().copied().unwrap_or(0) != 0,
+            None => true,
+        };
+        let mut carried: Vec<Value> = inputs
+            .iter()
+            .skip(2)
+            .map(|v| v.clone().ok_or_else(|| Error::node(&ctx, "missing loop-carried value")))
+            .collect::<Result<_>>()?;
+        let n_carried = carried.len();
+        let n_scan = node.outputs.len().saturating_sub(n_carried);
+        let mut scans: Vec<Vec<Value>> = vec![Vec::new(); n_scan];
+        let mut i: i64 = 0;
+        while cond && max_trip.is_none_or(|m| i < m) {
+            let mut body_in = Vec::with_capacity(2 + n_carried);
+            body_in.push(Value::Tensor(Tensor::scalar(i)));
+            body_in.push(Value::Tensor(Tensor::scalar(cond)));
+            body_in.extend(carried.iter().cloned());
+            let env = self.capture_env(body, node, outer, &body_in)?;
+            let outs = self.run_plan(body, env).await?;
+            if outs.len() != 1 + n_carried + n_scan {
+                return Err(Error::node(&ctx, "loop body returns the wrong number of values"));
+            }
+            let mut it = outs.into_iter();
+            let c = it.next().unwrap();
+            cond = c.as_tensor()?.to_i64_vec()?.first().copied().unwrap_or(0) != 0;
+            for slot in carried.iter_mut() {
+                *slot = it.next().unwrap();
+            }
+            for s in scans.iter_mut() {
+                s.push(it.next().unwrap());
+            }
+            i += 1;
+            if i > (1 << 40) {
+                return Err(Error::node(&ctx, "loop does not terminate"));
+            }
+        }
+        let mut outs = carried;
+        for s in scans {
+            outs.push(stack_scan(s, &ctx)?);
+        }
+        Ok(outs)
+    }
+
+    async fn run_scan(
+        &self,
+        body: &Plan,
+        node: &Node,
+        outer: &[Option<Value>],
+        inputs: Vec<Option<Value>>,
+    ) -> Result<Vec<Value>> {
+        let ctx = node.ctx();
+        let g = &*body.graph;
+        let num_scan_inputs = node.get_i("num_scan_inputs", 0)? as usize;
+        // opset 8 has a leading sequence_lens input
+        let inputs: Vec<Value> = if node.opset < 9 {
+            inputs.into_iter().skip(1).flatten().collect()
+        } else {
+            inputs.into_iter().flatten().collect()
+        };
+        if node.opset < 9 {
+            return Err(Error::unsupported(&ctx, "Scan-8 (batched) is not supported"));
+        }
+        let n_state = inputs.len().saturating_sub(num_scan_inputs);
+        let n_scan_out = g.outputs.len().saturating_sub(n_state);
+        let in_axes = node.attr_ints("scan_input_axes")?.unwrap_or_default();
+        let in_dirs = node.attr_ints("scan_input_directions")?.unwrap_or_default();
+        let out_axes = node.attr_ints("scan_output_axes")?.unwrap_or_default();
+        let out_dirs = node.attr_ints("scan_output_directions")?.unwrap_or_default();
+        let mut state: Vec<Value> = inputs[..n_state].to_vec();
+        let scan_ins: Vec<Tensor> = inputs[n_state..]
+            .iter()
+            .enumerate()
+            .map(|(k, v)| {
+                let t = v.as_tensor()?;
+                let ax = crate::kernels::norm_axis(*in_axes.get(k).unwrap_or(&0), t.rank())?;
+                let mut perm: Vec<usize> = (0..t.rank()).collect();
+                perm.remove(ax);
+                perm.insert(0, ax);
+                t.permute(&perm)
+            })
+            .collect::<Result<_>>()?;
+        let len = scan_ins.first().map_or(0, |t| t.shape()[0]);
+        if scan_ins.iter().any(|t| t.shape()[0] != len) {
+            return Err(Error::node(&ctx, "scan inputs differ in length"));
+        }
+        let mut outs: Vec<Vec<Value>> = vec![Vec::new(); n_scan_out];
+        for step in 0..len {
+            let mut body_in = state.clone();
+            for (k, t) in scan_ins.iter().enumerate() {
+                let rev = in_dirs.get(k).copied().unwrap_or(0) == 1;
+                let idx = if rev { len - 1 - step } else { step };
+                let s = t.slice_axis(0, idx, 1, 1)?;
+                let shape = s.shape()[1..].to_vec();
+                body_in.push(Value::Tensor(s.reshape(&shape)?));
+            }
+            let env = self.capture_env(body, node, outer, &body_in)?;
+            let res = self.run_plan(body, env).await?;
+            let mut it = res.into_iter();
+            for s in state.iter_mut() {
+                *s = it.next().ok_or_else(|| Error::node(&ctx, "scan body output missing"))?;
+            }
+            for o in outs.iter_mut() {
+                o.push(it.next().ok_or_else(|| Error::node(&ctx, "scan body output missing"))?);
+            }
+        }
+        let mut result = state;
+        for (k, mut o) in outs.into_iter().enumerate() {
+            if out_dirs.get(k).copied().unwrap_or(0) == 1 {
+                o.reverse();
+            }
+            let stacked = stack_scan(o, &ctx)?.into_tensor()?;
+            let ax = *out_axes.get(k).unwrap_or(&0);
+            let r = stacked.rank();
+            let ax = crate::kernels::norm_axis(ax, r)?;
+            let mut perm: Vec<usize> = (1..r).collect();
+            perm.insert(ax, 0);
+            result.push(Value::Tensor(stacked.permute(&perm)?.contiguous()?));
+        }
+        Ok(result)
+    }
+}
+
+/// Stacks per-iteration tensors along a new leading axis.
+fn stack_scan(items: Vec<Value>, ctx: &crate::error::NodeContext) -> Result<Value> {
+    if items.is_empty() {
+        return Ok(Value::Tensor(Tensor::zeros(DataType::Float, &[0])?));
+    }
+    let ts: Vec<&Tensor> = items.iter().map(|v| v.as_tensor()).collect::<Result<_>>()?;
+    let shape0 = ts[0].shape().to_vec();
+    if ts.iter().any(|t| t.shape() != shape0.as_slice() || t.dtype() != ts[0].dtype()) {
+        return Err(Error::node(ctx, "scan outputs differ in shape across iterations"));
+    }
+    let mut shape = vec![ts.len()];
+    shape.extend_from_slice(&shape0);
+    let dt = ts[0].dtype();
+    let v = crate::dispatch_any!(dt, T => {
+        let mut all: Vec<T> = Vec::new();
+        for t in &ts { all.extend_from_slice(&t.as_slice::<T>()?); }
+        Tensor::from_vec(&shape, all)?
+    }, else return Err(Error::unsupported(ctx, alloc::format!("scan outputs of type {dt}"))));
+    Ok(Value::Tensor(v))
+}
+
+fn check_feed(name: &str, declared: &TypeInfo, v: &Value) -> Result<()> {
+    match (declared, v) {
+        (TypeInfo::Tensor { dtype, shape }, Value::Tensor(t)) => {
+            if let Some(dt) = dtype {
+                if *dt != t.dtype() {
+                    return Err(Error::Input(alloc::format!(
+                        "input '{name}' expects {dt}, got {}",
+                        t.dtype()
+                    )));
+                }
+            }
+            if let Some(shape) = shape {
+                if shape.len() != t.rank() {
+                    return Err(Error::Input(alloc::format!(
+                        "input '{name}' expects rank {} ({}), got shape {:?}",
+                        shape.len(),
+                        declared,
+                        t.shape()
+                    )));
+                }
+                for (d, &n) in shape.iter().zip(t.shape()) {
+                    if let Dim::Known(k) = d {
+                        if *k != n {
+                            return Err(Error::Input(alloc::format!(
+                                "input '{name}' expects shape {declared}, got {:?}",
+                                t.shape()
+                            )));
+                        }
+                    }
+                }
+            }
+            Ok(())
+        }
+        (TypeInfo::Tensor { .. }, other) => Err(Error::Input(alloc::format!(
+            "input '{name}' expects a tensor, got a {}",
+            other.kind_name()
+        ))),
+        (TypeInfo::Sequence(_), Value::Sequence { .. })
+        | (TypeInfo::Map { .. }, Value::Map(_))
+        | (TypeInfo::Optional(_), _)
+        | (TypeInfo::Unknown, _) => Ok(()),
+        (d, other) => Err(Error::Input(alloc::format!(
+            "input '{name}' expects {d}, got a {}",
+            other.kind_name()
+        ))),
+    }
+}
+
+/// Element types of a node's inputs as far as inference knows them.
+pub fn input_types(g: &Graph, node: &Node) -> Vec<Option<DataType>> {
+    node.inputs
+        .iter()
+        .map(|i| i.and_then(|id| g.values[id].ty.tensor_dtype()))
+        .collect()
+}
+
+fn compile(
+    graph: &Arc<Graph>,
+    providers: &[Arc<dyn ExecutionProvider>],
+    report: &mut PartitionReport,
+    parent: Option<&Graph>,
+) -> Result<Plan> {
+    let g = &**graph;
+    let mut captures = Vec::with_capacity(g.captures.len());
+    for (name, local) in &g.captures {
+        let outer = parent.and_then(|p| p.find_value(name)).ok_or_else(|| {
+            Error::InvalidModel(alloc::format!("subgraph captures unknown value '{name}'"))
+        })?;
+        captures.push((*local, outer));
+    }
+    // Location of each value as the plan runs (graph inputs and constants start on the host).
+    let mut loc: Vec<Option<usize>> = vec![None; g.values.len()];
+    let host = providers
+        .iter()
+        .position(|p| p.location() == Location::Host)
+        .unwrap_or(0);
+    let mut steps = Vec::with_capacity(g.nodes.len());
+    for (ni, node) in g.nodes.iter().enumerate() {
+        let tys = input_types(g, node);
+        let kind = match (node.domain.as_str(), node.op_type.as_str()) {
+            ("", "If") => {
+                let then_g = node
+                    .attr_g("then_branch")?
+                    .ok_or_else(|| Error::node(&node.ctx(), "If without then_branch"))?;
+                let else_g = node
+                    .attr_g("else_branch")?
+                    .ok_or_else(|| Error::node(&node.ctx(), "If without else_branch"))?;
+                count(report, "cpu", 1);
+                StepKind::If {
+                    then_branch: Box::new(compile(then_g, providers, report, Some(g))?),
+                    else_branch: Box::new(compile(else_g, providers, report, Some(g))?),
+                }
+            }
+            ("", "Loop") => {
+                let body = node
+                    .attr_g("body")?
+                    .ok_or_else(|| Error::node(&node.ctx(), "Loop without body"))?;
+                count(report, "cpu", 1);
+                StepKind::Loop {
+                    body: Box::new(compile(body, providers, report, Some(g))?),
+                }
+            }
+            ("", "Scan") => {
+                let body = node
+                    .attr_g("body")?
+                    .ok_or_else(|| Error::node(&node.ctx(), "Scan without body"))?;
+                count(report, "cpu", 1);
+                StepKind::Scan {
+                    body: Box::new(compile(body, providers, report, Some(g))?),
+                }
+            }
+            _ => {
+                let mut chosen = None;
+                let mut reason = String::new();
+                for (pi, p) in providers.iter().enumerate() {
+                    match p.supports(node, &tys) {
+                        Support::Yes => {
+                            chosen = Some(pi);
+                            break;
+                        }
+                        Support::No(r) => reason = r,
+                    }
+                }
+                match chosen {
+                    Some(pi) => match providers[pi].create_kernel(node, &tys) {
+                        Ok(kernel) => {
+                            count(report, providers[pi].name(), 1);
+                            StepKind::Kernel {
+                                provider: pi,
+                                kernel,
+                            }
+                        }
+                        Err(e) => {
+                            let reason = match e {
+                                Error::Unsupported { detail, .. } => detail,
+                                Error::Node { detail, .. } => detail,
+                                e => e.to_string(),
+                            };
+                            report.unsupported.push(unsupported(node, reason));
+                            StepKind::Missing
+                        }
+                    },
+                    None => {
+                        report.unsupported.push(unsupported(node, reason));
+                        StepKind::Missing
+                    }
+                }
+            }
+        };
+        // Copies: a kernel step reads from its provider's location.
+        let target = match &kind {
+            StepKind::Kernel { provider, .. } => *provider,
+            _ => host,
+        };
+        let mut copies = Vec::new();
+        for id in node.inputs.iter().flatten().chain(node.implicit_inputs.iter()) {
+            let at = loc[*id].unwrap_or(host);
+            if providers[at].location() != providers[target].location() {
+                copies.push((*id, target));
+                report.copies += 1;
+                loc[*id] = Some(target);
+            }
+        }
+        for o in node.outputs.iter().flatten() {
+            loc[*o] = Some(target);
+        }
+        steps.push(Step {
+            node: ni,
+            kind,
+            frees: Vec::new(),
+            copies,
+        });
+    }
+    // Graph outputs go back to the host at the end (counted as copies when on a device).
+    for &o in &g.outputs {
+        if let Some(p) = loc[o] {
+            if providers[p].location() != Location::Host {
+                report.copies += 1;
+            }
+        }
+    }
+    // Value lifetimes: free each value after its last reader (never graph outputs).
+    let mut last: Vec<Option<usize>> = vec![None; g.values.len()];
+    for (si, node) in g.nodes.iter().enumerate() {
+        for id in node.inputs.iter().flatten().chain(node.implicit_inputs.iter()) {
+            last[*id] = Some(si);
+        }
+    }
+    for &o in &g.outputs {
+        last[o] = None;
+    }
+    for (id, l) in last.iter().enumerate() {
+        if let Some(si) = l {
+            steps[*si].frees.push(id);
+        }
+    }
+    Ok(Plan {
+        graph: graph.clone(),
+        steps,
+        captures,
+    })
+}
+
+fn count(report: &mut PartitionReport, name: &str, n: usize) {
+    match report.nodes_per_provider.iter_mut().find(|(p, _)| p == name) {
+        Some((_, c)) => *c += n,
+        None => report.nodes_per_provider.push((name.to_string(), n)),
+    }
+}
+
+fn unsupported(node: &Node, reason: String) -> Unsupported {
+    Unsupported {
+        node: node.name.clone(),
+        op: node.op_type.clone(),
+        domain: if node.domain.is_empty() {
+            "ai.onnx".into()
+        } else {
+            node.domain.clone()
+        },
+        opset: node.opset,
+        reason,
+    }
+}

@@ -1,0 +1,162 @@
+//! Real-model parity: every public corpus model (but the `tiny_llama_genai_*` pair, whose
+//! com.microsoft ops come later) runs through `nxrt run --output-dir` on each reference case, and
+//! every output matches ONNX Runtime's (floats within rtol 1e-3 + atol 1e-4, the rest exactly).
+//!
+//! Needs the corpus (`../shared/corpus/fetch_corpus.sh`) and the `nxrt` binary (found next to
+//! this test's target dir, or at `$NXRT_BIN`). Prints each model's worst absolute/relative error.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use nxrt::{Tensor, Value};
+use nxrt_tests::{cache_dir, compare, ErrStats};
+use serde_json::Value as Json;
+
+const RTOL: f64 = 1e-3;
+const ATOL: f64 = 1e-4;
+
+fn nxrt_bin() -> PathBuf {
+    if let Some(p) = std::env::var_os("NXRT_BIN") {
+        return PathBuf::from(p);
+    }
+    // target/<profile>/deps/corpus_parity-xxxx -> target/<profile>/nxrt
+    let exe = std::env::current_exe().expect("test exe");
+    exe.parent().and_then(|d| d.parent()).expect("target dir").join("nxrt")
+}
+
+fn safe(name: &str) -> String {
+    name.chars()
+        .map(|c| if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') { c } else { '_' })
+        .collect()
+}
+
+/// The ZipMap reference (a JSON list of {label: prob}) as our value type.
+fn zipmap_from_json(j: &Json) -> Value {
+    let items = j
+        .as_array()
+        .expect("list of maps")
+        .iter()
+        .map(|m| {
+            let m = m.as_object().expect("map");
+            let mut keys: Vec<i64> = m.keys().map(|k| k.parse().expect("int key")).collect();
+            keys.sort_unstable();
+            let values = keys
+                .iter()
+                .map(|k| Value::Tensor(Tensor::scalar(m[&k.to_string()].as_f64().unwrap() as f32)))
+                .collect();
+            Value::Map(nxrt_core::value::MapValue {
+                keys: Tensor::from_vec(&[keys.len()], keys).unwrap(),
+                values,
+            })
+        })
+        .collect();
+    Value::Sequence {
+        elem: nxrt::TypeInfo::Unknown,
+        items,
+    }
+}
+
+/// Our ZipMap output with keys sorted (map order is not part of the contract).
+fn sorted_maps(v: Value) -> Value {
+    match v {
+        Value::Sequence { elem, items } => Value::Sequence {
+            elem,
+            items: items.into_iter().map(sorted_maps).collect(),
+        },
+        Value::Map(m) => {
+            let keys = m.keys.to_i64_vec().unwrap();
+            let mut idx: Vec<usize> = (0..keys.len()).collect();
+            idx.sort_by_key(|&i| keys[i]);
+            let sk: Vec<i64> = idx.iter().map(|&i| keys[i]).collect();
+            Value::Map(nxrt_core::value::MapValue {
+                keys: Tensor::from_vec(&[sk.len()], sk).unwrap(),
+                values: idx.iter().map(|&i| m.values[i].clone()).collect(),
+            })
+        }
+        other => other,
+    }
+}
+
+fn check_case(bin: &Path, model: &Path, case_dir: &Path, out_dir: &Path) -> Result<ErrStats, String> {
+    let io: Json = serde_json::from_slice(&std::fs::read(case_dir.join("io.json")).map_err(|e| e.to_string())?)
+        .map_err(|e| e.to_string())?;
+    let mut cmd = Command::new(bin);
+    cmd.arg("run").arg(model).arg("--output-dir").arg(out_dir);
+    for i in io["inputs"].as_array().unwrap() {
+        cmd.arg("--input").arg(format!(
+            "{}={}",
+            i["name"].as_str().unwrap(),
+            case_dir.join(i["file"].as_str().unwrap()).display()
+        ));
+    }
+    let out = cmd.output().map_err(|e| format!("cannot start {}: {e}", bin.display()))?;
+    if !out.status.success() {
+        return Err(format!("nxrt run failed: {}", String::from_utf8_lossy(&out.stderr).trim()));
+    }
+    let mut stats = ErrStats::default();
+    for o in io["outputs"].as_array().unwrap() {
+        let name = o["name"].as_str().unwrap();
+        let file = o["file"].as_str().unwrap();
+        let (got, want) = if file.ends_with(".json") {
+            let pb = out_dir.join(format!("{}.pb", safe(name)));
+            let bytes = std::fs::read(&pb).map_err(|e| format!("{}: {e}", pb.display()))?;
+            let ty = nxrt::TypeInfo::Sequence(Box::new(nxrt::TypeInfo::Unknown));
+            let got = nxrt_core::loader::value_from_proto_bytes(&bytes, &ty).map_err(|e| e.to_string())?;
+            let j: Json = serde_json::from_slice(&std::fs::read(case_dir.join(file)).unwrap()).unwrap();
+            (sorted_maps(got), zipmap_from_json(&j))
+        } else {
+            let npy = out_dir.join(format!("{}.npy", safe(name)));
+            let got = nxrt::npy::read_npy(&std::fs::read(&npy).map_err(|e| format!("{}: {e}", npy.display()))?)
+                .map_err(|e| e.to_string())?;
+            let want = nxrt::npy::read_npy(&std::fs::read(case_dir.join(file)).unwrap()).map_err(|e| e.to_string())?;
+            (Value::Tensor(got), Value::Tensor(want))
+        };
+        compare(&got, &want, RTOL, ATOL, &mut stats).map_err(|e| format!("output '{name}': {e}"))?;
+    }
+    Ok(stats)
+}
+
+#[test]
+fn corpus_models_match_onnx_runtime() {
+    let corpus = cache_dir().join("corpus");
+    assert!(
+        corpus.join("manifest.json").exists(),
+        "no corpus at {}: run ../shared/corpus/fetch_corpus.sh (the README's test command does)",
+        corpus.display()
+    );
+    let bin = nxrt_bin();
+    assert!(bin.exists(), "nxrt binary not found at {} (build it, or set NXRT_BIN)", bin.display());
+    let mut models: Vec<PathBuf> = std::fs::read_dir(&corpus)
+        .unwrap()
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.join("model.onnx").exists())
+        .filter(|p| !p.file_name().unwrap().to_string_lossy().starts_with("tiny_llama_genai"))
+        .collect();
+    models.sort();
+    assert!(models.len() >= 19, "expected the 19 corpus models, found {}", models.len());
+    let tmp = std::env::temp_dir().join(format!("nxrt-parity-{}", std::process::id()));
+    let mut failures = Vec::new();
+    println!("{:<24} {:<16} {:>12} {:>12}  result", "model", "case", "max abs err", "max rel err");
+    for m in &models {
+        let name = m.file_name().unwrap().to_string_lossy().to_string();
+        let mut cases: Vec<PathBuf> = std::fs::read_dir(m.join("ref"))
+            .map(|r| r.filter_map(|e| e.ok().map(|e| e.path())).collect())
+            .unwrap_or_default();
+        cases.sort();
+        assert!(!cases.is_empty(), "{name} has no reference cases");
+        for c in cases {
+            let case = c.file_name().unwrap().to_string_lossy().to_string();
+            let out = tmp.join(&name).join(&case);
+            std::fs::create_dir_all(&out).unwrap();
+            match check_case(&bin, &m.join("model.onnx"), &c, &out) {
+                Ok(s) => println!("{name:<24} {case:<16} {:>12.3e} {:>12.3e}  ok", s.max_abs, s.max_rel),
+                Err(e) => {
+                    println!("{name:<24} {case:<16} {:>12} {:>12}  FAIL {e}", "-", "-");
+                    failures.push(format!("{name}/{case}: {e}"));
+                }
+            }
+        }
+    }
+    let _ = std::fs::remove_dir_all(&tmp);
+    assert!(failures.is_empty(), "{} case(s) differ from ONNX Runtime:\n{}", failures.len(), failures.join("\n"));
+}
