@@ -37,10 +37,7 @@ pub enum Error {
     /// An external-data reference is missing, escapes the model folder or is out of range.
     ExternalData(String),
     /// An op, domain, opset, attribute, dtype or shape that nxrt does not support.
-    Unsupported {
-        ctx: NodeContext,
-        detail: String,
-    },
+    Unsupported { ctx: NodeContext, detail: String },
     /// A model imports an opset newer than nxrt knows.
     OpsetTooNew {
         domain: String,

@@ -52,8 +52,14 @@ fn merge(declared: &TypeInfo, inferred: &TypeInfo) -> TypeInfo {
     match (declared, inferred) {
         (TypeInfo::Unknown, x) => x.clone(),
         (
-            TypeInfo::Tensor { dtype: d1, shape: s1 },
-            TypeInfo::Tensor { dtype: d2, shape: s2 },
+            TypeInfo::Tensor {
+                dtype: d1,
+                shape: s1,
+            },
+            TypeInfo::Tensor {
+                dtype: d2,
+                shape: s2,
+            },
         ) => TypeInfo::Tensor {
             dtype: d1.or(*d2),
             shape: match (s1, s2) {
@@ -90,8 +96,16 @@ fn bcast(a: &[Dim], b: &[Dim]) -> Vec<Dim> {
     let r = a.len().max(b.len());
     (0..r)
         .map(|i| {
-            let da = if i + a.len() >= r { a[i + a.len() - r].clone() } else { Dim::Known(1) };
-            let db = if i + b.len() >= r { b[i + b.len() - r].clone() } else { Dim::Known(1) };
+            let da = if i + a.len() >= r {
+                a[i + a.len() - r].clone()
+            } else {
+                Dim::Known(1)
+            };
+            let db = if i + b.len() >= r {
+                b[i + b.len() - r].clone()
+            } else {
+                Dim::Known(1)
+            };
             match (&da, &db) {
                 (Dim::Known(1), _) => db,
                 (_, Dim::Known(1)) => da,
@@ -118,7 +132,12 @@ fn const_ints(c: Option<&Tensor>) -> Option<Vec<i64>> {
     c.and_then(|t| t.to_i64_vec().ok())
 }
 
-fn attr_or_input_ints(node: &Node, name: &str, cin: &[Option<&Tensor>], idx: usize) -> Option<Vec<i64>> {
+fn attr_or_input_ints(
+    node: &Node,
+    name: &str,
+    cin: &[Option<&Tensor>],
+    idx: usize,
+) -> Option<Vec<i64>> {
     match node.attr(name) {
         Some(AttrValue::Ints(v)) => Some(v.clone()),
         _ => const_ints(cin.get(idx).copied().flatten()),
@@ -134,16 +153,16 @@ pub fn infer_node(node: &Node, ins: &[TypeInfo], cin: &[Option<&Tensor>]) -> Vec
     let op = node.op_type.as_str();
     if !node.domain.is_empty() {
         return match (node.domain.as_str(), op) {
-            ("ai.onnx.ml", "ZipMap") => vec![TypeInfo::Sequence(alloc::boxed::Box::new(
-                TypeInfo::Map {
+            ("ai.onnx.ml", "ZipMap") => {
+                vec![TypeInfo::Sequence(alloc::boxed::Box::new(TypeInfo::Map {
                     key: if node.attr("classlabels_strings").is_some() {
                         DataType::String
                     } else {
                         DataType::Int64
                     },
                     value: alloc::boxed::Box::new(t(Some(DataType::Float), Some(vec![]))),
-                },
-            ))],
+                }))]
+            }
             ("ai.onnx.ml", "Normalizer") => vec![t(Some(DataType::Float), s0)],
             ("ai.onnx.ml", "LinearClassifier") => {
                 let lab = if node.attr("classlabels_strings").is_some() {
@@ -151,22 +170,73 @@ pub fn infer_node(node: &Node, ins: &[TypeInfo], cin: &[Option<&Tensor>]) -> Vec
                 } else {
                     DataType::Int64
                 };
-                let n = s0.as_ref().and_then(|s| s.first().cloned()).unwrap_or(Dim::Unknown);
-                vec![t(Some(lab), Some(vec![n.clone()])), t(Some(DataType::Float), Some(vec![n, Dim::Unknown]))]
+                let n = s0
+                    .as_ref()
+                    .and_then(|s| s.first().cloned())
+                    .unwrap_or(Dim::Unknown);
+                vec![
+                    t(Some(lab), Some(vec![n.clone()])),
+                    t(Some(DataType::Float), Some(vec![n, Dim::Unknown])),
+                ]
             }
             _ => vec![],
         };
     }
     match op {
         // element-wise, same type as input 0
-        "Abs" | "Neg" | "Exp" | "Log" | "Sqrt" | "Reciprocal" | "Sin" | "Cos" | "Tan" | "Tanh"
-        | "Sigmoid" | "Erf" | "Floor" | "Ceil" | "Round" | "Sign" | "Relu" | "LeakyRelu"
-        | "HardSigmoid" | "HardSwish" | "Elu" | "Selu" | "Celu" | "Softplus" | "Softsign"
-        | "Gelu" | "Mish" | "Identity" | "Softmax" | "LogSoftmax" | "Hardmax" | "Dropout"
-        | "BatchNormalization" | "InstanceNormalization" | "LayerNormalization" | "Clip"
-        | "LpNormalization" | "Asin" | "Acos" | "Atan" | "Sinh" | "Cosh" | "Asinh" | "Acosh"
-        | "Atanh" | "ThresholdedRelu" | "Shrink" | "CumSum" | "GroupNormalization"
-        | "RMSNormalization" | "MeanVarianceNormalization" | "LRN" | "BitwiseNot" => {
+        "Abs"
+        | "Neg"
+        | "Exp"
+        | "Log"
+        | "Sqrt"
+        | "Reciprocal"
+        | "Sin"
+        | "Cos"
+        | "Tan"
+        | "Tanh"
+        | "Sigmoid"
+        | "Erf"
+        | "Floor"
+        | "Ceil"
+        | "Round"
+        | "Sign"
+        | "Relu"
+        | "LeakyRelu"
+        | "HardSigmoid"
+        | "HardSwish"
+        | "Elu"
+        | "Selu"
+        | "Celu"
+        | "Softplus"
+        | "Softsign"
+        | "Gelu"
+        | "Mish"
+        | "Identity"
+        | "Softmax"
+        | "LogSoftmax"
+        | "Hardmax"
+        | "Dropout"
+        | "BatchNormalization"
+        | "InstanceNormalization"
+        | "LayerNormalization"
+        | "Clip"
+        | "LpNormalization"
+        | "Asin"
+        | "Acos"
+        | "Atan"
+        | "Sinh"
+        | "Cosh"
+        | "Asinh"
+        | "Acosh"
+        | "Atanh"
+        | "ThresholdedRelu"
+        | "Shrink"
+        | "CumSum"
+        | "GroupNormalization"
+        | "RMSNormalization"
+        | "MeanVarianceNormalization"
+        | "LRN"
+        | "BitwiseNot" => {
             let mut v = same();
             if op == "Dropout" {
                 v.push(t(Some(DataType::Bool), s0));
@@ -212,12 +282,18 @@ pub fn infer_node(node: &Node, ins: &[TypeInfo], cin: &[Option<&Tensor>]) -> Vec
                 let end = clampi(node.attr_i("end").ok().flatten().unwrap_or(r));
                 Dim::Known((end - start).max(0) as usize)
             });
-            vec![t(Some(DataType::Int64), Some(vec![n.unwrap_or(Dim::Unknown)]))]
+            vec![t(
+                Some(DataType::Int64),
+                Some(vec![n.unwrap_or(Dim::Unknown)]),
+            )]
         }
         "Size" => vec![t(Some(DataType::Int64), Some(vec![]))],
         "NonZero" => vec![t(
             Some(DataType::Int64),
-            Some(vec![s0.map_or(Dim::Unknown, |s| Dim::Known(s.len())), Dim::Unknown]),
+            Some(vec![
+                s0.map_or(Dim::Unknown, |s| Dim::Known(s.len())),
+                Dim::Unknown,
+            ]),
         )],
         "ArgMax" | "ArgMin" => {
             let sh = s0.and_then(|s| {
@@ -232,8 +308,8 @@ pub fn infer_node(node: &Node, ins: &[TypeInfo], cin: &[Option<&Tensor>]) -> Vec
             });
             vec![t(Some(DataType::Int64), sh)]
         }
-        "ReduceMean" | "ReduceSum" | "ReduceMax" | "ReduceMin" | "ReduceProd" | "ReduceSumSquare"
-        | "ReduceL1" | "ReduceL2" | "ReduceLogSum" | "ReduceLogSumExp" => {
+        "ReduceMean" | "ReduceSum" | "ReduceMax" | "ReduceMin" | "ReduceProd"
+        | "ReduceSumSquare" | "ReduceL1" | "ReduceL2" | "ReduceLogSum" | "ReduceLogSumExp" => {
             let axes = attr_or_input_ints(node, "axes", cin, 1);
             let keep = node.get_i("keepdims", 1).unwrap_or(1) != 0;
             let has_axes_input = ins.len() > 1;
@@ -268,8 +344,16 @@ pub fn infer_node(node: &Node, ins: &[TypeInfo], cin: &[Option<&Tensor>]) -> Vec
             let sh = match (s0, ins.get(1).and_then(shape)) {
                 (Some(a), Some(b)) if !a.is_empty() && !b.is_empty() => {
                     let (a1, b1) = (a.len() == 1, b.len() == 1);
-                    let a2 = if a1 { vec![Dim::Known(1), a[0].clone()] } else { a.clone() };
-                    let b2 = if b1 { vec![b[0].clone(), Dim::Known(1)] } else { b.clone() };
+                    let a2 = if a1 {
+                        vec![Dim::Known(1), a[0].clone()]
+                    } else {
+                        a.clone()
+                    };
+                    let b2 = if b1 {
+                        vec![b[0].clone(), Dim::Known(1)]
+                    } else {
+                        b.clone()
+                    };
                     let batch = bcast(&a2[..a2.len() - 2], &b2[..b2.len() - 2]);
                     let mut s = batch;
                     if !a1 {
@@ -376,7 +460,9 @@ pub fn infer_node(node: &Node, ins: &[TypeInfo], cin: &[Option<&Tensor>]) -> Vec
                     .enumerate()
                     .map(|(i, &d)| {
                         if d == 0 && !allowzero {
-                            s0.as_ref().and_then(|s| s.get(i).cloned()).unwrap_or(Dim::Unknown)
+                            s0.as_ref()
+                                .and_then(|s| s.get(i).cloned())
+                                .unwrap_or(Dim::Unknown)
                         } else if d < 0 {
                             Dim::Unknown
                         } else {
@@ -391,10 +477,14 @@ pub fn infer_node(node: &Node, ins: &[TypeInfo], cin: &[Option<&Tensor>]) -> Vec
                         _ => None,
                     });
                     let unknown: Vec<usize> = (0..out.len()).filter(|&i| target[i] < 0).collect();
-                    let known = out.iter().enumerate().filter(|(i, _)| !unknown.contains(i)).try_fold(1usize, |a, (_, d)| match d {
-                        Dim::Known(n) => Some(a * n),
-                        _ => None,
-                    });
+                    let known = out
+                        .iter()
+                        .enumerate()
+                        .filter(|(i, _)| !unknown.contains(i))
+                        .try_fold(1usize, |a, (_, d)| match d {
+                            Dim::Known(n) => Some(a * n),
+                            _ => None,
+                        });
                     if let (Some(total), Some(known), [u]) = (total, known, unknown.as_slice()) {
                         if known > 0 {
                             out[*u] = Dim::Known(total / known);
@@ -425,12 +515,16 @@ pub fn infer_node(node: &Node, ins: &[TypeInfo], cin: &[Option<&Tensor>]) -> Vec
         }
         "Gather" => {
             let sh = match (s0, ins.get(1).and_then(shape)) {
-                (Some(d), Some(ix)) => node.get_i("axis", 0).ok().and_then(|a| axis(a, d.len())).map(|a| {
-                    let mut o = d[..a].to_vec();
-                    o.extend(ix);
-                    o.extend_from_slice(&d[a + 1..]);
-                    o
-                }),
+                (Some(d), Some(ix)) => node
+                    .get_i("axis", 0)
+                    .ok()
+                    .and_then(|a| axis(a, d.len()))
+                    .map(|a| {
+                        let mut o = d[..a].to_vec();
+                        o.extend(ix);
+                        o.extend_from_slice(&d[a + 1..]);
+                        o
+                    }),
                 _ => None,
             };
             vec![t(d0, sh)]
@@ -502,9 +596,15 @@ pub fn infer_node(node: &Node, ins: &[TypeInfo], cin: &[Option<&Tensor>]) -> Vec
             let sh = if keep_rank {
                 s0.map(|s| {
                     if matches!(op, "GatherElements") {
-                        return ins.get(1).and_then(shape).unwrap_or(vec![Dim::Unknown; s.len()]);
+                        return ins
+                            .get(1)
+                            .and_then(shape)
+                            .unwrap_or(vec![Dim::Unknown; s.len()]);
                     }
-                    if matches!(op, "ScatterElements" | "ScatterND" | "Scatter" | "Trilu" | "ReverseSequence") {
+                    if matches!(
+                        op,
+                        "ScatterElements" | "ScatterND" | "Scatter" | "Trilu" | "ReverseSequence"
+                    ) {
                         return s;
                     }
                     if op == "STFT" || op == "DFT" {
@@ -550,14 +650,18 @@ pub fn infer_node(node: &Node, ins: &[TypeInfo], cin: &[Option<&Tensor>]) -> Vec
         "If" => {
             // both branches' declared output types
             match node.attr_g("then_branch") {
-                Ok(Some(g)) => g.outputs.iter().map(|&o| {
-                    let ty = g.values[o].ty.clone();
-                    // branches may differ in shape: keep dtype, drop mismatching dims
-                    match ty {
-                        TypeInfo::Tensor { dtype, .. } => t(dtype, None),
-                        other => other,
-                    }
-                }).collect(),
+                Ok(Some(g)) => g
+                    .outputs
+                    .iter()
+                    .map(|&o| {
+                        let ty = g.values[o].ty.clone();
+                        // branches may differ in shape: keep dtype, drop mismatching dims
+                        match ty {
+                            TypeInfo::Tensor { dtype, .. } => t(dtype, None),
+                            other => other,
+                        }
+                    })
+                    .collect(),
                 _ => vec![],
             }
         }
@@ -586,9 +690,21 @@ fn conv_shape(node: &Node, x: &Option<Vec<Dim>>, w: Option<Vec<Dim>>) -> Option<
                 .collect::<Option<_>>()?
         }
     };
-    let strides = node.attr_ints("strides").ok().flatten().unwrap_or(vec![1; nsp]);
-    let dil = node.attr_ints("dilations").ok().flatten().unwrap_or(vec![1; nsp]);
-    let pads = node.attr_ints("pads").ok().flatten().unwrap_or(vec![0; 2 * nsp]);
+    let strides = node
+        .attr_ints("strides")
+        .ok()
+        .flatten()
+        .unwrap_or(vec![1; nsp]);
+    let dil = node
+        .attr_ints("dilations")
+        .ok()
+        .flatten()
+        .unwrap_or(vec![1; nsp]);
+    let pads = node
+        .attr_ints("pads")
+        .ok()
+        .flatten()
+        .unwrap_or(vec![0; 2 * nsp]);
     let auto_pad = node.get_s("auto_pad", "NOTSET").ok()?;
     let ceil = node.get_i("ceil_mode", 0).ok()? != 0;
     let channels = match op {
@@ -646,7 +762,11 @@ fn conv_shape(node: &Node, x: &Option<Vec<Dim>>, w: Option<Vec<Dim>>) -> Option<
                 }
             }
         };
-        out.push(if o >= 0 { Dim::Known(o as usize) } else { Dim::Unknown });
+        out.push(if o >= 0 {
+            Dim::Known(o as usize)
+        } else {
+            Dim::Unknown
+        });
     }
     Some(out)
 }

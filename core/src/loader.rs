@@ -223,7 +223,11 @@ impl LoadCx<'_> {
         }
         for sp in gp.sparse_initializer {
             let t = sparse_to_dense(&sp, self.ext)?;
-            let name = sp.values.as_ref().map(|v| v.name.clone()).unwrap_or_default();
+            let name = sp
+                .values
+                .as_ref()
+                .map(|v| v.name.clone())
+                .unwrap_or_default();
             let id = b.add(&name, Value::Tensor(t.clone()).type_info());
             initializers.push((id, Value::Tensor(t)));
         }
@@ -301,7 +305,10 @@ impl LoadCx<'_> {
                 alloc::format!(
                     "{}->{}",
                     np.op_type,
-                    np.output.iter().find(|o| !o.is_empty()).map_or("", |o| o.as_str())
+                    np.output
+                        .iter()
+                        .find(|o| !o.is_empty())
+                        .map_or("", |o| o.as_str())
                 )
             } else {
                 np.name
@@ -451,10 +458,11 @@ impl LoadCx<'_> {
                     .ok_or_else(|| Error::InvalidModel("sparse attribute without tensor".into()))?,
                 self.ext,
             )?),
-            at::TYPE_PROTO => AttrValue::Type(type_from_proto(
-                a.tp.as_ref()
-                    .ok_or_else(|| Error::InvalidModel("type attribute without type".into()))?,
-            )?),
+            at::TYPE_PROTO => {
+                AttrValue::Type(type_from_proto(a.tp.as_ref().ok_or_else(|| {
+                    Error::InvalidModel("type attribute without type".into())
+                })?)?)
+            }
             at::TYPE_PROTOS => AttrValue::Types(
                 a.type_protos
                     .iter()
@@ -583,7 +591,12 @@ fn topo_sort(nodes: Vec<Node>, values: &[ValueInfo]) -> Result<Vec<Node>> {
     let mut indeg = vec![0usize; n];
     let mut users: Vec<Vec<usize>> = vec![Vec::new(); n];
     for (i, node) in nodes.iter().enumerate() {
-        for v in node.inputs.iter().flatten().chain(node.implicit_inputs.iter()) {
+        for v in node
+            .inputs
+            .iter()
+            .flatten()
+            .chain(node.implicit_inputs.iter())
+        {
             let p = producer[*v];
             if p != usize::MAX && p != i {
                 indeg[i] += 1;
@@ -595,7 +608,8 @@ fn topo_sort(nodes: Vec<Node>, values: &[ValueInfo]) -> Result<Vec<Node>> {
         return Ok(nodes);
     }
     let mut order = Vec::with_capacity(n);
-    let mut ready: alloc::collections::VecDeque<usize> = (0..n).filter(|&i| indeg[i] == 0).collect();
+    let mut ready: alloc::collections::VecDeque<usize> =
+        (0..n).filter(|&i| indeg[i] == 0).collect();
     while let Some(i) = ready.pop_front() {
         order.push(i);
         for &u in &users[i] {
@@ -609,7 +623,10 @@ fn topo_sort(nodes: Vec<Node>, values: &[ValueInfo]) -> Result<Vec<Node>> {
         return Err(Error::InvalidModel("the graph has a cycle".into()));
     }
     let mut slots: Vec<Option<Node>> = nodes.into_iter().map(Some).collect();
-    Ok(order.into_iter().map(|i| slots[i].take().unwrap()).collect())
+    Ok(order
+        .into_iter()
+        .map(|i| slots[i].take().unwrap())
+        .collect())
 }
 
 fn is_sorted(nodes: &[Node], producer: &[usize]) -> bool {
@@ -632,7 +649,9 @@ pub fn type_from_proto(t: &proto::TypeProto) -> Result<TypeInfo> {
                 s.dim
                     .iter()
                     .map(|d| match &d.value {
-                        Some(proto::tensor_shape_proto::dimension::Value::DimValue(v)) if *v >= 0 => {
+                        Some(proto::tensor_shape_proto::dimension::Value::DimValue(v))
+                            if *v >= 0 =>
+                        {
                             Dim::Known(*v as usize)
                         }
                         Some(proto::tensor_shape_proto::dimension::Value::DimParam(p)) => {
@@ -710,7 +729,9 @@ pub fn tensor_from_proto(tp: &proto::TensorProto, ext: &dyn ExternalDataSource) 
         })?;
         check_external_location(&location)?;
         if dt == DataType::String {
-            return Err(Error::ExternalData("string tensors cannot be external".into()));
+            return Err(Error::ExternalData(
+                "string tensors cannot be external".into(),
+            ));
         }
         if let Some(l) = length {
             if l != nbytes as u64 {
@@ -831,7 +852,12 @@ pub fn tensor_from_proto(tp: &proto::TensorProto, ext: &dyn ExternalDataSource) 
         }
         DataType::Complex128 => {
             check!(tp.double_data, 2 * n);
-            Data::Raw(tp.double_data.iter().flat_map(|f| f.to_le_bytes()).collect())
+            Data::Raw(
+                tp.double_data
+                    .iter()
+                    .flat_map(|f| f.to_le_bytes())
+                    .collect(),
+            )
         }
         d if d.is_float8() => {
             check!(tp.int32_data, n);
@@ -956,7 +982,9 @@ fn sparse_to_dense(sp: &proto::SparseTensorProto, ext: &dyn ExternalDataSource) 
             .collect()
     };
     if flat.len() != nnz || flat.iter().any(|&i| i >= total) {
-        return Err(Error::InvalidModel("sparse tensor index out of range".into()));
+        return Err(Error::InvalidModel(
+            "sparse tensor index out of range".into(),
+        ));
     }
     let dense = Tensor::zeros(values.dtype(), &shape)?;
     let mut data = dense.host_data().unwrap().clone();
@@ -1015,7 +1043,10 @@ pub fn value_from_sequence_proto(sp: &proto::SequenceProto) -> Result<Value> {
         }
         _ => {}
     }
-    let elem = items.first().map(|v| v.type_info()).unwrap_or(TypeInfo::Unknown);
+    let elem = items
+        .first()
+        .map(|v| v.type_info())
+        .unwrap_or(TypeInfo::Unknown);
     let elem = match elem {
         TypeInfo::Tensor { dtype, .. } => TypeInfo::Tensor { dtype, shape: None },
         e => e,
@@ -1056,7 +1087,10 @@ pub fn value_from_optional_proto(op: &proto::OptionalProto) -> Result<Value> {
         _ => None,
     }
     .transpose()?;
-    let elem = value.as_ref().map(|v| v.type_info()).unwrap_or(TypeInfo::Unknown);
+    let elem = value
+        .as_ref()
+        .map(|v| v.type_info())
+        .unwrap_or(TypeInfo::Unknown);
     Ok(Value::Optional {
         elem,
         value: value.map(Box::new),

@@ -83,9 +83,15 @@ pub fn read_npy(bytes: &[u8]) -> Result<Tensor> {
         }
         _ => return Err(bad("unknown version")),
     };
-    let end = start.checked_add(hlen).ok_or_else(|| bad("header length"))?;
-    let header = core::str::from_utf8(bytes.get(start..end).ok_or_else(|| bad("truncated header"))?)
-        .map_err(|_| bad("header is not text"))?;
+    let end = start
+        .checked_add(hlen)
+        .ok_or_else(|| bad("header length"))?;
+    let header = core::str::from_utf8(
+        bytes
+            .get(start..end)
+            .ok_or_else(|| bad("truncated header"))?,
+    )
+    .map_err(|_| bad("header is not text"))?;
     let descr = header_value(header, "descr")
         .and_then(|r| r.strip_prefix('\''))
         .and_then(|r| r.split('\'').next())
@@ -106,10 +112,14 @@ pub fn read_npy(bytes: &[u8]) -> Result<Tensor> {
         shape.push(p.parse::<usize>().map_err(|_| bad("bad shape"))?);
     }
     if descr.starts_with('>') {
-        return Err(Error::Input("big-endian .npy files are not supported".into()));
+        return Err(Error::Input(
+            "big-endian .npy files are not supported".into(),
+        ));
     }
     let dt = dtype_of(descr).ok_or_else(|| {
-        Error::Input(alloc::format!(".npy element type '{descr}' is not supported"))
+        Error::Input(alloc::format!(
+            ".npy element type '{descr}' is not supported"
+        ))
     })?;
     let n = numel(&shape)?;
     let nbytes = dt.storage_bytes(n).ok_or_else(|| bad("too large"))?;
@@ -128,9 +138,8 @@ pub fn read_npy(bytes: &[u8]) -> Result<Tensor> {
 
 /// Serialises a host tensor as `.npy` (version 1.0).
 pub fn write_npy(t: &Tensor) -> Result<Vec<u8>> {
-    let descr = descr_of(t.dtype()).ok_or_else(|| {
-        Error::Other(alloc::format!(".npy cannot hold {} tensors", t.dtype()))
-    })?;
+    let descr = descr_of(t.dtype())
+        .ok_or_else(|| Error::Other(alloc::format!(".npy cannot hold {} tensors", t.dtype())))?;
     let mut shape = String::from("(");
     for (i, d) in t.shape().iter().enumerate() {
         shape.push_str(&alloc::format!("{d}"));

@@ -71,10 +71,14 @@ pub fn fold_constants(g: &mut Graph, cpu: &dyn ExecutionProvider) -> Result<usiz
                             Tensor::scalar(dims.iter().product::<usize>() as i64)
                         } else {
                             let r = dims.len() as i64;
-                            let clamp = |v: i64| (if v < 0 { v + r } else { v }).clamp(0, r) as usize;
+                            let clamp =
+                                |v: i64| (if v < 0 { v + r } else { v }).clamp(0, r) as usize;
                             let start = clamp(node.get_i("start", 0)?);
                             let end = clamp(node.attr_i("end")?.unwrap_or(r));
-                            let d: Vec<i64> = dims[start..end.max(start)].iter().map(|&x| x as i64).collect();
+                            let d: Vec<i64> = dims[start..end.max(start)]
+                                .iter()
+                                .map(|&x| x as i64)
+                                .collect();
                             Tensor::from_vec(&[d.len()], d)?
                         };
                         consts[*out] = Some(Value::Tensor(v));
@@ -136,7 +140,12 @@ pub fn fold_constants(g: &mut Graph, cpu: &dyn ExecutionProvider) -> Result<usiz
             keep[ni] = false;
             continue;
         }
-        for i in node.inputs.iter().flatten().chain(node.implicit_inputs.iter()) {
+        for i in node
+            .inputs
+            .iter()
+            .flatten()
+            .chain(node.implicit_inputs.iter())
+        {
             live[*i] = true;
         }
     }

@@ -186,8 +186,11 @@ pub trait ExecutionProvider: Send + Sync {
     /// Whether this provider has a kernel for `node` given its inputs' element types.
     fn supports(&self, node: &Node, input_types: &[Option<DataType>]) -> Support;
     /// Builds the kernel for `node`.
-    fn create_kernel(&self, node: &Node, input_types: &[Option<DataType>])
-        -> Result<Box<dyn Kernel>>;
+    fn create_kernel(
+        &self,
+        node: &Node,
+        input_types: &[Option<DataType>],
+    ) -> Result<Box<dyn Kernel>>;
     /// The CPU primitives kernels on this provider may use.
     fn cpu_backend(&self) -> &dyn CpuBackend;
     /// Copies a host tensor into this provider's memory (identity for host providers).

@@ -152,7 +152,9 @@ impl Session {
         opts: &SessionOptions,
     ) -> Result<(Session, PartitionReport)> {
         if providers.is_empty() {
-            return Err(Error::Provider("a session needs at least one provider".into()));
+            return Err(Error::Provider(
+                "a session needs at least one provider".into(),
+            ));
         }
         infer::infer_graph(&mut model.graph, &[])?;
         if opts.optimization != OptLevel::None {
@@ -233,7 +235,11 @@ impl Session {
         }
         for (name, v) in feeds {
             let Some(&id) = g.inputs.iter().find(|&&i| g.values[i].name == name) else {
-                let known: Vec<&str> = g.inputs.iter().map(|&i| g.values[i].name.as_str()).collect();
+                let known: Vec<&str> = g
+                    .inputs
+                    .iter()
+                    .map(|&i| g.values[i].name.as_str())
+                    .collect();
                 return Err(Error::Input(alloc::format!(
                     "the model has no input named '{name}' (inputs: {known:?})"
                 )));
@@ -287,10 +293,9 @@ impl Session {
                 Value::Tensor(t) => match t.location() {
                     Location::Host => Value::Tensor(t),
                     Location::Device(p) => {
-                        let prov = self
-                            .providers
-                            .get(p as usize)
-                            .ok_or_else(|| Error::Provider("tensor of an unknown provider".into()))?;
+                        let prov = self.providers.get(p as usize).ok_or_else(|| {
+                            Error::Provider("tensor of an unknown provider".into())
+                        })?;
                         Value::Tensor(prov.download(&t).await?)
                     }
                 },
@@ -351,9 +356,9 @@ impl Session {
                             let cond = crate::kernels::tensor_in(&inputs, 0)
                                 .and_then(|t| {
                                     let t = t.to_i64_vec()?;
-                                    t.first().copied().ok_or_else(|| {
-                                        Error::Other("If condition is empty".into())
-                                    })
+                                    t.first()
+                                        .copied()
+                                        .ok_or_else(|| Error::Other("If condition is empty".into()))
                                 })
                                 .map_err(|e| e.in_node(&node.ctx()))?;
                             let branch = if cond != 0 { then_branch } else { else_branch };
@@ -375,7 +380,13 @@ impl Session {
                         }
                     }
                 };
-                if outs.len() < node.outputs.iter().rposition(|o| o.is_some()).map_or(0, |p| p + 1) {
+                if outs.len()
+                    < node
+                        .outputs
+                        .iter()
+                        .rposition(|o| o.is_some())
+                        .map_or(0, |p| p + 1)
+                {
                     return Err(Error::node(
                         &node.ctx(),
                         alloc::format!(
@@ -426,10 +437,7 @@ impl Session {
             env[local] = Some(outer.get(outer_id).cloned().flatten().ok_or_else(|| {
                 Error::node(
                     &node.ctx(),
-                    alloc::format!(
-                        "captured value '{}' has no value",
-                        g.values[local].name
-                    ),
+                    alloc::format!("captured value '{}' has no value", g.values[local].name),
                 )
             })?);
         }
@@ -466,7 +474,10 @@ impl Session {
         let mut carried: Vec<Value> = inputs
             .iter()
             .skip(2)
-            .map(|v| v.clone().ok_or_else(|| Error::node(&ctx, "missing loop-carried value")))
+            .map(|v| {
+                v.clone()
+                    .ok_or_else(|| Error::node(&ctx, "missing loop-carried value"))
+            })
             .collect::<Result<_>>()?;
         let n_carried = carried.len();
         let n_scan = node.outputs.len().saturating_sub(n_carried);
@@ -480,7 +491,10 @@ impl Session {
             let env = self.capture_env(body, node, outer, &body_in)?;
             let outs = self.run_plan(body, env).await?;
             if outs.len() != 1 + n_carried + n_scan {
-                return Err(Error::node(&ctx, "loop body returns the wrong number of values"));
+                return Err(Error::node(
+                    &ctx,
+                    "loop body returns the wrong number of values",
+                ));
             }
             let mut it = outs.into_iter();
             let c = it.next().unwrap();
@@ -520,14 +534,19 @@ impl Session {
             inputs.into_iter().flatten().collect()
         };
         if node.opset < 9 {
-            return Err(Error::unsupported(&ctx, "Scan-8 (batched) is not supported"));
+            return Err(Error::unsupported(
+                &ctx,
+                "Scan-8 (batched) is not supported",
+            ));
         }
         let n_state = inputs.len().saturating_sub(num_scan_inputs);
         let n_scan_out = g.outputs.len().saturating_sub(n_state);
         let in_axes = node.attr_ints("scan_input_axes")?.unwrap_or_default();
         let in_dirs = node.attr_ints("scan_input_directions")?.unwrap_or_default();
         let out_axes = node.attr_ints("scan_output_axes")?.unwrap_or_default();
-        let out_dirs = node.attr_ints("scan_output_directions")?.unwrap_or_default();
+        let out_dirs = node
+            .attr_ints("scan_output_directions")?
+            .unwrap_or_default();
         let mut state: Vec<Value> = inputs[..n_state].to_vec();
         let scan_ins: Vec<Tensor> = inputs[n_state..]
             .iter()
@@ -559,10 +578,15 @@ impl Session {
             let res = self.run_plan(body, env).await?;
             let mut it = res.into_iter();
             for s in state.iter_mut() {
-                *s = it.next().ok_or_else(|| Error::node(&ctx, "scan body output missing"))?;
+                *s = it
+                    .next()
+                    .ok_or_else(|| Error::node(&ctx, "scan body output missing"))?;
             }
             for o in outs.iter_mut() {
-                o.push(it.next().ok_or_else(|| Error::node(&ctx, "scan body output missing"))?);
+                o.push(
+                    it.next()
+                        .ok_or_else(|| Error::node(&ctx, "scan body output missing"))?,
+                );
             }
         }
         let mut result = state;
@@ -589,8 +613,14 @@ fn stack_scan(items: Vec<Value>, ctx: &crate::error::NodeContext) -> Result<Valu
     }
     let ts: Vec<&Tensor> = items.iter().map(|v| v.as_tensor()).collect::<Result<_>>()?;
     let shape0 = ts[0].shape().to_vec();
-    if ts.iter().any(|t| t.shape() != shape0.as_slice() || t.dtype() != ts[0].dtype()) {
-        return Err(Error::node(ctx, "scan outputs differ in shape across iterations"));
+    if ts
+        .iter()
+        .any(|t| t.shape() != shape0.as_slice() || t.dtype() != ts[0].dtype())
+    {
+        return Err(Error::node(
+            ctx,
+            "scan outputs differ in shape across iterations",
+        ));
     }
     let mut shape = vec![ts.len()];
     shape.extend_from_slice(&shape0);
@@ -758,7 +788,12 @@ fn compile(
             _ => host,
         };
         let mut copies = Vec::new();
-        for id in node.inputs.iter().flatten().chain(node.implicit_inputs.iter()) {
+        for id in node
+            .inputs
+            .iter()
+            .flatten()
+            .chain(node.implicit_inputs.iter())
+        {
             let at = loc[*id].unwrap_or(host);
             if providers[at].location() != providers[target].location() {
                 copies.push((*id, target));
@@ -787,7 +822,12 @@ fn compile(
     // Value lifetimes: free each value after its last reader (never graph outputs).
     let mut last: Vec<Option<usize>> = vec![None; g.values.len()];
     for (si, node) in g.nodes.iter().enumerate() {
-        for id in node.inputs.iter().flatten().chain(node.implicit_inputs.iter()) {
+        for id in node
+            .inputs
+            .iter()
+            .flatten()
+            .chain(node.implicit_inputs.iter())
+        {
             last[*id] = Some(si);
         }
     }
@@ -807,7 +847,11 @@ fn compile(
 }
 
 fn count(report: &mut PartitionReport, name: &str, n: usize) {
-    match report.nodes_per_provider.iter_mut().find(|(p, _)| p == name) {
+    match report
+        .nodes_per_provider
+        .iter_mut()
+        .find(|(p, _)| p == name)
+    {
         Some((_, c)) => *c += n,
         None => report.nodes_per_provider.push((name.to_string(), n)),
     }

@@ -89,9 +89,9 @@ impl Data {
             DataType::String => Data::Str(vec![String::new(); n]),
             other => Data::Raw(vec![
                 0;
-                other
-                    .storage_bytes(n)
-                    .ok_or_else(|| Error::Shape("size overflow".into()))?
+                other.storage_bytes(n).ok_or_else(|| Error::Shape(
+                    "size overflow".into()
+                ))?
             ]),
         })
     }
@@ -226,23 +226,25 @@ impl Tensor {
     pub fn from_data(dtype: DataType, shape: Vec<usize>, data: Data) -> Result<Tensor> {
         let n = numel(&shape)?;
         let ok = match (&data, dtype) {
-            (Data::Raw(v), dt) => !matches!(
-                dt,
-                DataType::Float
-                    | DataType::Double
-                    | DataType::Float16
-                    | DataType::Bfloat16
-                    | DataType::Int8
-                    | DataType::Int16
-                    | DataType::Int32
-                    | DataType::Int64
-                    | DataType::Uint8
-                    | DataType::Uint16
-                    | DataType::Uint32
-                    | DataType::Uint64
-                    | DataType::Bool
-                    | DataType::String
-            ) && Some(v.len()) == dt.storage_bytes(n),
+            (Data::Raw(v), dt) => {
+                !matches!(
+                    dt,
+                    DataType::Float
+                        | DataType::Double
+                        | DataType::Float16
+                        | DataType::Bfloat16
+                        | DataType::Int8
+                        | DataType::Int16
+                        | DataType::Int32
+                        | DataType::Int64
+                        | DataType::Uint8
+                        | DataType::Uint16
+                        | DataType::Uint32
+                        | DataType::Uint64
+                        | DataType::Bool
+                        | DataType::String
+                ) && Some(v.len()) == dt.storage_bytes(n)
+            }
             (d, dt) => data_dtype(d) == Some(dt) && data_len(d) == n,
         };
         if !ok {

@@ -3,8 +3,8 @@
 //! Gemm -> Softmax) with fixed pseudo-random weights, encoded as a real ONNX protobuf.
 
 use nxrt_core::proto::{
-    attr_type, type_proto, AttributeProto, GraphProto, ModelProto, NodeProto,
-    OperatorSetIdProto, TensorProto, TensorShapeProto, TypeProto, ValueInfoProto,
+    attr_type, type_proto, AttributeProto, GraphProto, ModelProto, NodeProto, OperatorSetIdProto,
+    TensorProto, TensorShapeProto, TypeProto, ValueInfoProto,
 };
 use prost::Message;
 
@@ -124,7 +124,13 @@ pub fn tiny_cnn() -> Vec<u8> {
                 &["logits"],
                 vec![int("transB", 1)],
             ),
-            node("Softmax", "softmax", &["logits"], &["probs"], vec![int("axis", 1)]),
+            node(
+                "Softmax",
+                "softmax",
+                &["logits"],
+                &["probs"],
+                vec![int("axis", 1)],
+            ),
         ],
         initializer: vec![
             init("w1", &[8, 1, 3, 3], 1),

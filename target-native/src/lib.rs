@@ -18,9 +18,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 pub use nxrt_core::session::{IoInfo, PartitionReport};
-pub use nxrt_core::{
-    npy, DataType, Dim, Error, OptLevel, Result, Tensor, TypeInfo, Value,
-};
+pub use nxrt_core::{npy, DataType, Dim, Error, OptLevel, Result, Tensor, TypeInfo, Value};
 
 pub mod cpu;
 pub mod embedded;
@@ -145,7 +143,10 @@ impl SessionBuilder {
         let t0 = Instant::now();
         let bytes = std::fs::read(path)
             .map_err(|e| Error::Io(format!("cannot read {}: {e}", path.display())))?;
-        let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+        let dir = path
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .unwrap_or(Path::new("."));
         let ext = FolderData::new(dir)?;
         self.finish(&bytes, &ext, t0)
     }
@@ -174,7 +175,10 @@ impl SessionBuilder {
         let path = path.as_ref();
         let bytes = std::fs::read(path)
             .map_err(|e| Error::Io(format!("cannot read {}: {e}", path.display())))?;
-        let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+        let dir = path
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .unwrap_or(Path::new("."));
         let ext = FolderData::new(dir)?;
         let (providers, _) = self.provider_list()?;
         let model = loader::load_model(&bytes, &ext)?;

@@ -11,7 +11,11 @@ use nxrt_core::loader;
 use serde_json::json;
 
 #[derive(Parser)]
-#[command(name = "nxrt", version, about = "Run, benchmark and inspect ONNX models")]
+#[command(
+    name = "nxrt",
+    version,
+    about = "Run, benchmark and inspect ONNX models"
+)]
 struct Cli {
     #[command(subcommand)]
     cmd: Option<Cmd>,
@@ -112,7 +116,9 @@ fn main() -> ExitCode {
 }
 
 fn builder(c: &Common) -> SessionBuilder {
-    Session::builder().threads(c.threads).providers(&[c.provider.as_str()])
+    Session::builder()
+        .threads(c.threads)
+        .providers(&[c.provider.as_str()])
 }
 
 fn split_kv<'a>(s: &'a str, what: &str) -> Result<(&'a str, &'a str), Error> {
@@ -122,8 +128,8 @@ fn split_kv<'a>(s: &'a str, what: &str) -> Result<(&'a str, &'a str), Error> {
 
 /// Reads a value file: `.npy` or a `.pb` value proto (decoded by the input's declared kind).
 fn read_value(path: &Path, declared: &TypeInfo) -> Result<Value, Error> {
-    let bytes =
-        std::fs::read(path).map_err(|e| Error::Io(format!("cannot read {}: {e}", path.display())))?;
+    let bytes = std::fs::read(path)
+        .map_err(|e| Error::Io(format!("cannot read {}: {e}", path.display())))?;
     match path.extension().and_then(|e| e.to_str()) {
         Some("npy") => Ok(Value::Tensor(nxrt::npy::read_npy(&bytes)?)),
         Some("pb") => loader::value_from_proto_bytes(&bytes, declared),
@@ -157,15 +163,25 @@ fn gen_tensor(dt: DataType, shape: &[usize], rng: &mut Rng) -> Result<Tensor, Er
     }
     macro_rules! ints {
         ($t:ty) => {
-            Tensor::from_vec(shape, (0..n).map(|_| (rng.next() % 10) as $t).collect::<Vec<$t>>())
+            Tensor::from_vec(
+                shape,
+                (0..n).map(|_| (rng.next() % 10) as $t).collect::<Vec<$t>>(),
+            )
         };
     }
     match dt {
-        DataType::Float => Tensor::from_vec(shape, (0..n).map(|_| (rng.unit() * 2.0 - 1.0) as f32).collect()),
-        DataType::Double => Tensor::from_vec(shape, (0..n).map(|_| rng.unit() * 2.0 - 1.0).collect()),
+        DataType::Float => Tensor::from_vec(
+            shape,
+            (0..n).map(|_| (rng.unit() * 2.0 - 1.0) as f32).collect(),
+        ),
+        DataType::Double => {
+            Tensor::from_vec(shape, (0..n).map(|_| rng.unit() * 2.0 - 1.0).collect())
+        }
         DataType::Float16 => Tensor::from_vec(
             shape,
-            (0..n).map(|_| half::f16::from_f64(rng.unit() * 2.0 - 1.0)).collect(),
+            (0..n)
+                .map(|_| half::f16::from_f64(rng.unit() * 2.0 - 1.0))
+                .collect(),
         ),
         DataType::Int64 => ints!(i64),
         DataType::Int32 => ints!(i32),
@@ -177,7 +193,9 @@ fn gen_tensor(dt: DataType, shape: &[usize], rng: &mut Rng) -> Result<Tensor, Er
         DataType::Uint64 => ints!(u64),
         DataType::Bool => Tensor::from_vec(shape, (0..n).map(|_| rng.next() % 2 == 1).collect()),
         DataType::String => Tensor::from_vec(shape, (0..n).map(|i| format!("s{i}")).collect()),
-        other => Err(Error::Input(format!("cannot generate {other} inputs; give one with --input"))),
+        other => Err(Error::Input(format!(
+            "cannot generate {other} inputs; give one with --input"
+        ))),
     }
 }
 
@@ -213,7 +231,10 @@ fn feeds_for(session: &Session, c: &Common) -> Result<Vec<(String, Value)>, Erro
             None => match &i.ty {
                 TypeInfo::Tensor { dtype, shape } => {
                     let dt = dtype.ok_or_else(|| {
-                        Error::Input(format!("input '{}' has no declared type; give it with --input", i.name))
+                        Error::Input(format!(
+                            "input '{}' has no declared type; give it with --input",
+                            i.name
+                        ))
                     })?;
                     let shape: Vec<usize> = shape
                         .as_deref()
@@ -243,7 +264,13 @@ fn feeds_for(session: &Session, c: &Common) -> Result<Vec<(String, Value)>, Erro
 /// `[A-Za-z0-9._-]` kept, everything else becomes `_`.
 fn safe_name(name: &str) -> String {
     name.chars()
-        .map(|c| if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') { c } else { '_' })
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') {
+                c
+            } else {
+                '_'
+            }
+        })
         .collect()
 }
 
@@ -253,7 +280,10 @@ fn write_output(dir: &Path, name: &str, v: &Value) -> Result<PathBuf, Error> {
         Value::Tensor(t) if nxrt::npy::can_hold(t.dtype()) => {
             (dir.join(format!("{base}.npy")), nxrt::npy::write_npy(t)?)
         }
-        other => (dir.join(format!("{base}.pb")), loader::value_to_proto_bytes(name, other)?),
+        other => (
+            dir.join(format!("{base}.pb")),
+            loader::value_to_proto_bytes(name, other)?,
+        ),
     };
     std::fs::write(&path, bytes).map_err(|e| Error::Io(format!("{}: {e}", path.display())))?;
     Ok(path)
@@ -269,8 +299,13 @@ fn summarize(v: &Value) -> String {
                     .unwrap_or_default(),
                 _ => match t.to_f32_vec() {
                     Ok(v) => {
-                        let shown: Vec<String> = v.iter().take(8).map(|x| format!("{x:.5}")).collect();
-                        format!("[{}{}]", shown.join(", "), if v.len() > 8 { ", ..." } else { "" })
+                        let shown: Vec<String> =
+                            v.iter().take(8).map(|x| format!("{x:.5}")).collect();
+                        format!(
+                            "[{}{}]",
+                            shown.join(", "),
+                            if v.len() > 8 { ", ..." } else { "" }
+                        )
                     }
                     Err(_) => String::from("(packed)"),
                 },
@@ -280,7 +315,11 @@ fn summarize(v: &Value) -> String {
         Value::Sequence { items, .. } => format!("sequence of {} items", items.len()),
         Value::Map(m) => format!("map with {} keys", m.keys.len()),
         Value::Optional { value, .. } => {
-            if value.is_some() { "optional (present)".into() } else { "optional (empty)".into() }
+            if value.is_some() {
+                "optional (present)".into()
+            } else {
+                "optional (empty)".into()
+            }
         }
     }
 }
@@ -373,7 +412,11 @@ fn bench(a: BenchArgs) -> Result<(), Error> {
 fn inspect(a: InspectArgs) -> Result<(), Error> {
     let bytes = std::fs::read(&a.model)
         .map_err(|e| Error::Io(format!("cannot read {}: {e}", a.model.display())))?;
-    let dir = a.model.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let dir = a
+        .model
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
     let model = loader::load_model(&bytes, &nxrt::FolderData::new(dir)?)?;
     let g = &model.graph;
     let mut hist: BTreeMap<String, usize> = BTreeMap::new();
@@ -386,7 +429,9 @@ fn inspect(a: InspectArgs) -> Result<(), Error> {
         *hist.entry(key).or_default() += 1;
     });
     let io = |ids: &[usize]| -> Vec<(String, String)> {
-        ids.iter().map(|&i| (g.values[i].name.clone(), g.values[i].ty.to_string())).collect()
+        ids.iter()
+            .map(|&i| (g.values[i].name.clone(), g.values[i].ty.to_string()))
+            .collect()
     };
     let inputs = io(&g.inputs);
     let outputs = io(&g.outputs);
@@ -415,7 +460,10 @@ fn inspect(a: InspectArgs) -> Result<(), Error> {
         return Ok(());
     }
     println!("model: {}", a.model.display());
-    println!("ir_version: {}  producer: {}", model.ir_version, model.producer);
+    println!(
+        "ir_version: {}  producer: {}",
+        model.ir_version, model.producer
+    );
     let ops: Vec<String> = model
         .opsets
         .iter()
@@ -431,7 +479,10 @@ fn inspect(a: InspectArgs) -> Result<(), Error> {
         println!("  {n}: {t}");
     }
     println!("initializer bytes: {init_bytes}");
-    println!("ops ({} nodes, incl. subgraphs):", hist.values().sum::<usize>());
+    println!(
+        "ops ({} nodes, incl. subgraphs):",
+        hist.values().sum::<usize>()
+    );
     for (op, n) in &hist {
         println!("  {op:<28} {n}");
     }
@@ -440,13 +491,20 @@ fn inspect(a: InspectArgs) -> Result<(), Error> {
         .iter()
         .map(|(p, n)| format!("{p}: {n}"))
         .collect();
-    println!("partition: {} (copies: {})", parts.join(", "), report.copies);
+    println!(
+        "partition: {} (copies: {})",
+        parts.join(", "),
+        report.copies
+    );
     if report.unsupported.is_empty() {
         println!("unsupported nodes: none");
     } else {
         println!("unsupported nodes: {}", report.unsupported.len());
         for u in &report.unsupported {
-            println!("  {} ({} of {}, opset {}): {}", u.node, u.op, u.domain, u.opset, u.reason);
+            println!(
+                "  {} ({} of {}, opset {}): {}",
+                u.node, u.op, u.domain, u.opset, u.reason
+            );
         }
     }
     Ok(())

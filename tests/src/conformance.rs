@@ -48,7 +48,12 @@ fn parse() -> Opts {
             "--out" => o.out = Some(PathBuf::from(args.next().expect("--out FILE"))),
             "--baseline" => o.baseline = Some(PathBuf::from(args.next().expect("--baseline FILE"))),
             "--verbose" | "-v" => o.verbose = true,
-            "--timeout" => o.timeout = args.next().and_then(|s| s.parse().ok()).expect("--timeout SECS"),
+            "--timeout" => {
+                o.timeout = args
+                    .next()
+                    .and_then(|s| s.parse().ok())
+                    .expect("--timeout SECS")
+            }
             other => {
                 eprintln!("unknown argument {other}");
                 std::process::exit(2);
@@ -67,7 +72,10 @@ fn read_set(dir: &Path, prefix: &str, types: &[nxrt::TypeInfo]) -> Result<Vec<Va
             break;
         }
         let bytes = std::fs::read(&p).map_err(|e| e.to_string())?;
-        out.push(loader::value_from_proto_bytes(&bytes, ty).map_err(|e| format!("reading {}: {e}", p.display()))?);
+        out.push(
+            loader::value_from_proto_bytes(&bytes, ty)
+                .map_err(|e| format!("reading {}: {e}", p.display()))?,
+        );
     }
     Ok(out)
 }
@@ -102,7 +110,11 @@ fn run_case(case_dir: &Path, rtol: f64, atol: f64) -> Outcome {
         Err(e) => return Outcome::Error(format!("run: {e}")),
     };
     if outs.len() < expected.len() {
-        return Outcome::Fail(format!("{} outputs, expected {}", outs.len(), expected.len()));
+        return Outcome::Fail(format!(
+            "{} outputs, expected {}",
+            outs.len(),
+            expected.len()
+        ));
     }
     let mut stats = ErrStats::default();
     for (k, ((name, got), want)) in outs.iter().zip(&expected).enumerate() {
@@ -184,7 +196,14 @@ fn main() {
             }
             m.truncate(cut);
         }
-        results.insert(name.clone(), if tag == "pass" { "pass".into() } else { format!("{}: {m}", tag.to_lowercase()) });
+        results.insert(
+            name.clone(),
+            if tag == "pass" {
+                "pass".into()
+            } else {
+                format!("{}: {m}", tag.to_lowercase())
+            },
+        );
     }
     let total = pass + fail + err;
     println!(
@@ -193,8 +212,13 @@ fn main() {
         t0.elapsed().as_secs_f64()
     );
     if let Some(out) = &o.out {
-        let passed: Vec<&String> = results.iter().filter(|(_, r)| *r == "pass").map(|(n, _)| n).collect();
-        let failing: BTreeMap<&String, &String> = results.iter().filter(|(_, r)| *r != "pass").collect();
+        let passed: Vec<&String> = results
+            .iter()
+            .filter(|(_, r)| *r == "pass")
+            .map(|(n, _)| n)
+            .collect();
+        let failing: BTreeMap<&String, &String> =
+            results.iter().filter(|(_, r)| *r != "pass").collect();
         let j = json!({
             "suite": "onnx backend node tests",
             "onnx_version": manifest["onnx_version"],
@@ -205,11 +229,13 @@ fn main() {
             "passing_cases": passed,
             "failing_cases": failing,
         });
-        std::fs::write(out, serde_json::to_string_pretty(&j).unwrap() + "\n").expect("write results");
+        std::fs::write(out, serde_json::to_string_pretty(&j).unwrap() + "\n")
+            .expect("write results");
         println!("wrote {}", out.display());
     }
     if let Some(b) = &o.baseline {
-        let base: Json = serde_json::from_slice(&std::fs::read(b).expect("baseline file")).expect("baseline JSON");
+        let base: Json = serde_json::from_slice(&std::fs::read(b).expect("baseline file"))
+            .expect("baseline JSON");
         let lost: Vec<&str> = base["passing_cases"]
             .as_array()
             .map(|a| a.iter().filter_map(|v| v.as_str()).collect::<Vec<_>>())
@@ -218,7 +244,11 @@ fn main() {
             .filter(|c| results.get(*c).is_some_and(|r| r != "pass"))
             .collect();
         if !lost.is_empty() {
-            println!("REGRESSION: {} case(s) that passed in {} now fail:", lost.len(), b.display());
+            println!(
+                "REGRESSION: {} case(s) that passed in {} now fail:",
+                lost.len(),
+                b.display()
+            );
             for c in &lost {
                 println!("  {c}: {}", results[*c]);
             }

@@ -48,7 +48,13 @@ fn as_f64(t: &Tensor) -> Option<Vec<f64>> {
 
 /// Compares a result against a reference: floats elementwise within `atol + rtol*|want|` (NaN
 /// equals NaN, infinities must match), everything else exactly; shapes and types must match.
-pub fn compare(got: &Value, want: &Value, rtol: f64, atol: f64, stats: &mut ErrStats) -> Result<(), String> {
+pub fn compare(
+    got: &Value,
+    want: &Value,
+    rtol: f64,
+    atol: f64,
+    stats: &mut ErrStats,
+) -> Result<(), String> {
     match (got, want) {
         (Value::Tensor(g), Value::Tensor(w)) => {
             if g.dtype() != w.dtype() {
@@ -85,7 +91,10 @@ pub fn compare(got: &Value, want: &Value, rtol: f64, atol: f64, stats: &mut ErrS
             }
             let same = match g.dtype() {
                 DataType::String => g.as_slice::<String>().ok() == w.as_slice::<String>().ok(),
-                dt if dt.is_sub_byte() || dt.is_float8() || matches!(dt, DataType::Complex64 | DataType::Complex128) => {
+                dt if dt.is_sub_byte()
+                    || dt.is_float8()
+                    || matches!(dt, DataType::Complex64 | DataType::Complex128) =>
+                {
                     let gb = nxrt_core::loader::tensor_to_le_bytes(g).ok();
                     let wb = nxrt_core::loader::tensor_to_le_bytes(w).ok();
                     gb.is_some() && gb == wb
@@ -103,7 +112,11 @@ pub fn compare(got: &Value, want: &Value, rtol: f64, atol: f64, stats: &mut ErrS
         }
         (Value::Sequence { items: g, .. }, Value::Sequence { items: w, .. }) => {
             if g.len() != w.len() {
-                return Err(format!("sequence length {} != expected {}", g.len(), w.len()));
+                return Err(format!(
+                    "sequence length {} != expected {}",
+                    g.len(),
+                    w.len()
+                ));
             }
             for (k, (a, b)) in g.iter().zip(w).enumerate() {
                 compare(a, b, rtol, atol, stats).map_err(|e| format!("item {k}: {e}"))?;
@@ -111,8 +124,14 @@ pub fn compare(got: &Value, want: &Value, rtol: f64, atol: f64, stats: &mut ErrS
             Ok(())
         }
         (Value::Map(g), Value::Map(w)) => {
-            compare(&Value::Tensor(g.keys.clone()), &Value::Tensor(w.keys.clone()), 0.0, 0.0, stats)
-                .map_err(|e| format!("map keys: {e}"))?;
+            compare(
+                &Value::Tensor(g.keys.clone()),
+                &Value::Tensor(w.keys.clone()),
+                0.0,
+                0.0,
+                stats,
+            )
+            .map_err(|e| format!("map keys: {e}"))?;
             if g.values.len() != w.values.len() {
                 return Err("map value counts differ".into());
             }
@@ -126,6 +145,10 @@ pub fn compare(got: &Value, want: &Value, rtol: f64, atol: f64, stats: &mut ErrS
             (Some(a), Some(b)) => compare(a, b, rtol, atol, stats),
             _ => Err("optional presence differs".into()),
         },
-        (g, w) => Err(format!("got a {}, expected a {}", g.kind_name(), w.kind_name())),
+        (g, w) => Err(format!(
+            "got a {}, expected a {}",
+            g.kind_name(),
+            w.kind_name()
+        )),
     }
 }

@@ -21,12 +21,21 @@ fn nxrt_bin() -> PathBuf {
     }
     // target/<profile>/deps/corpus_parity-xxxx -> target/<profile>/nxrt
     let exe = std::env::current_exe().expect("test exe");
-    exe.parent().and_then(|d| d.parent()).expect("target dir").join("nxrt")
+    exe.parent()
+        .and_then(|d| d.parent())
+        .expect("target dir")
+        .join("nxrt")
 }
 
 fn safe(name: &str) -> String {
     name.chars()
-        .map(|c| if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') { c } else { '_' })
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') {
+                c
+            } else {
+                '_'
+            }
+        })
         .collect()
 }
 
@@ -77,9 +86,16 @@ fn sorted_maps(v: Value) -> Value {
     }
 }
 
-fn check_case(bin: &Path, model: &Path, case_dir: &Path, out_dir: &Path) -> Result<ErrStats, String> {
-    let io: Json = serde_json::from_slice(&std::fs::read(case_dir.join("io.json")).map_err(|e| e.to_string())?)
-        .map_err(|e| e.to_string())?;
+fn check_case(
+    bin: &Path,
+    model: &Path,
+    case_dir: &Path,
+    out_dir: &Path,
+) -> Result<ErrStats, String> {
+    let io: Json = serde_json::from_slice(
+        &std::fs::read(case_dir.join("io.json")).map_err(|e| e.to_string())?,
+    )
+    .map_err(|e| e.to_string())?;
     let mut cmd = Command::new(bin);
     cmd.arg("run").arg(model).arg("--output-dir").arg(out_dir);
     for i in io["inputs"].as_array().unwrap() {
@@ -89,9 +105,14 @@ fn check_case(bin: &Path, model: &Path, case_dir: &Path, out_dir: &Path) -> Resu
             case_dir.join(i["file"].as_str().unwrap()).display()
         ));
     }
-    let out = cmd.output().map_err(|e| format!("cannot start {}: {e}", bin.display()))?;
+    let out = cmd
+        .output()
+        .map_err(|e| format!("cannot start {}: {e}", bin.display()))?;
     if !out.status.success() {
-        return Err(format!("nxrt run failed: {}", String::from_utf8_lossy(&out.stderr).trim()));
+        return Err(format!(
+            "nxrt run failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
     }
     let mut stats = ErrStats::default();
     for o in io["outputs"].as_array().unwrap() {
@@ -101,17 +122,23 @@ fn check_case(bin: &Path, model: &Path, case_dir: &Path, out_dir: &Path) -> Resu
             let pb = out_dir.join(format!("{}.pb", safe(name)));
             let bytes = std::fs::read(&pb).map_err(|e| format!("{}: {e}", pb.display()))?;
             let ty = nxrt::TypeInfo::Sequence(Box::new(nxrt::TypeInfo::Unknown));
-            let got = nxrt_core::loader::value_from_proto_bytes(&bytes, &ty).map_err(|e| e.to_string())?;
-            let j: Json = serde_json::from_slice(&std::fs::read(case_dir.join(file)).unwrap()).unwrap();
+            let got = nxrt_core::loader::value_from_proto_bytes(&bytes, &ty)
+                .map_err(|e| e.to_string())?;
+            let j: Json =
+                serde_json::from_slice(&std::fs::read(case_dir.join(file)).unwrap()).unwrap();
             (sorted_maps(got), zipmap_from_json(&j))
         } else {
             let npy = out_dir.join(format!("{}.npy", safe(name)));
-            let got = nxrt::npy::read_npy(&std::fs::read(&npy).map_err(|e| format!("{}: {e}", npy.display()))?)
+            let got = nxrt::npy::read_npy(
+                &std::fs::read(&npy).map_err(|e| format!("{}: {e}", npy.display()))?,
+            )
+            .map_err(|e| e.to_string())?;
+            let want = nxrt::npy::read_npy(&std::fs::read(case_dir.join(file)).unwrap())
                 .map_err(|e| e.to_string())?;
-            let want = nxrt::npy::read_npy(&std::fs::read(case_dir.join(file)).unwrap()).map_err(|e| e.to_string())?;
             (Value::Tensor(got), Value::Tensor(want))
         };
-        compare(&got, &want, RTOL, ATOL, &mut stats).map_err(|e| format!("output '{name}': {e}"))?;
+        compare(&got, &want, RTOL, ATOL, &mut stats)
+            .map_err(|e| format!("output '{name}': {e}"))?;
     }
     Ok(stats)
 }
@@ -125,18 +152,34 @@ fn corpus_models_match_onnx_runtime() {
         corpus.display()
     );
     let bin = nxrt_bin();
-    assert!(bin.exists(), "nxrt binary not found at {} (build it, or set NXRT_BIN)", bin.display());
+    assert!(
+        bin.exists(),
+        "nxrt binary not found at {} (build it, or set NXRT_BIN)",
+        bin.display()
+    );
     let mut models: Vec<PathBuf> = std::fs::read_dir(&corpus)
         .unwrap()
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| p.join("model.onnx").exists())
-        .filter(|p| !p.file_name().unwrap().to_string_lossy().starts_with("tiny_llama_genai"))
+        .filter(|p| {
+            !p.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with("tiny_llama_genai")
+        })
         .collect();
     models.sort();
-    assert!(models.len() >= 19, "expected the 19 corpus models, found {}", models.len());
+    assert!(
+        models.len() >= 19,
+        "expected the 19 corpus models, found {}",
+        models.len()
+    );
     let tmp = std::env::temp_dir().join(format!("nxrt-parity-{}", std::process::id()));
     let mut failures = Vec::new();
-    println!("{:<24} {:<16} {:>12} {:>12}  result", "model", "case", "max abs err", "max rel err");
+    println!(
+        "{:<24} {:<16} {:>12} {:>12}  result",
+        "model", "case", "max abs err", "max rel err"
+    );
     for m in &models {
         let name = m.file_name().unwrap().to_string_lossy().to_string();
         let mut cases: Vec<PathBuf> = std::fs::read_dir(m.join("ref"))
@@ -149,7 +192,10 @@ fn corpus_models_match_onnx_runtime() {
             let out = tmp.join(&name).join(&case);
             std::fs::create_dir_all(&out).unwrap();
             match check_case(&bin, &m.join("model.onnx"), &c, &out) {
-                Ok(s) => println!("{name:<24} {case:<16} {:>12.3e} {:>12.3e}  ok", s.max_abs, s.max_rel),
+                Ok(s) => println!(
+                    "{name:<24} {case:<16} {:>12.3e} {:>12.3e}  ok",
+                    s.max_abs, s.max_rel
+                ),
                 Err(e) => {
                     println!("{name:<24} {case:<16} {:>12} {:>12}  FAIL {e}", "-", "-");
                     failures.push(format!("{name}/{case}: {e}"));
@@ -158,5 +204,10 @@ fn corpus_models_match_onnx_runtime() {
         }
     }
     let _ = std::fs::remove_dir_all(&tmp);
-    assert!(failures.is_empty(), "{} case(s) differ from ONNX Runtime:\n{}", failures.len(), failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "{} case(s) differ from ONNX Runtime:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
 }

@@ -163,7 +163,9 @@ pub fn tensor_in<'a>(inputs: &[Option<&'a Value>], i: usize) -> Result<&'a Tenso
             "input {i} should be a tensor, is a {}",
             v.kind_name()
         ))),
-        None => Err(Error::Other(alloc::format!("required input {i} is missing"))),
+        None => Err(Error::Other(alloc::format!(
+            "required input {i} is missing"
+        ))),
     }
 }
 
@@ -189,8 +191,16 @@ pub fn broadcast_shapes(a: &[usize], b: &[usize]) -> Result<Vec<usize>> {
     let r = a.len().max(b.len());
     let mut out = vec![0; r];
     for i in 0..r {
-        let da = if i + a.len() >= r { a[i + a.len() - r] } else { 1 };
-        let db = if i + b.len() >= r { b[i + b.len() - r] } else { 1 };
+        let da = if i + a.len() >= r {
+            a[i + a.len() - r]
+        } else {
+            1
+        };
+        let db = if i + b.len() >= r {
+            b[i + b.len() - r]
+        } else {
+            1
+        };
         out[i] = if da == db || db == 1 {
             da
         } else if da == 1 {
@@ -237,16 +247,46 @@ macro_rules! dispatch_numeric {
     ($dt:expr, $T:ident => $body:expr, else $other:expr) => {{
         use $crate::dtype::DataType as __D;
         match $dt {
-            __D::Float => { type $T = f32; $body }
-            __D::Double => { type $T = f64; $body }
-            __D::Int32 => { type $T = i32; $body }
-            __D::Int64 => { type $T = i64; $body }
-            __D::Int8 => { type $T = i8; $body }
-            __D::Int16 => { type $T = i16; $body }
-            __D::Uint8 => { type $T = u8; $body }
-            __D::Uint16 => { type $T = u16; $body }
-            __D::Uint32 => { type $T = u32; $body }
-            __D::Uint64 => { type $T = u64; $body }
+            __D::Float => {
+                type $T = f32;
+                $body
+            }
+            __D::Double => {
+                type $T = f64;
+                $body
+            }
+            __D::Int32 => {
+                type $T = i32;
+                $body
+            }
+            __D::Int64 => {
+                type $T = i64;
+                $body
+            }
+            __D::Int8 => {
+                type $T = i8;
+                $body
+            }
+            __D::Int16 => {
+                type $T = i16;
+                $body
+            }
+            __D::Uint8 => {
+                type $T = u8;
+                $body
+            }
+            __D::Uint16 => {
+                type $T = u16;
+                $body
+            }
+            __D::Uint32 => {
+                type $T = u32;
+                $body
+            }
+            __D::Uint64 => {
+                type $T = u64;
+                $body
+            }
             _ => $other,
         }
     }};
@@ -259,20 +299,62 @@ macro_rules! dispatch_any {
     ($dt:expr, $T:ident => $body:expr, else $other:expr) => {{
         use $crate::dtype::DataType as __D;
         match $dt {
-            __D::Float => { type $T = f32; $body }
-            __D::Double => { type $T = f64; $body }
-            __D::Float16 => { type $T = half::f16; $body }
-            __D::Bfloat16 => { type $T = half::bf16; $body }
-            __D::Int32 => { type $T = i32; $body }
-            __D::Int64 => { type $T = i64; $body }
-            __D::Int8 => { type $T = i8; $body }
-            __D::Int16 => { type $T = i16; $body }
-            __D::Uint8 => { type $T = u8; $body }
-            __D::Uint16 => { type $T = u16; $body }
-            __D::Uint32 => { type $T = u32; $body }
-            __D::Uint64 => { type $T = u64; $body }
-            __D::Bool => { type $T = bool; $body }
-            __D::String => { type $T = alloc::string::String; $body }
+            __D::Float => {
+                type $T = f32;
+                $body
+            }
+            __D::Double => {
+                type $T = f64;
+                $body
+            }
+            __D::Float16 => {
+                type $T = half::f16;
+                $body
+            }
+            __D::Bfloat16 => {
+                type $T = half::bf16;
+                $body
+            }
+            __D::Int32 => {
+                type $T = i32;
+                $body
+            }
+            __D::Int64 => {
+                type $T = i64;
+                $body
+            }
+            __D::Int8 => {
+                type $T = i8;
+                $body
+            }
+            __D::Int16 => {
+                type $T = i16;
+                $body
+            }
+            __D::Uint8 => {
+                type $T = u8;
+                $body
+            }
+            __D::Uint16 => {
+                type $T = u16;
+                $body
+            }
+            __D::Uint32 => {
+                type $T = u32;
+                $body
+            }
+            __D::Uint64 => {
+                type $T = u64;
+                $body
+            }
+            __D::Bool => {
+                type $T = bool;
+                $body
+            }
+            __D::String => {
+                type $T = alloc::string::String;
+                $body
+            }
             _ => $other,
         }
     }};
@@ -377,10 +459,22 @@ macro_rules! dispatch_float {
     ($dt:expr, $T:ident => $body:expr, else $other:expr) => {{
         use $crate::dtype::DataType as __D;
         match $dt {
-            __D::Float => { type $T = f32; $body }
-            __D::Double => { type $T = f64; $body }
-            __D::Float16 => { type $T = half::f16; $body }
-            __D::Bfloat16 => { type $T = half::bf16; $body }
+            __D::Float => {
+                type $T = f32;
+                $body
+            }
+            __D::Double => {
+                type $T = f64;
+                $body
+            }
+            __D::Float16 => {
+                type $T = half::f16;
+                $body
+            }
+            __D::Bfloat16 => {
+                type $T = half::bf16;
+                $body
+            }
             _ => $other,
         }
     }};

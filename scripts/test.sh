@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# The full test run (the README's second command; CI's .ci/run calls it). On a fresh Debian
+# machine it installs what it needs (toolchain targets, Chromium, lavapipe, wasm-bindgen-cli via
+# ../shared/toolchain/setup.sh), fetches the real-model corpus and the ONNX node tests into
+# $NXRT_CACHE (default ~/.cache/nxrt, never the repo), then checks formatting and lints, builds
+# core for wasm32v1-none (proof that core has no std), runs every test, and runs the node-test
+# conformance suite against the committed baseline (a case that passed and now fails is an error).
+#
+#   scripts/test.sh            everything
+#   SKIP_SETUP=1 scripts/test.sh   skip the toolchain/corpus set-up (already done)
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+SHARED="${NXRT_SHARED:-$ROOT/../shared}"
+export NXRT_CACHE="${NXRT_CACHE:-$HOME/.cache/nxrt}"
+export PATH="$HOME/.cargo/bin:$PATH"
+cd "$ROOT"
+T0=$(date +%s)
+step() { echo; echo "=== [$(( $(date +%s) - T0 ))s] $*"; }
+
+if [ "${SKIP_SETUP:-0}" != 1 ]; then
+  step "toolchain ($SHARED/toolchain/setup.sh)"
+  bash "$SHARED/toolchain/setup.sh"
+  step "real-model corpus -> $NXRT_CACHE/corpus"
+  BENCH=0 bash "$SHARED/corpus/fetch_corpus.sh"
+  step "ONNX node tests -> $NXRT_CACHE/conformance"
+  bash "$SHARED/conformance/fetch-node-tests.sh" "$NXRT_CACHE/conformance"
+fi
+[ -f /opt/nxrt-tools/env.sh ] && source /opt/nxrt-tools/env.sh
+rustup component list --installed 2>/dev/null | grep -q clippy || rustup component add clippy rustfmt
+rustup target list --installed | grep -qx wasm32v1-none || rustup target add wasm32v1-none
+
+step "cargo fmt --check"
+cargo fmt --all -- --check
+
+step "core builds for wasm32v1-none (no std anywhere)"
+cargo build -p nxrt-core --target wasm32v1-none --release
+
+step "build (release)"
+cargo build --release -p nxrt -p nxrt-tests
+
+step "clippy -D warnings"
+cargo clippy --release -p nxrt-core -p nxrt -p nxrt-tests --all-targets -- -D warnings
+
+step "unit, API and real-model parity tests"
+NXRT_BIN="$ROOT/target/release/nxrt" cargo test --release -p nxrt-core -p nxrt -p nxrt-tests -- --nocapture
+
+step "README's first command: the embedded model"
+./target/release/nxrt
+
+step "ONNX backend node tests (native CPU) against tests/conformance/native.json"
+./target/release/conformance --out "$ROOT/target/conformance-native.json" --baseline tests/conformance/native.json
+
+step "all green in $(( $(date +%s) - T0 ))s"
