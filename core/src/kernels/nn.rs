@@ -1,5 +1,2757 @@
-//! Kernel family: nn (placeholder until filled in).
+//! Kernel family nn: Conv, ConvTranspose, ConvInteger, QLinearConv, pooling and MaxUnpool.
 
-use crate::provider::KernelDef;
+use alloc::boxed::Box;
+use alloc::vec;
+use alloc::vec::Vec;
 
-pub(crate) const KERNELS: &[KernelDef] = &[];
+use crate::dtype::DataType;
+use crate::error::Result;
+use crate::ir::Node;
+use crate::kernels::linalg::{narrow_f32, widen_f32, Num};
+use crate::kernels::{bad_type, def, dims_of, opt_tensor_in, out1, tensor_in, LATEST};
+use crate::provider::{CpuBackend, Gemm, Kernel, KernelCx, KernelDef};
+use crate::tensor::{Elem, Tensor};
+use crate::value::Value;
+use crate::{bail, unsupported};
+
+pub(crate) const KERNELS: &[KernelDef] = &[
+    def("Conv", 1, LATEST, build_conv),
+    def("ConvTranspose", 1, LATEST, build_conv_transpose),
+    def("ConvInteger", 10, LATEST, build_conv_integer),
+    def("QLinearConv", 10, LATEST, build_qlinear_conv),
+    def("MaxPool", 1, LATEST, build_max_pool),
+    def("AveragePool", 1, LATEST, build_average_pool),
+    def("LpPool", 1, LATEST, build_lp_pool),
+    def("GlobalAveragePool", 1, LATEST, build_global_average_pool),
+    def("GlobalMaxPool", 1, LATEST, build_global_max_pool),
+    def("GlobalLpPool", 1, LATEST, build_global_lp_pool),
+    def("MaxUnpool", 9, LATEST, build_max_unpool),
+];
+
+/// Most spatial dimensions the kernels here handle (decoded on the stack).
+const MAX_SPATIAL: usize = 8;
+
+/// Elements of one im2col / col2im tile (bounds scratch memory; 8 MiB of f32).
+const COL_BUDGET: usize = 1 << 21;
+
+// ----------------------------------------------------------------------------- parallel helper
+
+/// A raw pointer that may be shared with the tasks of [`par_chunks_mut`].
+struct SyncPtr<T>(*mut T);
+// SAFETY: the pointer is only turned into disjoint `&mut [T]` chunks, one per task index, so
+// sharing it between threads is sound whenever `T` may be sent between them.
+unsafe impl<T: Send> Sync for SyncPtr<T> {}
+impl<T> SyncPtr<T> {
+    #[inline]
+    fn get(&self) -> *mut T {
+        self.0
+    }
+}
+
+/// Calls `f(i, chunk_i)` for the consecutive `chunk`-sized pieces of `data` (the last may be
+/// shorter), in parallel where the backend has threads.
+pub(crate) fn par_chunks_mut<T: Send>(
+    cpu: &dyn CpuBackend,
+    data: &mut [T],
+    chunk: usize,
+    f: &(dyn Fn(usize, &mut [T]) + Sync),
+) {
+    if chunk == 0 || data.is_empty() {
+        return;
+    }
+    let len = data.len();
+    let n = len.div_ceil(chunk);
+    if n == 1 || cpu.threads() <= 1 {
+        for (i, c) in data.chunks_mut(chunk).enumerate() {
+            f(i, c);
+        }
+        return;
+    }
+    let base = SyncPtr(data.as_mut_ptr());
+    cpu.parallel_for(n, &|i| {
+        let start = i * chunk;
+        if start >= len {
+            return;
+        }
+        let end = (start + chunk).min(len);
+        // SAFETY: `parallel_for` runs each index once; the ranges [start, end) of different
+        // indices are disjoint and inside `data`, which stays mutably borrowed (and so
+        // unaliased) until `parallel_for` returns.
+        let s = unsafe { core::slice::from_raw_parts_mut(base.get().add(start), end - start) };
+        f(i, s);
+    });
+}
+
+// ----------------------------------------------------------------------------- attributes
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum AutoPad {
+    NotSet,
+    SameUpper,
+    SameLower,
+    Valid,
+}
+
+/// Spatial attributes shared by convolutions and pools (unresolved until the rank is known).
+#[derive(Clone, Debug)]
+struct Spatial {
+    auto_pad: AutoPad,
+    kernel: Option<Vec<usize>>,
+    strides: Option<Vec<usize>>,
+    dilations: Option<Vec<usize>>,
+    pads: Option<Vec<usize>>,
+}
+
+fn positive(node: &Node, name: &str) -> Result<Option<Vec<usize>>> {
+    match node.attr_ints(name)? {
+        None => Ok(None),
+        Some(v) => {
+            if v.iter().any(|&x| x <= 0) {
+                bail!("attribute {name} must be positive, is {v:?}");
+            }
+            Ok(Some(dims_of(&v)?))
+        }
+    }
+}
+
+fn parse_spatial(node: &Node) -> Result<Spatial> {
+    let auto_pad = match node.get_s("auto_pad", "NOTSET")?.as_str() {
+        "NOTSET" | "" => AutoPad::NotSet,
+        "SAME_UPPER" => AutoPad::SameUpper,
+        "SAME_LOWER" => AutoPad::SameLower,
+        "VALID" => AutoPad::Valid,
+        other => unsupported!("auto_pad '{other}' is not supported"),
+    };
+    let pads = match node.attr_ints("pads")? {
+        None => None,
+        Some(p) => {
+            if p.iter().any(|&x| x < 0) {
+                unsupported!("negative pads {p:?} are not supported");
+            }
+            Some(dims_of(&p)?)
+        }
+    };
+    Ok(Spatial {
+        auto_pad,
+        kernel: positive(node, "kernel_shape")?,
+        strides: positive(node, "strides")?,
+        dilations: positive(node, "dilations")?,
+        pads,
+    })
+}
+
+impl Spatial {
+    fn per_dim(
+        v: &Option<Vec<usize>>,
+        nd: usize,
+        name: &str,
+        default: usize,
+    ) -> Result<Vec<usize>> {
+        match v {
+            None => Ok(vec![default; nd]),
+            Some(v) if v.len() == nd => Ok(v.clone()),
+            Some(v) => bail!(
+                "attribute {name} has {} values for {nd} spatial dimensions",
+                v.len()
+            ),
+        }
+    }
+    fn strides(&self, nd: usize) -> Result<Vec<usize>> {
+        Self::per_dim(&self.strides, nd, "strides", 1)
+    }
+    fn dilations(&self, nd: usize) -> Result<Vec<usize>> {
+        Self::per_dim(&self.dilations, nd, "dilations", 1)
+    }
+    /// Explicit (begin, end) pads.
+    fn pads(&self, nd: usize) -> Result<(Vec<usize>, Vec<usize>)> {
+        match &self.pads {
+            None => Ok((vec![0; nd], vec![0; nd])),
+            Some(p) if p.len() == 2 * nd => Ok((p[..nd].to_vec(), p[nd..].to_vec())),
+            Some(p) => bail!(
+                "attribute pads has {} values for {nd} spatial dimensions",
+                p.len()
+            ),
+        }
+    }
+}
+
+/// Resolved geometry of a convolution or pooling window over `nd` spatial dimensions.
+/// For ConvTranspose, `inp` is the input (X) and `out` the output (Y) extent, with output
+/// position `i*s + k*d - pb` for input position `i`.
+#[derive(Clone, Debug)]
+struct Geom {
+    inp: Vec<usize>,
+    out: Vec<usize>,
+    k: Vec<usize>,
+    s: Vec<usize>,
+    d: Vec<usize>,
+    pb: Vec<isize>,
+}
+
+impl Geom {
+    fn nd(&self) -> usize {
+        self.inp.len()
+    }
+}
+
+fn check_nd(nd: usize) -> Result<()> {
+    if nd == 0 || nd > MAX_SPATIAL {
+        unsupported!("{nd} spatial dimensions are not supported");
+    }
+    Ok(())
+}
+
+/// Output extents and begin pads of a convolution (ONNX Conv rules).
+fn conv_geom(sp: &Spatial, inp: &[usize], k: &[usize]) -> Result<Geom> {
+    let nd = inp.len();
+    check_nd(nd)?;
+    let s = sp.strides(nd)?;
+    let d = sp.dilations(nd)?;
+    let (pb, pe) = sp.pads(nd)?;
+    let mut out = vec![0; nd];
+    let mut pbv = vec![0isize; nd];
+    for j in 0..nd {
+        let keff = (k[j] - 1) * d[j] + 1;
+        match sp.auto_pad {
+            AutoPad::NotSet | AutoPad::Valid => {
+                let (b, e) = if sp.auto_pad == AutoPad::Valid {
+                    (0, 0)
+                } else {
+                    (pb[j], pe[j])
+                };
+                let padded = inp[j] + b + e;
+                if padded < keff {
+                    bail!(
+                        "kernel extent {keff} exceeds the padded input extent {padded} (axis {})",
+                        j + 2
+                    );
+                }
+                out[j] = (padded - keff) / s[j] + 1;
+                pbv[j] = b as isize;
+            }
+            AutoPad::SameUpper | AutoPad::SameLower => {
+                out[j] = inp[j].div_ceil(s[j]);
+                let total = ((out[j].max(1) - 1) * s[j] + keff).saturating_sub(inp[j]);
+                pbv[j] = if sp.auto_pad == AutoPad::SameUpper {
+                    total / 2
+                } else {
+                    total - total / 2
+                } as isize;
+            }
+        }
+    }
+    Ok(Geom {
+        inp: inp.to_vec(),
+        out,
+        k: k.to_vec(),
+        s,
+        d,
+        pb: pbv,
+    })
+}
+
+/// Output extents and begin/end pads of a pooling window (ONNX pool rules, with ceil_mode).
+fn pool_geom(sp: &Spatial, inp: &[usize], k: &[usize], ceil: bool) -> Result<(Geom, Vec<isize>)> {
+    let nd = inp.len();
+    check_nd(nd)?;
+    if k.len() != nd {
+        bail!(
+            "kernel_shape has {} values for {nd} spatial dimensions",
+            k.len()
+        );
+    }
+    let s = sp.strides(nd)?;
+    let d = sp.dilations(nd)?;
+    let (pb, pe) = sp.pads(nd)?;
+    let mut out = vec![0; nd];
+    let mut pbv = vec![0isize; nd];
+    let mut pev = vec![0isize; nd];
+    for j in 0..nd {
+        let keff = (k[j] - 1) * d[j] + 1;
+        match sp.auto_pad {
+            AutoPad::NotSet | AutoPad::Valid => {
+                let (b, e) = if sp.auto_pad == AutoPad::Valid {
+                    (0, 0)
+                } else {
+                    (pb[j], pe[j])
+                };
+                let padded = inp[j] + b + e;
+                if padded < keff {
+                    bail!(
+                        "kernel extent {keff} exceeds the padded input extent {padded} (axis {})",
+                        j + 2
+                    );
+                }
+                let span = padded - keff;
+                out[j] = if ceil {
+                    let mut o = span.div_ceil(s[j]) + 1;
+                    // The last window must start inside the input or its begin padding.
+                    if (o - 1) * s[j] >= inp[j] + b {
+                        o -= 1;
+                    }
+                    o
+                } else {
+                    span / s[j] + 1
+                };
+                pbv[j] = b as isize;
+                pev[j] = e as isize;
+            }
+            AutoPad::SameUpper | AutoPad::SameLower => {
+                out[j] = inp[j].div_ceil(s[j]);
+                let total = ((out[j].max(1) - 1) * s[j] + keff).saturating_sub(inp[j]);
+                let b = if sp.auto_pad == AutoPad::SameUpper {
+                    total / 2
+                } else {
+                    total - total / 2
+                };
+                pbv[j] = b as isize;
+                pev[j] = (total - b) as isize;
+            }
+        }
+    }
+    Ok((
+        Geom {
+            inp: inp.to_vec(),
+            out,
+            k: k.to_vec(),
+            s,
+            d,
+            pb: pbv,
+        },
+        pev,
+    ))
+}
+
+/// `ceil(a / b)` for `b > 0`.
+#[inline]
+fn ceil_div(a: isize, b: isize) -> isize {
+    if a >= 0 {
+        (a + b - 1) / b
+    } else {
+        -((-a) / b)
+    }
+}
+
+/// The range `[lo, hi)` of positions `p` (within `[p0, p1)`) for which `p*s + off` lies in
+/// `[0, n)`.
+#[inline]
+fn valid_range(p0: usize, p1: usize, s: usize, off: isize, n: usize) -> (usize, usize) {
+    let s = s as isize;
+    let lo = ceil_div(-off, s).max(p0 as isize);
+    let top = n as isize - 1 - off; // p*s <= top
+    let hi = if top < 0 { 0 } else { top / s + 1 };
+    let hi = hi.min(p1 as isize);
+    let lo = lo.min(p1 as isize);
+    (lo as usize, hi.max(lo) as usize)
+}
+
+/// Kernel offsets of flat kernel index `r` (row-major over `k`), on the stack.
+#[inline]
+fn decode(mut r: usize, k: &[usize], out: &mut [usize; MAX_SPATIAL]) {
+    for j in (0..k.len()).rev() {
+        out[j] = r % k[j];
+        r /= k[j];
+    }
+}
+
+/// Row-major element strides of a shape.
+fn strides_of(shape: &[usize]) -> Vec<usize> {
+    let mut s = vec![1; shape.len()];
+    for j in (0..shape.len().saturating_sub(1)).rev() {
+        s[j] = s[j + 1] * shape[j + 1];
+    }
+    s
+}
+
+/// Runs of consecutive positions `[p0, p0+n)` over a grid `ext` that share all but the last
+/// coordinate: (prefix coordinates, first last-coordinate, end, offset in the run list).
+struct Runs {
+    pre: Vec<usize>,
+    runs: Vec<(usize, usize, usize)>,
+}
+
+fn runs_of(ext: &[usize], p0: usize, n: usize) -> Runs {
+    let nd = ext.len();
+    let w = ext[nd - 1];
+    let mut pre = Vec::new();
+    let mut runs = Vec::new();
+    let mut p = p0;
+    let end = p0 + n;
+    while p < end && w > 0 {
+        let mut q = p / w;
+        let x0 = p % w;
+        let x1 = (x0 + (end - p)).min(w);
+        let at = pre.len();
+        pre.resize(at + nd - 1, 0);
+        for j in (0..nd - 1).rev() {
+            pre[at + j] = q % ext[j];
+            q /= ext[j];
+        }
+        runs.push((x0, x1, p - p0));
+        p += x1 - x0;
+    }
+    Runs { pre, runs }
+}
+
+// ----------------------------------------------------------------------------- im2col / col2im
+
+/// Fills `col` (`c_cnt*prod(k)` rows of `ncols`) with the patches of output positions
+/// `p0..p0+ncols` of one image group `x` (`c_cnt` planes of `prod(g.inp)`); padding is `zero`.
+fn im2col<T: Copy + Send + Sync>(
+    cpu: &dyn CpuBackend,
+    x: &[T],
+    g: &Geom,
+    p0: usize,
+    ncols: usize,
+    col: &mut [T],
+    zero: T,
+) {
+    let nd = g.nd();
+    let last = nd - 1;
+    let kk: usize = g.k.iter().product();
+    let plane: usize = g.inp.iter().product();
+    let ist = strides_of(&g.inp);
+    let runs = runs_of(&g.out, p0, ncols);
+    let w = g.inp[last];
+    let (sl, dl, pl) = (g.s[last], g.d[last] as isize, g.pb[last]);
+    let rows_per_task = (16384 / ncols.max(1)).max(1);
+    par_chunks_mut(cpu, col, rows_per_task * ncols, &|t, chunk| {
+        let mut ko = [0usize; MAX_SPATIAL];
+        for (ri, row) in chunk.chunks_mut(ncols).enumerate() {
+            let r = t * rows_per_task + ri;
+            let c = r / kk;
+            decode(r % kk, &g.k, &mut ko);
+            let off = ko[last] as isize * dl - pl;
+            for (si, &(x0, x1, at)) in runs.runs.iter().enumerate() {
+                let dst = &mut row[at..at + (x1 - x0)];
+                let mut base = c * plane;
+                let mut inside = true;
+                for j in 0..last {
+                    let o = runs.pre[si * last + j];
+                    let i = (o * g.s[j]) as isize + (ko[j] * g.d[j]) as isize - g.pb[j];
+                    if i < 0 || i >= g.inp[j] as isize {
+                        inside = false;
+                        break;
+                    }
+                    base += i as usize * ist[j];
+                }
+                if !inside {
+                    dst.fill(zero);
+                    continue;
+                }
+                let (lo, hi) = valid_range(x0, x1, sl, off, w);
+                dst[..lo - x0].fill(zero);
+                dst[hi - x0..].fill(zero);
+                if lo == hi {
+                    continue;
+                }
+                let xs = &x[base..base + w];
+                let start = (lo * sl) as isize + off;
+                let d = &mut dst[lo - x0..hi - x0];
+                if sl == 1 {
+                    d.copy_from_slice(&xs[start as usize..start as usize + (hi - lo)]);
+                } else {
+                    for (dv, &xv) in d.iter_mut().zip(xs[start as usize..].iter().step_by(sl)) {
+                        *dv = xv;
+                    }
+                }
+            }
+        }
+    });
+}
+
+/// Adds `col` (`m_cnt*prod(k)` rows of `ncols`, for input positions `p0..p0+ncols`) into the
+/// output planes `y` (`m_cnt` planes of `prod(g.out)`) of a transposed convolution.
+fn col2im<T: Num>(cpu: &dyn CpuBackend, col: &[T], g: &Geom, p0: usize, ncols: usize, y: &mut [T]) {
+    let nd = g.nd();
+    let last = nd - 1;
+    let kk: usize = g.k.iter().product();
+    let plane: usize = g.out.iter().product();
+    let ost = strides_of(&g.out);
+    let runs = runs_of(&g.inp, p0, ncols);
+    let w = g.out[last];
+    let (sl, dl, pl) = (g.s[last], g.d[last] as isize, g.pb[last]);
+    par_chunks_mut(cpu, y, plane, &|m, yp| {
+        let mut ko = [0usize; MAX_SPATIAL];
+        for kr in 0..kk {
+            let r = m * kk + kr;
+            let row = &col[r * ncols..(r + 1) * ncols];
+            decode(kr, &g.k, &mut ko);
+            let off = ko[last] as isize * dl - pl;
+            for (si, &(x0, x1, at)) in runs.runs.iter().enumerate() {
+                let mut base = 0;
+                let mut inside = true;
+                for j in 0..last {
+                    let i = runs.pre[si * last + j];
+                    let o = (i * g.s[j]) as isize + (ko[j] * g.d[j]) as isize - g.pb[j];
+                    if o < 0 || o >= g.out[j] as isize {
+                        inside = false;
+                        break;
+                    }
+                    base += o as usize * ost[j];
+                }
+                if !inside {
+                    continue;
+                }
+                let (lo, hi) = valid_range(x0, x1, sl, off, w);
+                if lo == hi {
+                    continue;
+                }
+                let src = &row[at + lo - x0..at + hi - x0];
+                let ys = &mut yp[base..base + w];
+                let start = ((lo * sl) as isize + off) as usize;
+                if sl == 1 {
+                    for (yv, &cv) in ys[start..start + (hi - lo)].iter_mut().zip(src) {
+                        *yv = yv.add(cv);
+                    }
+                } else {
+                    for (yv, &cv) in ys[start..].iter_mut().step_by(sl).zip(src) {
+                        *yv = yv.add(cv);
+                    }
+                }
+            }
+        }
+    });
+}
+
+// ----------------------------------------------------------------------------- Conv
+
+/// Shapes and geometry of one convolution call.
+struct ConvShape {
+    n: usize,
+    c: usize,
+    m: usize,
+    group: usize,
+    g: Geom,
+}
+
+/// Direct depthwise convolution (one filter per channel) over 1-D/2-D planes.
+fn conv_depthwise<T: Num>(
+    cpu: &dyn CpuBackend,
+    x: &[T],
+    w: &[T],
+    bias: Option<&[T]>,
+    cs: &ConvShape,
+    y: &mut [T],
+) {
+    let g = &cs.g;
+    // View 1-D as 2-D with a unit leading axis.
+    let (ih, iw, oh, ow, kh, kw, sh, sw, dh, dw, ph, pw) = if g.nd() == 1 {
+        (
+            1, g.inp[0], 1, g.out[0], 1, g.k[0], 1, g.s[0], 1, g.d[0], 0, g.pb[0],
+        )
+    } else {
+        (
+            g.inp[0], g.inp[1], g.out[0], g.out[1], g.k[0], g.k[1], g.s[0], g.s[1], g.d[0], g.d[1],
+            g.pb[0], g.pb[1],
+        )
+    };
+    let c = cs.c;
+    // Valid output column range and input offset of every kernel column.
+    let cols: Vec<(usize, usize, isize)> = (0..kw)
+        .map(|kj| {
+            let off = (kj * dw) as isize - pw;
+            let (lo, hi) = valid_range(0, ow, sw, off, iw);
+            (lo, hi, off)
+        })
+        .collect();
+    par_chunks_mut(cpu, y, oh * ow, &|pi, out| {
+        let ch = pi % c;
+        let xp = &x[pi * ih * iw..(pi + 1) * ih * iw];
+        let wk = &w[ch * kh * kw..(ch + 1) * kh * kw];
+        out.fill(bias.map_or(T::ZERO, |b| b[ch]));
+        for (oi, orow) in out.chunks_mut(ow).enumerate() {
+            for ki in 0..kh {
+                let ii = (oi * sh + ki * dh) as isize - ph;
+                if ii < 0 || ii >= ih as isize {
+                    continue;
+                }
+                let xrow = &xp[ii as usize * iw..(ii as usize + 1) * iw];
+                for (kj, &(lo, hi, off)) in cols.iter().enumerate() {
+                    if lo >= hi {
+                        continue;
+                    }
+                    let wv = wk[ki * kw + kj];
+                    let start = ((lo * sw) as isize + off) as usize;
+                    let o = &mut orow[lo..hi];
+                    if sw == 1 {
+                        for (ov, &xv) in o.iter_mut().zip(&xrow[start..start + (hi - lo)]) {
+                            *ov = ov.add(wv.mul(xv));
+                        }
+                    } else {
+                        for (ov, &xv) in o.iter_mut().zip(xrow[start..].iter().step_by(sw)) {
+                            *ov = ov.add(wv.mul(xv));
+                        }
+                    }
+                }
+            }
+        }
+    });
+}
+
+/// Convolution of `x` ([N, C, inp..]) with `w` ([M, C/group, k..]) plus optional bias,
+/// into a new [N, M, out..] buffer.
+fn conv_compute<T: Num>(
+    cx: &KernelCx<'_>,
+    x: &[T],
+    w: &[T],
+    bias: Option<&[T]>,
+    cs: &ConvShape,
+) -> Vec<T> {
+    let g = &cs.g;
+    let (n, c, m, group) = (cs.n, cs.c, cs.m, cs.group);
+    let (cg, mg) = (c / group, m / group);
+    let kk: usize = g.k.iter().product();
+    let kdim = cg * kk;
+    let in_plane: usize = g.inp.iter().product();
+    let out_plane: usize = g.out.iter().product();
+    let mut y = vec![T::ZERO; n * m * out_plane];
+    if y.is_empty() {
+        return y;
+    }
+    if group == c && m == c && g.nd() <= 2 {
+        conv_depthwise(cx.cpu, x, w, bias, cs, &mut y);
+        return y;
+    }
+    if let Some(b) = bias {
+        for (pi, plane) in y.chunks_mut(out_plane).enumerate() {
+            plane.fill(b[pi % m]);
+        }
+    }
+    if kdim == 0 {
+        return y;
+    }
+    let beta = if bias.is_some() { 1.0 } else { 0.0 };
+    let pointwise =
+        kk == 1 && g.s.iter().all(|&s| s == 1) && g.pb.iter().all(|&p| p == 0) && g.out == g.inp;
+    let tile = if pointwise {
+        out_plane
+    } else {
+        (COL_BUDGET / kdim).clamp(1, out_plane)
+    };
+    let mut col = if pointwise {
+        Vec::new()
+    } else {
+        vec![T::ZERO; kdim * tile]
+    };
+    for ni in 0..n {
+        for gi in 0..group {
+            let xg = &x[(ni * c + gi * cg) * in_plane..(ni * c + (gi + 1) * cg) * in_plane];
+            let wg = &w[gi * mg * kdim..(gi + 1) * mg * kdim];
+            let yg = &mut y[(ni * m + gi * mg) * out_plane..(ni * m + (gi + 1) * mg) * out_plane];
+            if pointwise {
+                let gm = Gemm {
+                    m: mg,
+                    n: out_plane,
+                    k: cg,
+                    a_rs: kdim as isize,
+                    a_cs: 1,
+                    b_rs: in_plane as isize,
+                    b_cs: 1,
+                    ldc: out_plane,
+                    alpha: 1.0,
+                    beta,
+                };
+                T::gemm(cx, &gm, wg, xg, yg);
+                continue;
+            }
+            let mut p0 = 0;
+            while p0 < out_plane {
+                let nc = tile.min(out_plane - p0);
+                let colt = &mut col[..kdim * nc];
+                im2col(cx.cpu, xg, g, p0, nc, colt, T::ZERO);
+                let gm = Gemm {
+                    m: mg,
+                    n: nc,
+                    k: kdim,
+                    a_rs: kdim as isize,
+                    a_cs: 1,
+                    b_rs: nc as isize,
+                    b_cs: 1,
+                    ldc: out_plane,
+                    alpha: 1.0,
+                    beta,
+                };
+                T::gemm(cx, &gm, wg, colt, &mut yg[p0..]);
+                p0 += nc;
+            }
+        }
+    }
+    y
+}
+
+/// Checks X/W/B shapes of a convolution and resolves its geometry.
+fn conv_shape(
+    sp: &Spatial,
+    group: usize,
+    xs: &[usize],
+    ws: &[usize],
+    b: Option<&Tensor>,
+) -> Result<ConvShape> {
+    if xs.len() < 3 || ws.len() != xs.len() {
+        bail!("Conv needs X of rank >= 3 and W of the same rank (got {xs:?} and {ws:?})");
+    }
+    let (n, c, m) = (xs[0], xs[1], ws[0]);
+    if group == 0 || c % group != 0 || m % group != 0 || ws[1] * group != c {
+        bail!("Conv: X {xs:?}, W {ws:?} and group {group} do not fit");
+    }
+    let k = &ws[2..];
+    if let Some(ks) = &sp.kernel {
+        if ks.as_slice() != k {
+            bail!("Conv: kernel_shape {ks:?} differs from W's spatial shape {k:?}");
+        }
+    }
+    if let Some(b) = b {
+        if b.len() != m {
+            bail!("Conv: bias has {} values for {m} output channels", b.len());
+        }
+    }
+    if k.contains(&0) {
+        bail!("Conv: empty kernel {k:?}");
+    }
+    let g = conv_geom(sp, &xs[2..], k)?;
+    Ok(ConvShape { n, c, m, group, g })
+}
+
+fn conv_typed<T: Num>(
+    cx: &KernelCx<'_>,
+    x: &Tensor,
+    w: &Tensor,
+    b: Option<&Tensor>,
+    cs: &ConvShape,
+) -> Result<Tensor> {
+    let xv = x.as_slice::<T>()?;
+    let wv = w.as_slice::<T>()?;
+    let bv = match b {
+        Some(b) => Some(b.as_slice::<T>()?),
+        None => None,
+    };
+    let y = conv_compute(cx, &xv, &wv, bv.as_deref(), cs);
+    let mut shape = vec![cs.n, cs.m];
+    shape.extend_from_slice(&cs.g.out);
+    Tensor::from_vec(&shape, y)
+}
+
+fn build_conv(node: &Node) -> Result<Box<dyn Kernel>> {
+    let sp = parse_spatial(node)?;
+    let group = node.get_i("group", 1)?;
+    if group <= 0 {
+        bail!("group must be positive, is {group}");
+    }
+    let group = group as usize;
+    Ok(Box::new(
+        move |cx: &KernelCx<'_>, inputs: &[Option<&Value>]| -> Result<Vec<Value>> {
+            let x = tensor_in(inputs, 0)?;
+            let w = tensor_in(inputs, 1)?;
+            let b = opt_tensor_in(inputs, 2)?;
+            let dt = x.dtype();
+            if w.dtype() != dt || b.is_some_and(|b| b.dtype() != dt) {
+                bail!("Conv: input types differ");
+            }
+            let cs = conv_shape(&sp, group, x.shape(), w.shape(), b)?;
+            let y = match dt {
+                DataType::Float => conv_typed::<f32>(cx, x, w, b, &cs)?,
+                DataType::Double => conv_typed::<f64>(cx, x, w, b, &cs)?,
+                DataType::Float16 | DataType::Bfloat16 => {
+                    let bw = match b {
+                        Some(b) => Some(widen_f32(b)?),
+                        None => None,
+                    };
+                    let y =
+                        conv_typed::<f32>(cx, &widen_f32(x)?, &widen_f32(w)?, bw.as_ref(), &cs)?;
+                    narrow_f32(y, dt)?
+                }
+                dt => return Err(bad_type("Conv", dt)),
+            };
+            out1(y)
+        },
+    ))
+}
+
+// ----------------------------------------------------------------------------- ConvInteger / QLinearConv
+
+/// An int8/uint8 tensor minus a zero point: a scalar, or (`per_channel`) one value per
+/// entry of axis 0.
+fn int_centered(t: &Tensor, zp: Option<&Tensor>, per_channel: bool) -> Result<Vec<i32>> {
+    if !matches!(t.dtype(), DataType::Int8 | DataType::Uint8) {
+        return Err(bad_type("quantized convolution", t.dtype()));
+    }
+    let v = t.to_i64_vec()?;
+    let Some(zp) = zp else {
+        return Ok(v.into_iter().map(|x| x as i32).collect());
+    };
+    if zp.dtype() != t.dtype() {
+        bail!(
+            "zero point type {} differs from input type {}",
+            zp.dtype(),
+            t.dtype()
+        );
+    }
+    let z = zp.to_i64_vec()?;
+    if z.len() == 1 {
+        return Ok(v.into_iter().map(|x| (x - z[0]) as i32).collect());
+    }
+    let rows = t.shape().first().copied().unwrap_or(1);
+    if !per_channel || z.len() != rows || rows == 0 {
+        unsupported!("zero point of shape {:?} is not supported here", zp.shape());
+    }
+    let per = v.len() / rows;
+    Ok(v.iter()
+        .enumerate()
+        .map(|(i, &x)| (x - z[i / per]) as i32)
+        .collect())
+}
+
+fn conv_int(
+    cx: &KernelCx<'_>,
+    sp: &Spatial,
+    group: usize,
+    x: &Tensor,
+    x_zp: Option<&Tensor>,
+    w: &Tensor,
+    w_zp: Option<&Tensor>,
+    bias: Option<&Tensor>,
+) -> Result<(Vec<i32>, ConvShape)> {
+    let cs = conv_shape(sp, group, x.shape(), w.shape(), bias)?;
+    let xv = int_centered(x, x_zp, false)?;
+    let wv = int_centered(w, w_zp, true)?;
+    let bv = match bias {
+        Some(b) if b.dtype() == DataType::Int32 => Some(b.as_slice::<i32>()?.into_owned()),
+        Some(b) => return Err(bad_type("QLinearConv bias", b.dtype())),
+        None => None,
+    };
+    Ok((conv_compute(cx, &xv, &wv, bv.as_deref(), &cs), cs))
+}
+
+fn conv_attrs(node: &Node) -> Result<(Spatial, usize)> {
+    let sp = parse_spatial(node)?;
+    let group = node.get_i("group", 1)?;
+    if group <= 0 {
+        bail!("group must be positive, is {group}");
+    }
+    Ok((sp, group as usize))
+}
+
+fn build_conv_integer(node: &Node) -> Result<Box<dyn Kernel>> {
+    let (sp, group) = conv_attrs(node)?;
+    Ok(Box::new(
+        move |cx: &KernelCx<'_>, inputs: &[Option<&Value>]| -> Result<Vec<Value>> {
+            let x = tensor_in(inputs, 0)?;
+            let w = tensor_in(inputs, 1)?;
+            let (y, cs) = conv_int(
+                cx,
+                &sp,
+                group,
+                x,
+                opt_tensor_in(inputs, 2)?,
+                w,
+                opt_tensor_in(inputs, 3)?,
+                None,
+            )?;
+            let mut shape = vec![cs.n, cs.m];
+            shape.extend_from_slice(&cs.g.out);
+            out1(Tensor::from_vec(&shape, y)?)
+        },
+    ))
+}
+
+fn build_qlinear_conv(node: &Node) -> Result<Box<dyn Kernel>> {
+    let (sp, group) = conv_attrs(node)?;
+    Ok(Box::new(
+        move |cx: &KernelCx<'_>, inputs: &[Option<&Value>]| -> Result<Vec<Value>> {
+            let x = tensor_in(inputs, 0)?;
+            let x_scale = tensor_in(inputs, 1)?.to_f32_vec()?;
+            let w = tensor_in(inputs, 3)?;
+            let w_scale = tensor_in(inputs, 4)?.to_f32_vec()?;
+            let y_scale = tensor_in(inputs, 6)?.to_f32_vec()?;
+            let y_zp = opt_tensor_in(inputs, 7)?;
+            let (acc, cs) = conv_int(
+                cx,
+                &sp,
+                group,
+                x,
+                opt_tensor_in(inputs, 2)?,
+                w,
+                opt_tensor_in(inputs, 5)?,
+                opt_tensor_in(inputs, 8)?,
+            )?;
+            if x_scale.len() != 1 || y_scale.len() != 1 {
+                unsupported!("QLinearConv: x_scale and y_scale must be scalars");
+            }
+            if w_scale.len() != 1 && w_scale.len() != cs.m {
+                bail!(
+                    "QLinearConv: w_scale has {} values for {} output channels",
+                    w_scale.len(),
+                    cs.m
+                );
+            }
+            let out_dt = y_zp.map_or(x.dtype(), |z| z.dtype());
+            let zp = match y_zp {
+                Some(z) if z.len() == 1 => z.to_i64_vec()?[0] as f64,
+                Some(_) => unsupported!("QLinearConv: y_zero_point must be a scalar"),
+                None => 0.0,
+            };
+            let (lo, hi) = match out_dt {
+                DataType::Uint8 => (0.0, 255.0),
+                DataType::Int8 => (-128.0, 127.0),
+                dt => return Err(bad_type("QLinearConv", dt)),
+            };
+            let plane: usize = cs.g.out.iter().product();
+            let mults: Vec<f64> = (0..cs.m)
+                .map(|mi| {
+                    let ws = w_scale[if w_scale.len() == 1 { 0 } else { mi }];
+                    (x_scale[0] * ws / y_scale[0]) as f64
+                })
+                .collect();
+            let q = acc.iter().enumerate().map(|(i, &a)| {
+                let mi = (i / plane.max(1)) % cs.m.max(1);
+                libm::rint((a as f64 * mults[mi] + zp).clamp(lo, hi))
+            });
+            let mut shape = vec![cs.n, cs.m];
+            shape.extend_from_slice(&cs.g.out);
+            let t = if out_dt == DataType::Uint8 {
+                Tensor::from_vec(&shape, q.map(|v| v as u8).collect())?
+            } else {
+                Tensor::from_vec(&shape, q.map(|v| v as i8).collect())?
+            };
+            out1(t)
+        },
+    ))
+}
+
+// ----------------------------------------------------------------------------- ConvTranspose
+
+struct ConvTAttrs {
+    sp: Spatial,
+    group: usize,
+    output_padding: Option<Vec<usize>>,
+    output_shape: Option<Vec<usize>>,
+}
+
+fn conv_transpose_shape(
+    a: &ConvTAttrs,
+    xs: &[usize],
+    ws: &[usize],
+    b: Option<&Tensor>,
+) -> Result<ConvShape> {
+    if xs.len() < 3 || ws.len() != xs.len() {
+        bail!("ConvTranspose needs X of rank >= 3 and W of the same rank (got {xs:?} and {ws:?})");
+    }
+    let nd = xs.len() - 2;
+    check_nd(nd)?;
+    let (n, c) = (xs[0], xs[1]);
+    let group = a.group;
+    if ws[0] != c || c % group != 0 {
+        bail!("ConvTranspose: X {xs:?}, W {ws:?} and group {group} do not fit");
+    }
+    let m = ws[1] * group;
+    let k = ws[2..].to_vec();
+    if let Some(ks) = &a.sp.kernel {
+        if ks != &k {
+            bail!("ConvTranspose: kernel_shape {ks:?} differs from W's spatial shape {k:?}");
+        }
+    }
+    if k.contains(&0) {
+        bail!("ConvTranspose: empty kernel {k:?}");
+    }
+    if let Some(b) = b {
+        if b.len() != m {
+            bail!(
+                "ConvTranspose: bias has {} values for {m} output channels",
+                b.len()
+            );
+        }
+    }
+    let s = a.sp.strides(nd)?;
+    let d = a.sp.dilations(nd)?;
+    let op = Spatial::per_dim(&a.output_padding, nd, "output_padding", 0)?;
+    let inp = &xs[2..];
+    let mut out = vec![0usize; nd];
+    let mut pb = vec![0isize; nd];
+    let explicit_out = match &a.output_shape {
+        Some(os) if os.len() == nd => Some(os.clone()),
+        Some(os) if os.len() == nd + 2 => Some(os[2..].to_vec()),
+        Some(os) => bail!("ConvTranspose: output_shape {os:?} does not fit {nd} spatial dims"),
+        None => None,
+    };
+    let (pads_b, pads_e) = a.sp.pads(nd)?;
+    for j in 0..nd {
+        let keff = ((k[j] - 1) * d[j] + 1) as isize;
+        let natural = (s[j] * inp[j].saturating_sub(1)) as isize + op[j] as isize + keff;
+        let target = match (&explicit_out, a.sp.auto_pad) {
+            (Some(o), _) => Some(o[j] as isize),
+            (None, AutoPad::SameUpper | AutoPad::SameLower) => Some((inp[j] * s[j]) as isize),
+            _ => None,
+        };
+        match target {
+            Some(t) => {
+                let total = natural - t;
+                let begin = if a.sp.auto_pad == AutoPad::SameUpper {
+                    total.div_euclid(2)
+                } else {
+                    total - total.div_euclid(2)
+                };
+                out[j] = t as usize;
+                pb[j] = begin;
+            }
+            None => {
+                let (b, e) = if a.sp.auto_pad == AutoPad::Valid {
+                    (0, 0)
+                } else {
+                    (pads_b[j] as isize, pads_e[j] as isize)
+                };
+                let o = natural - b - e;
+                if o < 0 {
+                    bail!("ConvTranspose: negative output extent on axis {}", j + 2);
+                }
+                out[j] = o as usize;
+                pb[j] = b;
+            }
+        }
+    }
+    Ok(ConvShape {
+        n,
+        c,
+        m,
+        group,
+        g: Geom {
+            inp: inp.to_vec(),
+            out,
+            k,
+            s,
+            d,
+            pb,
+        },
+    })
+}
+
+fn conv_transpose_compute<T: Num>(
+    cx: &KernelCx<'_>,
+    x: &[T],
+    w: &[T],
+    bias: Option<&[T]>,
+    cs: &ConvShape,
+) -> Vec<T> {
+    let g = &cs.g;
+    let (n, c, m, group) = (cs.n, cs.c, cs.m, cs.group);
+    let (cg, mg) = (c / group, m / group);
+    let kk: usize = g.k.iter().product();
+    let rows = mg * kk;
+    let in_plane: usize = g.inp.iter().product();
+    let out_plane: usize = g.out.iter().product();
+    let mut y = vec![T::ZERO; n * m * out_plane];
+    if y.is_empty() {
+        return y;
+    }
+    if let Some(b) = bias {
+        for (pi, plane) in y.chunks_mut(out_plane).enumerate() {
+            plane.fill(b[pi % m]);
+        }
+    }
+    if rows == 0 || in_plane == 0 || cg == 0 {
+        return y;
+    }
+    let tile = (COL_BUDGET / rows).clamp(1, in_plane);
+    let mut col = vec![T::ZERO; rows * tile];
+    for ni in 0..n {
+        for gi in 0..group {
+            let xg = &x[(ni * c + gi * cg) * in_plane..(ni * c + (gi + 1) * cg) * in_plane];
+            let wg = &w[gi * cg * rows..(gi + 1) * cg * rows];
+            let yg = &mut y[(ni * m + gi * mg) * out_plane..(ni * m + (gi + 1) * mg) * out_plane];
+            let mut p0 = 0;
+            while p0 < in_plane {
+                let nc = tile.min(in_plane - p0);
+                let colt = &mut col[..rows * nc];
+                // col = Wgᵀ · Xg[:, p0..p0+nc]
+                let gm = Gemm {
+                    m: rows,
+                    n: nc,
+                    k: cg,
+                    a_rs: 1,
+                    a_cs: rows as isize,
+                    b_rs: in_plane as isize,
+                    b_cs: 1,
+                    ldc: nc,
+                    alpha: 1.0,
+                    beta: 0.0,
+                };
+                T::gemm(cx, &gm, wg, &xg[p0..], colt);
+                col2im(cx.cpu, colt, g, p0, nc, yg);
+                p0 += nc;
+            }
+        }
+    }
+    y
+}
+
+fn conv_transpose_typed<T: Num>(
+    cx: &KernelCx<'_>,
+    x: &Tensor,
+    w: &Tensor,
+    b: Option<&Tensor>,
+    cs: &ConvShape,
+) -> Result<Tensor> {
+    let xv = x.as_slice::<T>()?;
+    let wv = w.as_slice::<T>()?;
+    let bv = match b {
+        Some(b) => Some(b.as_slice::<T>()?),
+        None => None,
+    };
+    let y = conv_transpose_compute(cx, &xv, &wv, bv.as_deref(), cs);
+    let mut shape = vec![cs.n, cs.m];
+    shape.extend_from_slice(&cs.g.out);
+    Tensor::from_vec(&shape, y)
+}
+
+fn build_conv_transpose(node: &Node) -> Result<Box<dyn Kernel>> {
+    let (sp, group) = conv_attrs(node)?;
+    let output_padding = match node.attr_ints("output_padding")? {
+        Some(v) if v.iter().any(|&x| x < 0) => bail!("output_padding must be >= 0, is {v:?}"),
+        Some(v) => Some(dims_of(&v)?),
+        None => None,
+    };
+    let output_shape = match node.attr_ints("output_shape")? {
+        Some(v) => Some(dims_of(&v)?),
+        None => None,
+    };
+    let a = ConvTAttrs {
+        sp,
+        group,
+        output_padding,
+        output_shape,
+    };
+    Ok(Box::new(
+        move |cx: &KernelCx<'_>, inputs: &[Option<&Value>]| -> Result<Vec<Value>> {
+            let x = tensor_in(inputs, 0)?;
+            let w = tensor_in(inputs, 1)?;
+            let b = opt_tensor_in(inputs, 2)?;
+            let dt = x.dtype();
+            if w.dtype() != dt || b.is_some_and(|b| b.dtype() != dt) {
+                bail!("ConvTranspose: input types differ");
+            }
+            let cs = conv_transpose_shape(&a, x.shape(), w.shape(), b)?;
+            let y = match dt {
+                DataType::Float => conv_transpose_typed::<f32>(cx, x, w, b, &cs)?,
+                DataType::Double => conv_transpose_typed::<f64>(cx, x, w, b, &cs)?,
+                DataType::Float16 | DataType::Bfloat16 => {
+                    let bw = match b {
+                        Some(b) => Some(widen_f32(b)?),
+                        None => None,
+                    };
+                    let y = conv_transpose_typed::<f32>(
+                        cx,
+                        &widen_f32(x)?,
+                        &widen_f32(w)?,
+                        bw.as_ref(),
+                        &cs,
+                    )?;
+                    narrow_f32(y, dt)?
+                }
+                dt => return Err(bad_type("ConvTranspose", dt)),
+            };
+            out1(y)
+        },
+    ))
+}
+
+// ----------------------------------------------------------------------------- pooling
+
+/// Per output coordinate of one axis: window start (input coordinate of tap 0), the valid tap
+/// range, and the number of taps inside input + explicit padding.
+#[derive(Clone, Copy)]
+struct Win {
+    base: isize,
+    lo: usize,
+    hi: usize,
+    padded: usize,
+}
+
+/// Window tables of the 3 (padded with unit axes) pooling dimensions.
+struct PoolPlan {
+    inp: [usize; 3],
+    out: [usize; 3],
+    d: [usize; 3],
+    wins: [Vec<Win>; 3],
+}
+
+fn pool_plan(g: &Geom, pe: &[isize]) -> Result<PoolPlan> {
+    let nd = g.nd();
+    if nd > 3 {
+        unsupported!("pooling over {nd} spatial dimensions is not supported");
+    }
+    let mut p = PoolPlan {
+        inp: [1; 3],
+        out: [1; 3],
+        d: [1; 3],
+        wins: [
+            vec![Win {
+                base: 0,
+                lo: 0,
+                hi: 1,
+                padded: 1,
+            }],
+            Vec::new(),
+            Vec::new(),
+        ],
+    };
+    p.wins[1] = p.wins[0].clone();
+    p.wins[2] = p.wins[0].clone();
+    for j in 0..nd {
+        let a = 3 - nd + j;
+        p.inp[a] = g.inp[j];
+        p.out[a] = g.out[j];
+        p.d[a] = g.d[j];
+        let (k, s, d, inn) = (g.k[j], g.s[j], g.d[j] as isize, g.inp[j] as isize);
+        p.wins[a] = (0..g.out[j])
+            .map(|o| {
+                let base = (o * s) as isize - g.pb[j];
+                let (lo, hi) = valid_range(0, k, d as usize, base, inn as usize);
+                let padded = (0..k)
+                    .filter(|&t| {
+                        let pos = base + t as isize * d;
+                        pos >= -g.pb[j] && pos < inn + pe[j]
+                    })
+                    .count();
+                Win {
+                    base,
+                    lo,
+                    hi,
+                    padded,
+                }
+            })
+            .collect();
+    }
+    Ok(p)
+}
+
+/// One pooling window: its taps per axis.
+struct Window<'a> {
+    p: &'a PoolPlan,
+    w: [Win; 3],
+}
+
+impl Window<'_> {
+    /// Taps inside input + explicit padding (the count_include_pad divisor).
+    #[inline]
+    fn padded(&self) -> usize {
+        self.w[0].padded * self.w[1].padded * self.w[2].padded
+    }
+    /// Calls `g` with the plane index of every tap inside the input.
+    #[inline(always)]
+    fn taps(&self, mut g: impl FnMut(usize)) {
+        let p = self.p;
+        let [w0, w1, w2] = self.w;
+        let (i1, i2) = (p.inp[1], p.inp[2]);
+        for a in w0.lo..w0.hi {
+            let x0 = (w0.base + (a * p.d[0]) as isize) as usize;
+            for b in w1.lo..w1.hi {
+                let x1 = (w1.base + (b * p.d[1]) as isize) as usize;
+                let row = (x0 * i1 + x1) * i2;
+                let mut x2 = w2.base + (w2.lo * p.d[2]) as isize;
+                for _ in w2.lo..w2.hi {
+                    g(row + x2 as usize);
+                    x2 += p.d[2] as isize;
+                }
+            }
+        }
+    }
+}
+
+/// Calls `f(output, window)` for every output position of a plane, in order.
+#[inline(always)]
+fn for_each_window<O>(p: &PoolPlan, out: &mut [O], mut f: impl FnMut(&mut O, &Window<'_>)) {
+    let mut oi = 0;
+    for &w0 in &p.wins[0] {
+        for &w1 in &p.wins[1] {
+            for &w2 in &p.wins[2] {
+                f(&mut out[oi], &Window { p, w: [w0, w1, w2] });
+                oi += 1;
+            }
+        }
+    }
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum PoolKind {
+    Max,
+    Avg { include_pad: bool },
+    Lp { p: f32 },
+}
+
+/// Element types of max pooling.
+trait MaxElem: Copy + Send + Sync + PartialOrd + Elem {
+    const LOWEST: Self;
+}
+impl MaxElem for f32 {
+    const LOWEST: Self = f32::NEG_INFINITY;
+}
+impl MaxElem for f64 {
+    const LOWEST: Self = f64::NEG_INFINITY;
+}
+impl MaxElem for i8 {
+    const LOWEST: Self = i8::MIN;
+}
+impl MaxElem for u8 {
+    const LOWEST: Self = u8::MIN;
+}
+impl MaxElem for i32 {
+    const LOWEST: Self = i32::MIN;
+}
+
+/// Max pooling of [N, C, ..] planes; with `idx`, also the argmax (flat index over the whole
+/// input, column-major within a plane when `col_major`).
+fn max_pool_t<T: MaxElem>(
+    cpu: &dyn CpuBackend,
+    x: &[T],
+    planes: usize,
+    p: &PoolPlan,
+    want_idx: bool,
+    col_major: bool,
+) -> (Vec<T>, Vec<i64>) {
+    let in_plane = p.inp.iter().product::<usize>();
+    let out_plane = p.out.iter().product::<usize>();
+    let mut y: Vec<(T, i64)> = vec![(T::LOWEST, -1); planes * out_plane];
+    let (i1, i2) = (p.inp[1], p.inp[2]);
+    par_chunks_mut(cpu, &mut y, out_plane.max(1), &|pi, out| {
+        let xp = &x[pi * in_plane..(pi + 1) * in_plane];
+        for_each_window(p, out, |o, win| {
+            let mut best = T::LOWEST;
+            let mut at = usize::MAX;
+            win.taps(|i| {
+                let v = xp[i];
+                if at == usize::MAX || v > best {
+                    best = v;
+                    at = i;
+                }
+            });
+            let idx = if at == usize::MAX || !want_idx {
+                -1
+            } else if col_major {
+                let (x0, r) = (at / (i1 * i2), at % (i1 * i2));
+                let (x1, x2) = (r / i2, r % i2);
+                // Column-major over the real axes (the unit leading ones contribute 0).
+                (x2 * p.inp[0] * i1 + x1 * p.inp[0] + x0 + pi * in_plane) as i64
+            } else {
+                (at + pi * in_plane) as i64
+            };
+            *o = (best, idx);
+        });
+    });
+    let (v, i): (Vec<T>, Vec<i64>) = y.into_iter().unzip();
+    (v, if want_idx { i } else { Vec::new() })
+}
+
+/// Average or Lp pooling of [N, C, ..] planes, computed in `T` (f32 or f64).
+fn avg_lp_pool_t<T: Num>(
+    cpu: &dyn CpuBackend,
+    x: &[T],
+    planes: usize,
+    p: &PoolPlan,
+    kind: PoolKind,
+) -> Vec<T> {
+    let in_plane = p.inp.iter().product::<usize>();
+    let out_plane = p.out.iter().product::<usize>();
+    let mut y = vec![T::ZERO; planes * out_plane];
+    par_chunks_mut(cpu, &mut y, out_plane.max(1), &|pi, out| {
+        let xp = &x[pi * in_plane..(pi + 1) * in_plane];
+        match kind {
+            PoolKind::Avg { include_pad } => for_each_window(p, out, |o, win| {
+                let mut s = T::ZERO;
+                let mut n = 0usize;
+                win.taps(|i| {
+                    s = s.add(xp[i]);
+                    n += 1;
+                });
+                let div = if include_pad { win.padded() } else { n };
+                *o = if div == 0 {
+                    T::ZERO
+                } else {
+                    T::from_f64(s.to_f64() / div as f64)
+                };
+            }),
+            PoolKind::Lp { p: pw } => for_each_window(p, out, |o, win| {
+                let mut s = 0f64;
+                if pw == 2.0 {
+                    win.taps(|i| {
+                        let v = xp[i].to_f64();
+                        s += v * v;
+                    });
+                    *o = T::from_f64(libm::sqrt(s));
+                } else {
+                    let pe = pw as f64;
+                    win.taps(|i| s += libm::pow(libm::fabs(xp[i].to_f64()), pe));
+                    *o = T::from_f64(libm::pow(s, 1.0 / pe));
+                }
+            }),
+            PoolKind::Max => {}
+        }
+    });
+    y
+}
+
+struct PoolAttrs {
+    sp: Spatial,
+    ceil: bool,
+    kind: PoolKind,
+    storage_order: i64,
+    want_idx: bool,
+}
+
+fn pool_run(cx: &KernelCx<'_>, a: &PoolAttrs, x: &Tensor) -> Result<Vec<Value>> {
+    let xs = x.shape();
+    if xs.len() < 3 {
+        bail!("pooling needs an input of rank >= 3, got {xs:?}");
+    }
+    let Some(k) = &a.sp.kernel else {
+        bail!("pooling needs kernel_shape");
+    };
+    let (g, pe) = pool_geom(&a.sp, &xs[2..], k, a.ceil)?;
+    let plan = pool_plan(&g, &pe)?;
+    let planes = xs[0] * xs[1];
+    let mut shape = vec![xs[0], xs[1]];
+    shape.extend_from_slice(&g.out);
+    let dt = x.dtype();
+    match a.kind {
+        PoolKind::Max => {
+            let col_major = a.storage_order == 1;
+            macro_rules! mp {
+                ($t:ty, $xv:expr, $wrap:expr) => {{
+                    let (v, i) =
+                        max_pool_t::<$t>(cx.cpu, &$xv, planes, &plan, a.want_idx, col_major);
+                    let y = $wrap(v)?;
+                    let mut outs = vec![Value::Tensor(y)];
+                    if a.want_idx {
+                        outs.push(Value::Tensor(Tensor::from_vec(&shape, i)?));
+                    }
+                    Ok(outs)
+                }};
+            }
+            match dt {
+                DataType::Float => mp!(f32, x.as_slice::<f32>()?, |v| Tensor::from_vec(&shape, v)),
+                DataType::Double => mp!(f64, x.as_slice::<f64>()?, |v| Tensor::from_vec(&shape, v)),
+                DataType::Int8 => mp!(i8, x.as_slice::<i8>()?, |v| Tensor::from_vec(&shape, v)),
+                DataType::Uint8 => mp!(u8, x.as_slice::<u8>()?, |v| Tensor::from_vec(&shape, v)),
+                DataType::Int32 => mp!(i32, x.as_slice::<i32>()?, |v| Tensor::from_vec(&shape, v)),
+                DataType::Float16 | DataType::Bfloat16 => mp!(
+                    f32,
+                    x.to_f32_vec()?,
+                    |v| narrow_f32(Tensor::from_vec(&shape, v)?, dt)
+                ),
+                dt => Err(bad_type("MaxPool", dt)),
+            }
+        }
+        kind => {
+            let y = match dt {
+                DataType::Float => Tensor::from_vec(
+                    &shape,
+                    avg_lp_pool_t::<f32>(cx.cpu, &x.as_slice::<f32>()?, planes, &plan, kind),
+                )?,
+                DataType::Double => Tensor::from_vec(
+                    &shape,
+                    avg_lp_pool_t::<f64>(cx.cpu, &x.as_slice::<f64>()?, planes, &plan, kind),
+                )?,
+                DataType::Float16 | DataType::Bfloat16 => narrow_f32(
+                    Tensor::from_vec(
+                        &shape,
+                        avg_lp_pool_t::<f32>(cx.cpu, &x.to_f32_vec()?, planes, &plan, kind),
+                    )?,
+                    dt,
+                )?,
+                dt => return Err(bad_type("pooling", dt)),
+            };
+            out1(y)
+        }
+    }
+}
+
+fn pool_attrs(node: &Node, kind: PoolKind) -> Result<PoolAttrs> {
+    let sp = parse_spatial(node)?;
+    if sp.kernel.is_none() {
+        bail!("attribute kernel_shape is required");
+    }
+    let storage_order = node.get_i("storage_order", 0)?;
+    if !(0..=1).contains(&storage_order) {
+        unsupported!("storage_order {storage_order} is not supported");
+    }
+    let want_idx = node.outputs.get(1).is_some_and(|o| o.is_some());
+    if want_idx && kind != PoolKind::Max {
+        bail!("only MaxPool has an Indices output");
+    }
+    Ok(PoolAttrs {
+        sp,
+        ceil: node.get_i("ceil_mode", 0)? != 0,
+        kind,
+        storage_order,
+        want_idx,
+    })
+}
+
+fn build_pool(node: &Node, kind: PoolKind) -> Result<Box<dyn Kernel>> {
+    let a = pool_attrs(node, kind)?;
+    Ok(Box::new(
+        move |cx: &KernelCx<'_>, inputs: &[Option<&Value>]| -> Result<Vec<Value>> {
+            pool_run(cx, &a, tensor_in(inputs, 0)?)
+        },
+    ))
+}
+
+fn build_max_pool(node: &Node) -> Result<Box<dyn Kernel>> {
+    build_pool(node, PoolKind::Max)
+}
+
+fn build_average_pool(node: &Node) -> Result<Box<dyn Kernel>> {
+    let include_pad = node.get_i("count_include_pad", 0)? != 0;
+    build_pool(node, PoolKind::Avg { include_pad })
+}
+
+fn lp_p(node: &Node) -> Result<f32> {
+    let p = node.get_f("p", 2.0)?;
+    if !(p > 0.0) || !p.is_finite() {
+        unsupported!("p = {p} is not supported");
+    }
+    Ok(p)
+}
+
+fn build_lp_pool(node: &Node) -> Result<Box<dyn Kernel>> {
+    let p = lp_p(node)?;
+    build_pool(node, PoolKind::Lp { p })
+}
+
+// ----------------------------------------------------------------------------- global pools
+
+fn global_pool(cx: &KernelCx<'_>, x: &Tensor, kind: PoolKind) -> Result<Vec<Value>> {
+    let xs = x.shape();
+    if xs.len() < 2 {
+        bail!("global pooling needs an input of rank >= 2, got {xs:?}");
+    }
+    let planes = xs[0] * xs[1];
+    let plane: usize = xs[2..].iter().product();
+    let mut shape = xs.to_vec();
+    shape[2..].iter_mut().for_each(|d| *d = 1);
+    let dt = x.dtype();
+    fn reduce<T: Num>(
+        cpu: &dyn CpuBackend,
+        x: &[T],
+        planes: usize,
+        plane: usize,
+        kind: PoolKind,
+    ) -> Vec<T> {
+        let mut y = vec![T::ZERO; planes];
+        par_chunks_mut(cpu, &mut y, 64, &|ci, out| {
+            for (j, o) in out.iter_mut().enumerate() {
+                let pi = ci * 64 + j;
+                let xp = &x[pi * plane..(pi + 1) * plane];
+                *o = match kind {
+                    PoolKind::Max => {
+                        let mut it = xp.iter().copied();
+                        let first = it.next().unwrap_or(T::ZERO);
+                        it.fold(first, |m, v| if v > m { v } else { m })
+                    }
+                    PoolKind::Avg { .. } => {
+                        let s = xp.iter().fold(T::ZERO, |s, &v| s.add(v));
+                        T::from_f64(s.to_f64() / plane.max(1) as f64)
+                    }
+                    PoolKind::Lp { p } => {
+                        let pe = p as f64;
+                        let s: f64 = xp
+                            .iter()
+                            .map(|v| libm::pow(libm::fabs(v.to_f64()), pe))
+                            .sum();
+                        T::from_f64(libm::pow(s, 1.0 / pe))
+                    }
+                };
+            }
+        });
+        y
+    }
+    let y = match dt {
+        DataType::Float => Tensor::from_vec(
+            &shape,
+            reduce::<f32>(cx.cpu, &x.as_slice::<f32>()?, planes, plane, kind),
+        )?,
+        DataType::Double => Tensor::from_vec(
+            &shape,
+            reduce::<f64>(cx.cpu, &x.as_slice::<f64>()?, planes, plane, kind),
+        )?,
+        DataType::Float16 | DataType::Bfloat16 => narrow_f32(
+            Tensor::from_vec(
+                &shape,
+                reduce::<f32>(cx.cpu, &x.to_f32_vec()?, planes, plane, kind),
+            )?,
+            dt,
+        )?,
+        DataType::Int8 | DataType::Uint8 if kind == PoolKind::Max => {
+            let v = x.to_f32_vec()?;
+            let r = reduce::<f32>(cx.cpu, &v, planes, plane, kind);
+            if dt == DataType::Int8 {
+                Tensor::from_vec(&shape, r.into_iter().map(|v| v as i8).collect())?
+            } else {
+                Tensor::from_vec(&shape, r.into_iter().map(|v| v as u8).collect())?
+            }
+        }
+        dt => return Err(bad_type("global pooling", dt)),
+    };
+    out1(y)
+}
+
+fn build_global_average_pool(_node: &Node) -> Result<Box<dyn Kernel>> {
+    Ok(Box::new(
+        |cx: &KernelCx<'_>, inputs: &[Option<&Value>]| -> Result<Vec<Value>> {
+            global_pool(
+                cx,
+                tensor_in(inputs, 0)?,
+                PoolKind::Avg { include_pad: false },
+            )
+        },
+    ))
+}
+
+fn build_global_max_pool(_node: &Node) -> Result<Box<dyn Kernel>> {
+    Ok(Box::new(
+        |cx: &KernelCx<'_>, inputs: &[Option<&Value>]| -> Result<Vec<Value>> {
+            global_pool(cx, tensor_in(inputs, 0)?, PoolKind::Max)
+        },
+    ))
+}
+
+fn build_global_lp_pool(node: &Node) -> Result<Box<dyn Kernel>> {
+    let p = lp_p(node)?;
+    Ok(Box::new(
+        move |cx: &KernelCx<'_>, inputs: &[Option<&Value>]| -> Result<Vec<Value>> {
+            global_pool(cx, tensor_in(inputs, 0)?, PoolKind::Lp { p })
+        },
+    ))
+}
+
+// ----------------------------------------------------------------------------- MaxUnpool
+
+fn build_max_unpool(node: &Node) -> Result<Box<dyn Kernel>> {
+    let sp = parse_spatial(node)?;
+    if sp.auto_pad != AutoPad::NotSet {
+        unsupported!("MaxUnpool has no auto_pad");
+    }
+    let Some(k) = sp.kernel.clone() else {
+        bail!("attribute kernel_shape is required");
+    };
+    Ok(Box::new(
+        move |_cx: &KernelCx<'_>, inputs: &[Option<&Value>]| -> Result<Vec<Value>> {
+            let x = tensor_in(inputs, 0)?;
+            let idx = tensor_in(inputs, 1)?;
+            let out_shape = opt_tensor_in(inputs, 2)?;
+            let xs = x.shape();
+            if xs.len() < 3 || idx.shape() != xs {
+                bail!(
+                    "MaxUnpool: X {xs:?} and I {:?} must match and have rank >= 3",
+                    idx.shape()
+                );
+            }
+            let nd = xs.len() - 2;
+            if k.len() != nd {
+                bail!(
+                    "kernel_shape has {} values for {nd} spatial dimensions",
+                    k.len()
+                );
+            }
+            let s = sp.strides(nd)?;
+            let (pb, pe) = sp.pads(nd)?;
+            let mut inferred = vec![xs[0], xs[1]];
+            for j in 0..nd {
+                let v = ((xs[j + 2].max(1) - 1) * s[j] + k[j]) as isize - (pb[j] + pe[j]) as isize;
+                if v < 0 {
+                    bail!("MaxUnpool: negative output extent");
+                }
+                inferred.push(v as usize);
+            }
+            let target = match out_shape {
+                Some(t) => {
+                    let v = dims_of(&t.to_i64_vec()?)?;
+                    if v.len() != xs.len() || v[0] != xs[0] || v[1] != xs[1] {
+                        bail!("MaxUnpool: output_shape {v:?} does not fit input {xs:?}");
+                    }
+                    if v.iter().zip(&inferred).any(|(a, b)| a < b) {
+                        unsupported!("MaxUnpool: output_shape {v:?} smaller than the unpooled shape {inferred:?}");
+                    }
+                    v
+                }
+                None => inferred.clone(),
+            };
+            let iv = idx.to_i64_vec()?;
+            let total: usize = inferred.iter().product();
+            let dt = x.dtype();
+            let y = crate::dispatch_any!(dt, T => {
+                let xv = x.as_slice::<T>()?;
+                let mut y: Vec<T> = vec![T::default(); total];
+                for (v, &i) in xv.iter().zip(&iv) {
+                    if i < 0 || i as usize >= total {
+                        bail!("MaxUnpool: index {i} out of range for {inferred:?}");
+                    }
+                    y[i as usize] = v.clone();
+                }
+                if target == inferred {
+                    Tensor::from_vec(&target, y)?
+                } else {
+                    // Place the unpooled block at the origin of the larger output.
+                    let tn: usize = target.iter().product();
+                    let mut out: Vec<T> = vec![T::default(); tn];
+                    let ist = strides_of(&inferred);
+                    let ost = strides_of(&target);
+                    for (lin, v) in y.into_iter().enumerate() {
+                        let mut o = 0;
+                        let mut r = lin;
+                        for j in 0..inferred.len() {
+                            o += (r / ist[j]) * ost[j];
+                            r %= ist[j];
+                        }
+                        out[o] = v;
+                    }
+                    Tensor::from_vec(&target, out)?
+                }
+            }, else return Err(bad_type("MaxUnpool", dt)));
+            out1(y)
+        },
+    ))
+}
+
+/// Helpers shared by the linalg and nn unit tests.
+#[cfg(test)]
+pub(crate) mod test_util {
+    extern crate std;
+
+    use alloc::string::String;
+    use alloc::vec::Vec;
+
+    use crate::error::Result;
+    use crate::ir::{AttrValue, Node};
+    use crate::provider::{reference_sgemm, CpuBackend, Gemm, KernelCx, Lookup};
+    use crate::tensor::Tensor;
+    use crate::value::Value;
+
+    /// A backend that really runs `parallel_for` on several threads.
+    pub struct ThreadedCpu;
+
+    impl CpuBackend for ThreadedCpu {
+        fn name(&self) -> String {
+            String::from("test-threads")
+        }
+        fn sgemm(&self, g: &Gemm, a: &[f32], b: &[f32], c: &mut [f32]) {
+            reference_sgemm(g, a, b, c)
+        }
+        fn parallel_for(&self, n: usize, f: &(dyn Fn(usize) + Sync)) {
+            std::thread::scope(|s| {
+                for t in 0..3 {
+                    s.spawn(move || {
+                        let mut i = t;
+                        while i < n {
+                            f(i);
+                            i += 3;
+                        }
+                    });
+                }
+            });
+        }
+        fn threads(&self) -> usize {
+            3
+        }
+    }
+
+    /// `((i*mul + 3) % m - m/2) * scale` for i in 0..n (mirrored in the numpy scripts).
+    pub fn seq(n: usize, mul: usize, m: usize, scale: f32) -> Vec<f32> {
+        (0..n)
+            .map(|i| (((i * mul + 3) % m) as f32 - (m / 2) as f32) * scale)
+            .collect()
+    }
+
+    pub fn t32(shape: &[usize], v: Vec<f32>) -> Tensor {
+        Tensor::from_vec(shape, v).unwrap()
+    }
+
+    pub fn i64s(shape: &[usize], v: Vec<i64>) -> Tensor {
+        Tensor::from_vec(shape, v).unwrap()
+    }
+
+    pub fn node(op: &str, opset: i64, attrs: Vec<(&str, AttrValue)>, n_out: usize) -> Node {
+        Node {
+            name: String::from("n"),
+            op_type: String::from(op),
+            domain: String::new(),
+            opset,
+            inputs: Vec::new(),
+            outputs: (0..n_out).map(Some).collect(),
+            attrs: attrs
+                .into_iter()
+                .map(|(k, v)| (String::from(k), v))
+                .collect(),
+            implicit_inputs: Vec::new(),
+        }
+    }
+
+    pub fn ints(v: &[i64]) -> AttrValue {
+        AttrValue::Ints(v.to_vec())
+    }
+
+    /// Builds the node's kernel through the registry and runs it on both backends, checking
+    /// that the threaded run agrees with the sequential one.
+    pub fn run(node: &Node, inputs: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
+        let reg = crate::kernels::cpu_registry();
+        let Lookup::Found(def) = reg.lookup(node, &[]) else {
+            panic!("no kernel for {}", node.op_type);
+        };
+        let k = (def.build)(node)?;
+        let vals: Vec<Option<Value>> = inputs
+            .iter()
+            .map(|t| t.clone().map(Value::Tensor))
+            .collect();
+        let refs: Vec<Option<&Value>> = vals.iter().map(|v| v.as_ref()).collect();
+        let seq = k.compute(
+            &KernelCx {
+                cpu: &crate::provider::ReferenceCpu,
+            },
+            &refs,
+        )?;
+        let par = k.compute(&KernelCx { cpu: &ThreadedCpu }, &refs)?;
+        let unwrap = |v: Vec<Value>| -> Vec<Tensor> {
+            v.into_iter()
+                .map(|v| match v {
+                    Value::Tensor(t) => t,
+                    _ => panic!("not a tensor"),
+                })
+                .collect()
+        };
+        let (seq, par) = (unwrap(seq), unwrap(par));
+        for (a, b) in seq.iter().zip(&par) {
+            assert_eq!(a.shape(), b.shape());
+            if let (Ok(x), Ok(y)) = (a.to_f32_vec(), b.to_f32_vec()) {
+                assert_eq!(x, y, "threaded result differs");
+            }
+        }
+        Ok(seq)
+    }
+
+    pub fn close(got: &[f32], want: &[f32], tol: f32) {
+        assert_eq!(got.len(), want.len(), "length: got {got:?}");
+        for (i, (g, w)) in got.iter().zip(want).enumerate() {
+            assert!(
+                (g - w).abs() <= tol * (1.0 + w.abs()),
+                "element {i}: got {g}, want {w} (got {got:?})"
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::test_util::{close, ints, node, run, seq, t32};
+    use crate::ir::AttrValue;
+    use crate::tensor::Tensor;
+    use alloc::vec;
+    use alloc::vec::Vec;
+
+    #[test]
+    fn conv_2d_pads_strides_dilations() {
+        let ys = run(
+            &node(
+                "Conv",
+                11,
+                vec![
+                    ("pads", ints(&[1, 0, 2, 1])),
+                    ("strides", ints(&[2, 1])),
+                    ("dilations", ints(&[1, 2])),
+                ],
+                1,
+            ),
+            &[
+                Some(t32(&[1, 3, 7, 6], seq(126, 7, 11, 0.25))),
+                Some(t32(&[4, 3, 3, 3], seq(108, 5, 13, 0.125))),
+                Some(t32(&[4], seq(4, 3, 7, 0.5))),
+            ],
+        )
+        .unwrap();
+        assert_eq!(ys[0].shape(), &[1, 4, 4, 3]);
+        close(
+            &ys[0].to_f32_vec().unwrap(),
+            &[
+                -1.375, -3.125, 0.6875, -2.9375, 1.5625, 0.40625, 1.5625, -0.46875, 1.84375,
+                -0.15625, -1.0, -0.5, 1.0, 4.1875, 1.90625, 4.3125, 1.3125, -2.375, 1.3125,
+                -2.03125, 2.28125, -0.25, 3.15625, 1.375, 1.5, -2.15625, -0.78125, -2.09375,
+                -2.03125, 2.71875, -2.03125, 3.875, -1.1875, 1.84375, -1.0625, -2.28125, -0.1875,
+                -0.53125, 2.875, 1.09375, 2.59375, -1.28125, 2.59375, -1.75, 0.875, -0.28125,
+                1.0625, 2.03125,
+            ],
+            1e-5,
+        );
+    }
+
+    #[test]
+    fn conv_group2_same_upper() {
+        let ys = run(
+            &node(
+                "Conv",
+                11,
+                vec![
+                    ("group", AttrValue::Int(2)),
+                    ("auto_pad", AttrValue::String(b"SAME_UPPER".to_vec())),
+                    ("strides", ints(&[2, 2])),
+                ],
+                1,
+            ),
+            &[
+                Some(t32(&[2, 4, 5, 5], seq(200, 7, 11, 0.25))),
+                Some(t32(&[6, 2, 3, 3], seq(108, 5, 13, 0.125))),
+            ],
+        )
+        .unwrap();
+        assert_eq!(ys[0].shape(), &[2, 6, 3, 3]);
+        close(
+            &ys[0].to_f32_vec().unwrap(),
+            &[
+                -0.6875, 1.84375, -1.0625, 1.65625, -0.65625, -1.625, -1.5, -0.375, 0.75, -0.5,
+                -0.0625, -1.78125, 0.21875, -1.25, -0.59375, -1.78125, 0.78125, 0.375, -0.3125,
+                0.0625, -1.6875, 0.0, -0.21875, 1.65625, -0.84375, -1.3125, -0.8125, 0.84375,
+                -0.375, 0.5, -0.28125, -1.625, -0.03125, -0.28125, 2.21875, -0.625, -1.1875,
+                -1.34375, 0.8125, -0.4375, 1.1875, 1.0625, 0.8125, -0.625, -0.90625, 0.84375,
+                -2.71875, 0.71875, -1.0, 1.5625, 1.34375, 0.6875, -0.625, -0.78125, -0.40625,
+                0.1875, -0.3125, -0.71875, 2.9375, -0.15625, 1.125, -0.3125, -1.21875, -0.59375,
+                0.90625, 1.4375, 0.8125, -1.0625, -0.96875, -0.125, -0.65625, -0.9375, -0.78125,
+                0.8125, 1.15625, -0.90625, -1.8125, -0.5625, -0.15625, 0.21875, 1.375, -0.59375,
+                -1.125, 0.5625, 1.4375, -0.875, -0.40625, -0.5625, -1.1875, -0.1875, -0.15625,
+                0.875, -0.78125, -0.90625, -1.46875, 1.34375, -0.78125, 1.78125, 0.71875, -0.125,
+                2.46875, -0.90625, 0.8125, -2.875, 1.0625, -0.59375, 1.90625, 0.8125,
+            ],
+            1e-5,
+        );
+    }
+
+    #[test]
+    fn conv_same_lower_even_kernel() {
+        let ys = run(
+            &node(
+                "Conv",
+                11,
+                vec![
+                    ("auto_pad", AttrValue::String(b"SAME_LOWER".to_vec())),
+                    ("kernel_shape", ints(&[2, 2])),
+                ],
+                1,
+            ),
+            &[
+                Some(t32(&[1, 2, 4, 5], seq(40, 7, 11, 0.25))),
+                Some(t32(&[3, 2, 2, 2], seq(24, 5, 13, 0.125))),
+            ],
+        )
+        .unwrap();
+        assert_eq!(ys[0].shape(), &[1, 3, 4, 5]);
+        close(
+            &ys[0].to_f32_vec().unwrap(),
+            &[
+                -0.875, 0.4375, -1.28125, 0.78125, 0.78125, -0.0625, 0.40625, 0.875, -2.4375,
+                1.8125, 0.125, -2.40625, 1.5, -1.125, -0.3125, 0.3125, -1.09375, 0.40625, 0.875,
+                -2.4375, 0.9375, -0.375, -0.28125, -1.21875, 0.59375, 0.84375, -1.3125, 1.15625,
+                -0.84375, 0.59375, 0.46875, -0.65625, 0.78125, -0.1875, -2.53125, 0.09375, 0.0,
+                -1.3125, 1.15625, -0.84375, 0.71875, -0.375, -0.09375, -1.1875, 0.8125, 0.53125,
+                -1.40625, 1.4375, -0.875, 0.59375, 0.40625, -0.9375, 0.875, -0.0625, -2.71875,
+                0.28125, -0.125, -1.40625, 1.4375, -0.875,
+            ],
+            1e-5,
+        );
+    }
+
+    #[test]
+    fn conv_depthwise_3x3() {
+        let ys = run(
+            &node(
+                "Conv",
+                11,
+                vec![("group", AttrValue::Int(3)), ("pads", ints(&[1, 1, 1, 1]))],
+                1,
+            ),
+            &[
+                Some(t32(&[1, 3, 6, 7], seq(126, 7, 11, 0.25))),
+                Some(t32(&[3, 1, 3, 3], seq(27, 5, 13, 0.125))),
+                Some(t32(&[3], seq(3, 3, 7, 0.5))),
+            ],
+        )
+        .unwrap();
+        assert_eq!(ys[0].shape(), &[1, 3, 6, 7]);
+        close(
+            &ys[0].to_f32_vec().unwrap(),
+            &[
+                -0.25, 0.78125, -0.75, -0.5625, -0.03125, 1.1875, -0.15625, -1.375, 1.375, -0.3125,
+                -1.3125, 0.09375, 1.15625, -1.25, 0.0, 0.5625, 0.59375, 0.625, -1.40625, 1.375,
+                -0.875, -1.375, 0.09375, 1.15625, -1.5625, 0.1875, 0.5625, 0.53125, 0.0, -1.40625,
+                1.375, -0.3125, -1.3125, 0.09375, 0.21875, -0.3125, -0.15625, 1.1875, -0.21875,
+                0.09375, -0.625, 0.28125, 1.59375, 0.90625, 2.84375, -0.375, 2.59375, 2.8125,
+                0.34375, 2.0, -0.0625, 1.4375, 1.21875, 1.0, 1.46875, 1.75, 0.5, 3.21875, 1.96875,
+                1.40625, 2.90625, -0.0625, 1.0, 0.375, 1.0, 1.46875, 1.9375, 0.0, 3.21875, 1.96875,
+                1.96875, 2.90625, -0.0625, 1.4375, 1.21875, 1.0, 1.21875, 1.375, 1.15625, 2.625,
+                1.34375, 1.09375, 2.5625, 1.09375, -0.90625, 0.625, -0.84375, -0.59375, -1.03125,
+                0.25, -1.5, -1.0, -2.0625, 0.90625, -0.59375, -0.03125, 1.21875, -1.5, -0.25,
+                -0.53125, -1.0, -0.78125, -0.5625, -2.0625, 0.0, -1.21875, -0.03125, 1.21875, -2.0,
+                -0.0625, -0.53125, -0.5625, -0.46875, -0.5625, -2.0625, 0.90625, -0.59375,
+                -0.03125, 0.25, -1.8125, 0.84375, -1.09375, -1.3125, 0.1875, -1.0625, -0.34375,
+            ],
+            1e-5,
+        );
+    }
+
+    #[test]
+    fn conv_depthwise_strided_dilated() {
+        let ys = run(
+            &node(
+                "Conv",
+                11,
+                vec![
+                    ("group", AttrValue::Int(4)),
+                    ("strides", ints(&[2, 2])),
+                    ("dilations", ints(&[2, 1])),
+                    ("pads", ints(&[2, 1, 1, 2])),
+                ],
+                1,
+            ),
+            &[
+                Some(t32(&[2, 4, 7, 8], seq(448, 7, 11, 0.25))),
+                Some(t32(&[4, 1, 3, 5], seq(60, 5, 13, 0.125))),
+                Some(t32(&[4], seq(4, 3, 7, 0.5))),
+            ],
+        )
+        .unwrap();
+        assert_eq!(ys[0].shape(), &[2, 4, 3, 4]);
+        close(
+            &ys[0].to_f32_vec().unwrap(),
+            &[
+                -0.4375, -0.34375, 2.0, 0.90625, -3.21875, 1.9375, 2.1875, -1.4375, 0.5625, 2.5625,
+                -1.3125, -2.03125, 2.65625, 2.1875, -0.65625, -0.25, 3.0625, 1.375, -2.375, 2.0,
+                1.625, -0.09375, 2.0, 3.1875, -1.4375, -2.375, 1.28125, 0.15625, -3.25, -1.40625,
+                2.03125, -0.625, -2.4375, 1.34375, 1.34375, -2.03125, 1.09375, 2.75, 2.09375,
+                -0.875, 2.25, 3.46875, -1.375, -0.53125, 3.03125, 1.5, -0.59375, 0.875, 1.46875,
+                0.21875, -3.28125, 0.78125, 1.9375, -2.71875, -0.0625, 1.9375, -0.8125, -3.125,
+                1.9375, 1.34375, -0.625, 0.96875, 2.9375, 2.84375, -0.21875, 3.5, 3.1875, 1.09375,
+                1.78125, 3.75, 1.375, -1.84375, 1.15625, 1.15625, -2.40625, -0.8125, 1.59375,
+                -0.375, -2.4375, -0.375, 1.03125, -3.125, -1.40625, 0.96875, 2.03125, -2.6875,
+                1.125, 2.0625, -1.25, -1.0625, 2.6875, 2.65625, -0.46875, 2.125, 3.46875, 1.3125,
+            ],
+            1e-5,
+        );
+    }
+
+    #[test]
+    fn conv_depthwise_1d() {
+        let ys = run(
+            &node(
+                "Conv",
+                11,
+                vec![
+                    ("group", AttrValue::Int(2)),
+                    ("pads", ints(&[2, 1])),
+                    ("strides", ints(&[2])),
+                ],
+                1,
+            ),
+            &[
+                Some(t32(&[1, 2, 9], seq(18, 7, 11, 0.25))),
+                Some(t32(&[2, 1, 4], seq(8, 5, 13, 0.125))),
+            ],
+        )
+        .unwrap();
+        assert_eq!(ys[0].shape(), &[1, 2, 5]);
+        close(
+            &ys[0].to_f32_vec().unwrap(),
+            &[
+                0.21875, 0.40625, -1.03125, 0.28125, 0.75, 0.21875, 0.0, -1.40625, 0.625, 0.375,
+            ],
+            1e-5,
+        );
+    }
+
+    #[test]
+    fn conv_pointwise() {
+        let ys = run(
+            &node("Conv", 11, vec![], 1),
+            &[
+                Some(t32(&[2, 5, 3, 4], seq(120, 7, 11, 0.25))),
+                Some(t32(&[3, 5, 1, 1], seq(15, 5, 13, 0.125))),
+                Some(t32(&[3], seq(3, 3, 7, 0.5))),
+            ],
+        )
+        .unwrap();
+        assert_eq!(ys[0].shape(), &[2, 3, 3, 4]);
+        close(
+            &ys[0].to_f32_vec().unwrap(),
+            &[
+                0.90625, 0.03125, -1.53125, 1.03125, 0.15625, -1.40625, 1.15625, 0.28125, 0.09375,
+                0.9375, -1.65625, 0.90625, 2.65625, 0.09375, 1.65625, 2.53125, -0.03125, 1.53125,
+                2.40625, -0.15625, 2.4375, 1.59375, 1.78125, 2.65625, 0.5, -2.125, -0.28125,
+                0.53125, -2.09375, -0.25, 0.5625, -2.0625, 0.46875, -0.4375, -0.3125, 0.5,
+                -1.40625, 1.15625, 0.28125, 0.09375, 0.9375, -1.65625, 0.90625, 0.03125, -1.53125,
+                1.03125, 0.15625, -1.40625, 1.53125, 2.40625, -0.15625, 2.4375, 1.59375, 1.78125,
+                2.65625, 0.09375, 1.65625, 2.53125, -0.03125, 1.53125, -0.25, 0.5625, -2.0625,
+                0.46875, -0.4375, -0.3125, 0.5, -2.125, -0.28125, 0.53125, -2.09375, -0.25,
+            ],
+            1e-5,
+        );
+    }
+
+    #[test]
+    fn conv_1d() {
+        let ys = run(
+            &node(
+                "Conv",
+                11,
+                vec![
+                    ("strides", ints(&[2])),
+                    ("pads", ints(&[1, 1])),
+                    ("dilations", ints(&[2])),
+                ],
+                1,
+            ),
+            &[
+                Some(t32(&[1, 2, 9], seq(18, 7, 11, 0.25))),
+                Some(t32(&[3, 2, 3], seq(18, 5, 13, 0.125))),
+            ],
+        )
+        .unwrap();
+        assert_eq!(ys[0].shape(), &[1, 3, 4]);
+        close(
+            &ys[0].to_f32_vec().unwrap(),
+            &[
+                0.5, 0.28125, -0.8125, 0.28125, 0.8125, -1.0, 0.65625, 0.28125, -0.09375, 0.15625,
+                -1.125, 0.28125,
+            ],
+            1e-5,
+        );
+    }
+
+    #[test]
+    fn conv_3d() {
+        let ys = run(
+            &node(
+                "Conv",
+                11,
+                vec![
+                    ("pads", ints(&[1, 1, 1, 1, 1, 1])),
+                    ("strides", ints(&[1, 2, 1])),
+                ],
+                1,
+            ),
+            &[
+                Some(t32(&[1, 2, 4, 5, 3], seq(120, 7, 11, 0.25))),
+                Some(t32(&[2, 2, 2, 3, 2], seq(48, 5, 13, 0.125))),
+                Some(t32(&[2], seq(2, 3, 7, 0.5))),
+            ],
+        )
+        .unwrap();
+        assert_eq!(ys[0].shape(), &[1, 2, 5, 3, 4]);
+        close(
+            &ys[0].to_f32_vec().unwrap(),
+            &[
+                -0.03125, 2.0, -2.5625, 0.6875, -0.375, 0.34375, 1.46875, 0.3125, -0.3125, -0.4375,
+                -0.53125, -0.0625, 0.21875, -1.96875, -0.03125, 0.3125, 0.84375, 0.1875, -0.5625,
+                -1.625, 0.71875, -2.84375, 1.0625, 2.1875, 0.90625, -0.0625, -1.21875, 0.84375,
+                -1.125, 1.65625, -0.8125, -0.25, -1.6875, 1.4375, 0.1875, -1.4375, 1.59375,
+                -2.96875, 1.71875, 0.34375, 0.34375, 3.46875, -2.4375, -0.9375, 1.0625, -0.8125,
+                1.71875, 0.09375, -0.53125, -0.875, 0.46875, 0.0625, -0.0625, -1.375, -0.15625,
+                1.5625, -0.84375, 0.59375, 2.1875, -2.15625, 0.90625, 2.9375, 1.125, 1.53125,
+                0.65625, 0.5625, 2.15625, 1.40625, 2.5625, 2.15625, 0.9375, 1.28125, 2.21875,
+                5.09375, -2.34375, 1.875, 2.34375, 1.9375, 4.09375, 0.75, 1.71875, 0.1875, 0.21875,
+                1.75, 0.84375, -0.59375, 2.28125, 2.375, 0.53125, 0.25, 5.15625, -0.15625, 0.6875,
+                1.34375, 1.71875, 2.5625, 2.90625, 2.3125, -1.34375, 1.84375, 1.125, 3.375, 0.375,
+                0.3125, 1.375, 1.46875, 0.125, 3.03125, 3.0, -1.25, 2.40625, 2.25, 1.03125, 2.5625,
+                1.75, 0.625, 1.59375, 0.84375, 3.125, 0.96875,
+            ],
+            1e-5,
+        );
+    }
+
+    #[test]
+    fn conv_valid() {
+        let ys = run(
+            &node(
+                "Conv",
+                11,
+                vec![
+                    ("auto_pad", AttrValue::String(b"VALID".to_vec())),
+                    ("strides", ints(&[2, 2])),
+                ],
+                1,
+            ),
+            &[
+                Some(t32(&[1, 1, 6, 5], seq(30, 7, 11, 0.25))),
+                Some(t32(&[2, 1, 3, 2], seq(12, 5, 13, 0.125))),
+            ],
+        )
+        .unwrap();
+        assert_eq!(ys[0].shape(), &[1, 2, 2, 2]);
+        close(
+            &ys[0].to_f32_vec().unwrap(),
+            &[
+                1.125, -0.3125, -1.9375, -0.625, 0.1875, -1.59375, 0.21875, 1.1875,
+            ],
+            1e-5,
+        );
+    }
+
+    #[test]
+    fn conv_transpose_strides_pads_outpad() {
+        let ys = run(
+            &node(
+                "ConvTranspose",
+                11,
+                vec![
+                    ("strides", ints(&[2, 3])),
+                    ("pads", ints(&[1, 0, 0, 1])),
+                    ("output_padding", ints(&[1, 2])),
+                    ("dilations", ints(&[1, 2])),
+                ],
+                1,
+            ),
+            &[
+                Some(t32(&[1, 2, 3, 4], seq(24, 7, 11, 0.25))),
+                Some(t32(&[2, 3, 3, 3], seq(54, 5, 13, 0.125))),
+                Some(t32(&[3], seq(3, 3, 7, 0.5))),
+            ],
+        )
+        .unwrap();
+        assert_eq!(ys[0].shape(), &[1, 3, 7, 15]);
+        close(
+            &ys[0].to_f32_vec().unwrap(),
+            &[
+                0.6875, 0.0, -0.875, -0.03125, 0.40625, 0.5, -0.40625, -0.59375, 0.5, 0.59375,
+                -0.21875, -0.875, 0.0, 0.5, 0.0, 0.5, 0.0, -0.4375, 0.09375, -0.15625, 1.625,
+                0.03125, -0.09375, -0.4375, 0.3125, 0.3125, -0.4375, 0.0, 0.03125, 0.0, -0.125,
+                0.0, 0.5, -0.5, -0.5, 0.5, 0.5, -0.125, -0.875, -0.21875, 0.59375, 0.5, 0.0,
+                -0.40625, 0.0, -0.09375, 0.0, 1.625, -0.15625, 0.09375, -0.4375, 0.125, 0.5,
+                -0.4375, 0.40625, 0.21875, -0.4375, 0.0, -0.0625, 0.0, -0.59375, 0.0, 0.5, 0.40625,
+                -0.03125, -0.875, -0.3125, 0.6875, 0.5, 0.6875, -0.3125, -0.875, 0.0, 0.40625, 0.0,
+                -0.96875, 0.0, 0.125, 0.21875, -0.40625, -1.0625, -0.3125, 0.5, 0.5, 0.875,
+                -0.3125, -0.6875, 0.0, 0.59375, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0,
+                0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.71875, 1.5, 2.0, 2.1875, 0.4375, 1.09375, 1.9375,
+                1.625, 1.21875, 0.65625, 2.125, 2.03125, 1.5, 0.5625, 1.5, 2.09375, 1.5, 1.5625,
+                1.15625, 0.625, 1.46875, 0.5625, 1.375, 1.71875, 2.375, 2.46875, 1.625, 1.5,
+                0.46875, 1.5, 2.125, 1.5, 1.125, 1.875, 1.75, 1.25, 0.59375, 2.25, 2.0625, 2.0625,
+                0.6875, 1.15625, 1.5, 1.875, 1.5, 1.4375, 1.5, 1.53125, 0.84375, 1.21875, 1.78125,
+                2.65625, 2.3125, 1.6875, 0.0, 0.3125, 1.59375, 1.5, 2.78125, 1.5, 1.8125, 1.5,
+                1.28125, 0.53125, 2.375, 2.09375, 2.0, 0.8125, 1.1875, 0.71875, 2.0, 2.0, 1.5,
+                0.4375, 1.5, 1.84375, 1.5, 0.90625, 2.375, 2.0, 1.90625, 1.1875, 0.625, 1.1875,
+                1.71875, 2.0, 2.1875, 1.5, 0.625, 1.5, 1.5, 1.5, 1.5, 1.5, 1.5, 1.5, 1.5, 1.5, 1.5,
+                1.5, 1.5, 1.5, 1.5, 1.5, 1.5, 0.09375, -0.5, -1.46875, -0.71875, -0.1875, -0.1875,
+                -0.84375, -1.28125, 0.0625, 0.0625, -0.65625, -1.40625, -0.5, -0.03125, -0.5,
+                -0.21875, -0.5, -1.15625, -0.46875, 0.75, -0.5625, -0.375, -0.65625, 0.375,
+                -0.28125, -1.71875, -1.4375, -0.5, 0.65625, -0.5, -0.75, -0.5, -0.125, -0.875,
+                -1.125, 0.125, 0.03125, -0.5, -1.34375, -0.78125, 0.125, -0.0625, -0.5, -0.96875,
+                -0.5, -0.53125, -0.5, -0.84375, -0.4375, -0.75, 0.09375, -0.34375, -1.8125,
+                -1.71875, -0.25, 0.5625, 0.9375, -0.5, -1.53125, -0.5, -0.90625, -0.5, 0.1875, 0.0,
+                -0.34375, -1.28125, -0.8125, 0.28125, 0.0, 0.09375, -0.8125, -1.46875, -0.5,
+                -0.1875, -0.5, -1.28125, -0.5, -0.1875, -0.1875, -0.71875, -1.46875, -0.8125,
+                0.09375, 0.0, 0.28125, -0.8125, -1.28125, -0.5, 0.0, -0.5, -0.5, -0.5, -0.5, -0.5,
+                -0.5, -0.5, -0.5, -0.5, -0.5, -0.5, -0.5, -0.5, -0.5, -0.5, -0.5,
+            ],
+            1e-5,
+        );
+    }
+
+    #[test]
+    fn conv_transpose_group2() {
+        let ys = run(
+            &node(
+                "ConvTranspose",
+                11,
+                vec![("group", AttrValue::Int(2)), ("strides", ints(&[2, 2]))],
+                1,
+            ),
+            &[
+                Some(t32(&[2, 4, 3, 3], seq(72, 7, 11, 0.25))),
+                Some(t32(&[4, 1, 2, 2], seq(16, 5, 13, 0.125))),
+                Some(t32(&[2], seq(2, 3, 7, 0.5))),
+            ],
+        )
+        .unwrap();
+        assert_eq!(ys[0].shape(), &[2, 2, 6, 6]);
+        close(
+            &ys[0].to_f32_vec().unwrap(),
+            &[
+                -0.4375, 0.5, -0.21875, 0.0625, -0.34375, 0.3125, 0.21875, -0.875, -0.875, 0.21875,
+                -0.25, -0.40625, 0.90625, -0.8125, -0.25, 0.125, -0.375, 0.375, 0.71875, 1.03125,
+                -0.71875, 0.0625, -0.09375, -0.5625, 0.875, -0.75, -0.28125, 0.1875, -0.40625,
+                0.4375, 0.875, 0.875, -0.5625, -0.09375, 0.0625, -0.71875, 1.3125, 1.78125, 0.9375,
+                1.78125, 2.28125, 0.75, 1.03125, 1.5, 1.40625, 2.25, 2.46875, 0.9375, 1.21875,
+                1.78125, 0.84375, 1.78125, 1.5, 1.78125, 1.125, 1.6875, 1.5, 2.4375, 0.84375,
+                1.125, 1.125, 1.78125, 2.46875, 0.75, 1.40625, 1.78125, 1.21875, 1.875, 2.28125,
+                0.5625, 0.9375, 1.3125, 0.90625, -0.8125, -0.25, 0.125, -0.375, 0.375, 0.71875,
+                1.03125, -0.71875, 0.0625, -0.09375, -0.5625, 0.875, -0.75, -0.28125, 0.1875,
+                -0.40625, 0.4375, 0.875, 0.875, -0.5625, -0.09375, 0.0625, -0.71875, 0.84375,
+                -0.6875, -0.3125, 0.25, -0.4375, 0.5, 1.03125, 0.71875, -0.40625, -0.25, 0.21875,
+                -0.875, 1.21875, 1.78125, 0.84375, 1.78125, 1.5, 1.78125, 1.125, 1.6875, 1.5,
+                2.4375, 0.84375, 1.125, 1.125, 1.78125, 2.46875, 0.75, 1.40625, 1.78125, 1.21875,
+                1.875, 2.28125, 0.5625, 0.9375, 1.3125, 1.03125, 1.78125, 2.375, 0.75, 1.3125,
+                1.78125, 1.3125, 2.0625, 2.375, 0.75, 1.03125, 1.5,
+            ],
+            1e-5,
+        );
+    }
+
+    #[test]
+    fn conv_transpose_1d_output_shape() {
+        let ys = run(
+            &node(
+                "ConvTranspose",
+                11,
+                vec![("strides", ints(&[2])), ("output_shape", ints(&[10]))],
+                1,
+            ),
+            &[
+                Some(t32(&[1, 2, 4], seq(8, 7, 11, 0.25))),
+                Some(t32(&[2, 2, 3], seq(12, 5, 13, 0.125))),
+            ],
+        )
+        .unwrap();
+        assert_eq!(ys[0].shape(), &[1, 2, 10]);
+        close(
+            &ys[0].to_f32_vec().unwrap(),
+            &[
+                0.3125, 0.625, -0.34375, 0.3125, -1.15625, -0.6875, 0.4375, 0.375, 0.375, 0.0,
+                0.4375, -0.875, 0.09375, 0.625, -1.03125, 0.75, 0.25, -0.84375, 0.375, 0.0,
+            ],
+            1e-5,
+        );
+    }
+
+    #[test]
+    fn conv_transpose_same_upper() {
+        let ys = run(
+            &node(
+                "ConvTranspose",
+                11,
+                vec![
+                    ("strides", ints(&[2, 2])),
+                    ("auto_pad", AttrValue::String(b"SAME_UPPER".to_vec())),
+                ],
+                1,
+            ),
+            &[
+                Some(t32(&[1, 1, 3, 3], seq(9, 7, 11, 0.25))),
+                Some(t32(&[1, 2, 3, 3], seq(18, 5, 13, 0.125))),
+            ],
+        )
+        .unwrap();
+        assert_eq!(ys[0].shape(), &[1, 2, 6, 6]);
+        close(
+            &ys[0].to_f32_vec().unwrap(),
+            &[
+                0.1875, -0.125, -0.09375, 0.3125, -1.03125, 0.0625, 0.0625, -0.25, 0.09375, 0.625,
+                -0.65625, 0.125, 0.21875, -0.5625, 0.46875, 1.1875, -1.03125, 0.1875, 0.09375,
+                -0.375, 0.25, 0.5, -0.5, 0.0, 0.28125, -0.8125, 0.78125, 0.9375, -0.71875, -0.0625,
+                0.125, -0.5, 0.40625, 0.375, -0.34375, -0.125, -0.1875, 0.3125, 0.46875, -0.78125,
+                0.09375, -0.15625, -0.3125, 0.1875, 0.65625, -0.46875, 0.46875, -0.09375, 0.09375,
+                0.53125, -0.8125, -0.78125, 0.4375, -0.03125, -0.46875, 0.28125, 0.4375, -0.375,
+                0.25, 0.0, 0.1875, 0.71875, -0.84375, -0.59375, 0.40625, 0.15625, -0.625, 0.375,
+                0.21875, -0.28125, 0.03125, 0.09375,
+            ],
+            1e-5,
+        );
+    }
+
+    #[test]
+    fn max_pool_pads_strides_indices() {
+        let ys = run(
+            &node(
+                "MaxPool",
+                12,
+                vec![
+                    ("kernel_shape", ints(&[3, 2])),
+                    ("pads", ints(&[1, 1, 1, 0])),
+                    ("strides", ints(&[2, 2])),
+                ],
+                2,
+            ),
+            &[Some(t32(&[1, 2, 5, 6], seq(60, 7, 11, 0.25)))],
+        )
+        .unwrap();
+        assert_eq!(ys[0].shape(), &[1, 2, 3, 3]);
+        close(
+            &ys[0].to_f32_vec().unwrap(),
+            &[
+                -0.5, 1.25, 1.0, 1.25, 0.75, 1.0, 0.75, 1.0, 0.5, -0.25, 1.0, 1.25, 1.0, 1.0, 1.25,
+                1.0, 1.25, 0.75,
+            ],
+            1e-5,
+        );
+        assert_eq!(ys[1].shape(), &[1, 2, 3, 3]);
+        assert_eq!(
+            ys[1].to_i64_vec().unwrap(),
+            vec![0, 1, 4, 12, 7, 15, 18, 26, 21, 30, 37, 34, 48, 37, 45, 48, 56, 51]
+        );
+    }
+
+    #[test]
+    fn max_pool_ceil_dilations_col_major() {
+        let ys = run(
+            &node(
+                "MaxPool",
+                12,
+                vec![
+                    ("kernel_shape", ints(&[2, 2])),
+                    ("dilations", ints(&[2, 1])),
+                    ("strides", ints(&[2, 2])),
+                    ("ceil_mode", AttrValue::Int(1)),
+                    ("storage_order", AttrValue::Int(1)),
+                ],
+                2,
+            ),
+            &[Some(t32(&[1, 1, 6, 7], seq(42, 7, 13, 0.25)))],
+        )
+        .unwrap();
+        assert_eq!(ys[0].shape(), &[1, 1, 3, 4]);
+        close(
+            &ys[0].to_f32_vec().unwrap(),
+            &[
+                1.0, 1.25, 1.5, 0.0, 1.25, 1.5, 1.5, 0.25, 1.25, 1.5, 0.0, 0.25,
+            ],
+            1e-5,
+        );
+        assert_eq!(ys[1].shape(), &[1, 1, 3, 4]);
+        assert_eq!(
+            ys[1].to_i64_vec().unwrap(),
+            vec![6, 18, 30, 36, 10, 22, 26, 40, 10, 22, 28, 40]
+        );
+    }
+
+    #[test]
+    fn max_pool_uint8() {
+        let ys = run(
+            &node(
+                "MaxPool",
+                12,
+                vec![
+                    ("kernel_shape", ints(&[3, 3])),
+                    ("pads", ints(&[1, 1, 1, 1])),
+                ],
+                1,
+            ),
+            &[Some(
+                Tensor::from_vec(
+                    &[1, 1, 4, 4],
+                    Vec::<u8>::from([
+                        11, 48, 85, 122, 159, 196, 233, 14, 51, 88, 125, 162, 199, 236, 17, 54,
+                    ]),
+                )
+                .unwrap(),
+            )],
+        )
+        .unwrap();
+        assert_eq!(ys[0].shape(), &[1, 1, 4, 4]);
+        assert_eq!(
+            ys[0].to_i64_vec().unwrap(),
+            vec![196, 233, 233, 233, 196, 233, 233, 233, 236, 236, 236, 233, 236, 236, 236, 162]
+        );
+    }
+
+    #[test]
+    fn max_pool_1d_same_lower() {
+        let ys = run(
+            &node(
+                "MaxPool",
+                12,
+                vec![
+                    ("kernel_shape", ints(&[4])),
+                    ("auto_pad", AttrValue::String(b"SAME_LOWER".to_vec())),
+                    ("strides", ints(&[3])),
+                ],
+                1,
+            ),
+            &[Some(t32(&[2, 1, 10], seq(20, 7, 11, 0.25)))],
+        )
+        .unwrap();
+        assert_eq!(ys[0].shape(), &[2, 1, 4]);
+        close(
+            &ys[0].to_f32_vec().unwrap(),
+            &[1.25, 1.25, 1.0, 0.75, 0.5, 1.25, 1.0, 0.75],
+            1e-5,
+        );
+    }
+
+    #[test]
+    fn avg_pool_pads_exclude() {
+        let ys = run(
+            &node(
+                "AveragePool",
+                19,
+                vec![
+                    ("kernel_shape", ints(&[3, 3])),
+                    ("pads", ints(&[1, 2, 1, 0])),
+                    ("strides", ints(&[2, 2])),
+                ],
+                1,
+            ),
+            &[Some(t32(&[1, 2, 5, 6], seq(60, 7, 11, 0.25)))],
+        )
+        .unwrap();
+        assert_eq!(ys[0].shape(), &[1, 2, 3, 3]);
+        close(
+            &ys[0].to_f32_vec().unwrap(),
+            &[
+                -0.75,
+                0.0833333358168602,
+                -0.0833333358168602,
+                0.3333333432674408,
+                -0.0555555559694767,
+                -0.2222222238779068,
+                0.5,
+                -0.0416666679084301,
+                -0.2083333283662796,
+                -0.5,
+                -0.125,
+                0.1666666716337204,
+                -0.3333333432674408,
+                -0.1111111119389534,
+                0.02777777798473835,
+                0.75,
+                0.2083333283662796,
+                0.0416666679084301,
+            ],
+            1e-5,
+        );
+    }
+
+    #[test]
+    fn avg_pool_include_pad_ceil() {
+        let ys = run(
+            &node(
+                "AveragePool",
+                19,
+                vec![
+                    ("kernel_shape", ints(&[3, 2])),
+                    ("pads", ints(&[1, 1, 1, 1])),
+                    ("strides", ints(&[2, 3])),
+                    ("ceil_mode", AttrValue::Int(1)),
+                    ("count_include_pad", AttrValue::Int(1)),
+                ],
+                1,
+            ),
+            &[Some(t32(&[1, 1, 6, 7], seq(42, 7, 11, 0.25)))],
+        )
+        .unwrap();
+        assert_eq!(ys[0].shape(), &[1, 1, 4, 3]);
+        close(
+            &ys[0].to_f32_vec().unwrap(),
+            &[
+                0.0416666679084301,
+                -0.2083333283662796,
+                0.0833333358168602,
+                0.0833333358168602,
+                -0.0416666679084301,
+                0.1666666716337204,
+                -0.0416666679084301,
+                0.1666666716337204,
+                0.375,
+                0.0625,
+                0.25,
+                0.125,
+            ],
+            1e-5,
+        );
+    }
+
+    #[test]
+    fn avg_pool_3d_dilations() {
+        let ys = run(
+            &node(
+                "AveragePool",
+                19,
+                vec![
+                    ("kernel_shape", ints(&[2, 2, 2])),
+                    ("dilations", ints(&[2, 1, 2])),
+                    ("strides", ints(&[1, 2, 1])),
+                    ("pads", ints(&[0, 1, 0, 1, 0, 1])),
+                ],
+                1,
+            ),
+            &[Some(t32(&[1, 1, 4, 4, 5], seq(80, 7, 11, 0.25)))],
+        )
+        .unwrap();
+        assert_eq!(ys[0].shape(), &[1, 1, 3, 2, 4]);
+        close(
+            &ys[0].to_f32_vec().unwrap(),
+            &[
+                -0.1875, 0.1875, -0.125, -0.125, 0.21875, -0.09375, -0.0625, -0.0625, -0.25, 0.125,
+                -0.1875, 0.5, 0.15625, -0.15625, 0.21875, -0.125, -0.25, 0.125, -0.875, 0.5,
+                -0.1875, 0.1875, -0.125, -0.125,
+            ],
+            1e-5,
+        );
+    }
+
+    #[test]
+    fn lp_pool_p3_pads() {
+        let ys = run(
+            &node(
+                "LpPool",
+                18,
+                vec![
+                    ("kernel_shape", ints(&[2, 3])),
+                    ("p", AttrValue::Int(3)),
+                    ("pads", ints(&[1, 1, 0, 1])),
+                    ("strides", ints(&[1, 2])),
+                ],
+                1,
+            ),
+            &[Some(t32(&[1, 2, 4, 5], seq(40, 7, 11, 0.25)))],
+        )
+        .unwrap();
+        assert_eq!(ys[0].shape(), &[1, 2, 4, 3]);
+        close(
+            &ys[0].to_f32_vec().unwrap(),
+            &[
+                1.276117205619812,
+                1.3371202945709229,
+                1.1244853734970093,
+                1.4546619653701782,
+                1.5643311738967896,
+                1.5023112297058105,
+                1.0772173404693604,
+                1.5227998495101929,
+                1.340027093887329,
+                1.0772173404693604,
+                1.5205504894256592,
+                0.9564656019210815,
+                1.276117205619812,
+                1.3012069463729858,
+                1.2533245086669922,
+                1.5182944536209106,
+                1.6138287782669067,
+                1.5023112297058105,
+                1.5023112297058105,
+                1.6138287782669067,
+                1.5182944536209106,
+                1.340027093887329,
+                1.5361584424972534,
+                1.4546619653701782,
+            ],
+            1e-5,
+        );
+    }
+
+    #[test]
+    fn global_pools_avg() {
+        let ys = run(
+            &node("GlobalAveragePool", 1, vec![], 1),
+            &[Some(t32(&[2, 3, 3, 4], seq(72, 7, 11, 0.25)))],
+        )
+        .unwrap();
+        assert_eq!(ys[0].shape(), &[2, 3, 1, 1]);
+        close(
+            &ys[0].to_f32_vec().unwrap(),
+            &[
+                -0.0416666679084301,
+                0.1041666641831398,
+                0.02083333395421505,
+                -0.0625,
+                0.0833333358168602,
+                0.0,
+            ],
+            1e-5,
+        );
+    }
+
+    #[test]
+    fn global_pools_max() {
+        let ys = run(
+            &node("GlobalMaxPool", 1, vec![], 1),
+            &[Some(t32(&[2, 3, 3, 4], seq(72, 7, 11, 0.25)))],
+        )
+        .unwrap();
+        assert_eq!(ys[0].shape(), &[2, 3, 1, 1]);
+        close(
+            &ys[0].to_f32_vec().unwrap(),
+            &[1.25, 1.25, 1.25, 1.25, 1.25, 1.25],
+            1e-5,
+        );
+    }
+
+    #[test]
+    fn global_pools_lp() {
+        let ys = run(
+            &node("GlobalLpPool", 2, vec![("p", AttrValue::Int(3))], 1),
+            &[Some(t32(&[2, 3, 3, 4], seq(72, 7, 11, 0.25)))],
+        )
+        .unwrap();
+        assert_eq!(ys[0].shape(), &[2, 3, 1, 1]);
+        close(
+            &ys[0].to_f32_vec().unwrap(),
+            &[
+                1.9270597696304321,
+                2.0788793563842773,
+                1.9171916246414185,
+                1.9533473253250122,
+                2.002600908279419,
+                1.915773630142212,
+            ],
+            1e-5,
+        );
+    }
+
+    #[test]
+    fn max_unpool_output_shape() {
+        let ys = run(
+            &node(
+                "MaxUnpool",
+                11,
+                vec![("kernel_shape", ints(&[2, 2])), ("strides", ints(&[2, 2]))],
+                1,
+            ),
+            &[
+                Some(t32(&[1, 1, 2, 2], seq(4, 7, 11, 0.25))),
+                Some(Tensor::from_vec(&[1, 1, 2, 2], Vec::<i64>::from([5, 2, 13, 15])).unwrap()),
+                Some(Tensor::from_vec(&[4], Vec::<i64>::from([1, 1, 5, 5])).unwrap()),
+            ],
+        )
+        .unwrap();
+        assert_eq!(ys[0].shape(), &[1, 1, 5, 5]);
+        close(
+            &ys[0].to_f32_vec().unwrap(),
+            &[
+                0.0, 0.0, 1.25, 0.0, 0.0, 0.0, -0.5, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0,
+                0.25, 0.0, -0.75, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0,
+            ],
+            1e-5,
+        );
+    }
+
+    #[test]
+    fn conv_integer_per_channel_zp() {
+        let ys = run(
+            &node("ConvInteger", 10, vec![("pads", ints(&[1, 0, 1, 1]))], 1),
+            &[
+                Some(
+                    Tensor::from_vec(
+                        &[1, 2, 3, 4],
+                        Vec::<u8>::from([
+                            11, 48, 85, 122, 159, 196, 233, 14, 51, 88, 125, 162, 199, 236, 17, 54,
+                            91, 128, 165, 202, 239, 20, 57, 94,
+                        ]),
+                    )
+                    .unwrap(),
+                ),
+                Some(
+                    Tensor::from_vec(
+                        &[2, 2, 2, 2],
+                        Vec::<u8>::from([
+                            7, 60, 113, 166, 219, 16, 69, 122, 175, 228, 25, 78, 131, 184, 237, 34,
+                        ]),
+                    )
+                    .unwrap(),
+                ),
+                Some(Tensor::from_vec(&[], Vec::<u8>::from([7])).unwrap()),
+                Some(Tensor::from_vec(&[2], Vec::<u8>::from([100, 3])).unwrap()),
+            ],
+        )
+        .unwrap();
+        assert_eq!(ys[0].shape(), &[1, 2, 4, 4]);
+        assert_eq!(
+            ys[0].to_i64_vec().unwrap(),
+            vec![
+                1844, -1198, 9328, 38, 16108, 36576, -11820, -11056, -22852, -15952, -6748, 21872,
+                19184, -14906, -18532, -4062, 55190, 60648, 14138, 13528, 116864, 110044, 97592,
+                71580, 163056, 142668, 124584, 49932, 57842, 51196, 77318, 37796
+            ]
+        );
+    }
+}

@@ -1,5 +1,2266 @@
-//! Kernel family: shape (placeholder until filled in).
+//! Shape and data-movement kernels: views (Reshape, Squeeze, ...), copies (Transpose, Slice, Gather, Scatter, Pad, ...) and generators (Constant, Range, EyeLike, ...).
 
-use crate::provider::KernelDef;
+use alloc::borrow::Cow;
+use alloc::boxed::Box;
+use alloc::string::String;
+use alloc::vec;
+use alloc::vec::Vec;
+use core::cmp::Ordering;
 
-pub(crate) const KERNELS: &[KernelDef] = &[];
+use half::{bf16, f16};
+
+use crate::dtype::DataType;
+use crate::error::{Error, Result};
+use crate::ir::Node;
+use crate::kernels::{
+    bad_type, broadcast_shapes, def, dims_of, ints_of, norm_axis, opt_tensor_in, out1, tensor_in,
+    LATEST,
+};
+use crate::provider::{Kernel, KernelCx, KernelDef};
+use crate::tensor::{contiguous_strides, numel, Data, Tensor};
+use crate::value::Value;
+use crate::{bail, unsupported};
+
+pub(crate) const KERNELS: &[KernelDef] = &[
+    def("Identity", 1, LATEST, build_identity),
+    def("Reshape", 1, LATEST, build_reshape),
+    def("Flatten", 1, LATEST, build_flatten),
+    def("Squeeze", 1, LATEST, build_squeeze),
+    def("Unsqueeze", 1, LATEST, build_unsqueeze),
+    def("Shape", 1, LATEST, build_shape),
+    def("Size", 1, LATEST, build_size),
+    def("Transpose", 1, LATEST, build_transpose),
+    def("Concat", 1, LATEST, build_concat),
+    def("Split", 1, LATEST, build_split),
+    def("Slice", 1, LATEST, build_slice),
+    def("Gather", 1, LATEST, build_gather),
+    def("GatherElements", 11, LATEST, build_gather_elements),
+    def("GatherND", 11, LATEST, build_gather_nd),
+    def("ScatterElements", 11, LATEST, build_scatter_elements),
+    def("Scatter", 9, LATEST, build_scatter_elements),
+    def("ScatterND", 11, LATEST, build_scatter_nd),
+    def("Expand", 8, LATEST, build_expand),
+    def("Tile", 1, LATEST, build_tile),
+    def("Pad", 1, LATEST, build_pad),
+    def("ConstantOfShape", 9, LATEST, build_constant_of_shape),
+    def("Range", 11, LATEST, build_range),
+    def("Constant", 1, LATEST, build_constant),
+    def("NonZero", 9, LATEST, build_nonzero),
+    def("OneHot", 9, LATEST, build_onehot),
+    def("Trilu", 14, LATEST, build_trilu),
+    def("EyeLike", 9, LATEST, build_eyelike),
+    def("DepthToSpace", 1, LATEST, build_depth_to_space),
+    def("SpaceToDepth", 1, LATEST, build_space_to_depth),
+    def("ReverseSequence", 10, LATEST, build_reverse_sequence),
+    def("Compress", 9, LATEST, build_compress),
+    def("Unique", 11, LATEST, build_unique),
+    def("Dropout", 1, LATEST, build_dropout),
+];
+
+// ----------------------------------------------------------------------------- element traits
+
+/// An element data-movement kernels copy around: every typed element, plus fixed-width byte
+/// blocks standing in for raw types (float8, complex).
+pub(crate) trait Item: Clone + Send + Sync + 'static {
+    /// The tensor's elements in row-major order.
+    fn load(t: &Tensor) -> Result<Cow<'_, [Self]>>;
+    /// A contiguous tensor of element type `dt` over `v`.
+    fn store(dt: DataType, shape: &[usize], v: Vec<Self>) -> Result<Tensor>;
+    /// The zero / empty / false element.
+    fn zero() -> Self;
+}
+
+macro_rules! item_elem {
+    ($($t:ty),*) => {$(
+        impl Item for $t {
+            #[inline]
+            fn load(t: &Tensor) -> Result<Cow<'_, [Self]>> {
+                t.as_slice::<$t>()
+            }
+            #[inline]
+            fn store(_dt: DataType, shape: &[usize], v: Vec<Self>) -> Result<Tensor> {
+                Tensor::from_vec(shape, v)
+            }
+            #[inline]
+            fn zero() -> Self {
+                <$t>::default()
+            }
+        }
+    )*};
+}
+item_elem!(f32, f64, f16, bf16, i8, i16, i32, i64, u8, u16, u32, u64, bool, String);
+
+macro_rules! item_bytes {
+    ($($w:literal),*) => {$(
+        impl Item for [u8; $w] {
+            fn load(t: &Tensor) -> Result<Cow<'_, [Self]>> {
+                let b = t.raw_bytes()?;
+                if !t.is_contiguous() || b.len() != t.len() * $w {
+                    bail!("strided views of {} tensors are not supported", t.dtype());
+                }
+                Ok(Cow::Owned(
+                    b.chunks_exact($w)
+                        .map(|c| {
+                            let mut a = [0u8; $w];
+                            a.copy_from_slice(c);
+                            a
+                        })
+                        .collect(),
+                ))
+            }
+            fn store(dt: DataType, shape: &[usize], v: Vec<Self>) -> Result<Tensor> {
+                Tensor::from_data(dt, shape.to_vec(), Data::Raw(v.concat()))
+            }
+            fn zero() -> Self {
+                [0u8; $w]
+            }
+        }
+    )*};
+}
+item_bytes!(1, 8, 16);
+
+/// Calls `$body` with `$T` bound to an [`Item`] type for `$dt`: the typed elements, and byte
+/// blocks for raw types of 8, 64 and 128 bits (float8, complex). Packed sub-byte types go to
+/// `$other`.
+macro_rules! dispatch_item {
+    ($dt:expr, $T:ident => $body:expr, else $other:expr) => {{
+        let __dt: DataType = $dt;
+        match __dt {
+            DataType::Float => {
+                type $T = f32;
+                $body
+            }
+            DataType::Double => {
+                type $T = f64;
+                $body
+            }
+            DataType::Float16 => {
+                type $T = f16;
+                $body
+            }
+            DataType::Bfloat16 => {
+                type $T = bf16;
+                $body
+            }
+            DataType::Int8 => {
+                type $T = i8;
+                $body
+            }
+            DataType::Int16 => {
+                type $T = i16;
+                $body
+            }
+            DataType::Int32 => {
+                type $T = i32;
+                $body
+            }
+            DataType::Int64 => {
+                type $T = i64;
+                $body
+            }
+            DataType::Uint8 => {
+                type $T = u8;
+                $body
+            }
+            DataType::Uint16 => {
+                type $T = u16;
+                $body
+            }
+            DataType::Uint32 => {
+                type $T = u32;
+                $body
+            }
+            DataType::Uint64 => {
+                type $T = u64;
+                $body
+            }
+            DataType::Bool => {
+                type $T = bool;
+                $body
+            }
+            DataType::String => {
+                type $T = String;
+                $body
+            }
+            d if d.bits() == 8 => {
+                type $T = [u8; 1];
+                $body
+            }
+            d if d.bits() == 64 => {
+                type $T = [u8; 8];
+                $body
+            }
+            d if d.bits() == 128 => {
+                type $T = [u8; 16];
+                $body
+            }
+            _ => $other,
+        }
+    }};
+}
+
+/// Numeric elements (and bool, as 0/1 with `add` = or, `mul` = and, like numpy).
+pub(crate) trait Num: Item + Copy + PartialOrd {
+    fn from_f64(v: f64) -> Self;
+    fn to_f64(self) -> f64;
+    fn from_i64(v: i64) -> Self;
+    fn add(self, o: Self) -> Self;
+    fn mul(self, o: Self) -> Self;
+}
+
+macro_rules! num_int {
+    ($($t:ty),*) => {$(
+        impl Num for $t {
+            #[inline]
+            fn from_f64(v: f64) -> Self { v as $t }
+            #[inline]
+            fn to_f64(self) -> f64 { self as f64 }
+            #[inline]
+            fn from_i64(v: i64) -> Self { v as $t }
+            #[inline]
+            fn add(self, o: Self) -> Self { self.wrapping_add(o) }
+            #[inline]
+            fn mul(self, o: Self) -> Self { self.wrapping_mul(o) }
+        }
+    )*};
+}
+num_int!(i8, i16, i32, i64, u8, u16, u32, u64);
+
+macro_rules! num_float {
+    ($($t:ty),*) => {$(
+        impl Num for $t {
+            #[inline]
+            fn from_f64(v: f64) -> Self { v as $t }
+            #[inline]
+            fn to_f64(self) -> f64 { self as f64 }
+            #[inline]
+            fn from_i64(v: i64) -> Self { v as $t }
+            #[inline]
+            fn add(self, o: Self) -> Self { self + o }
+            #[inline]
+            fn mul(self, o: Self) -> Self { self * o }
+        }
+    )*};
+}
+num_float!(f32, f64);
+
+macro_rules! num_half {
+    ($($t:ty),*) => {$(
+        impl Num for $t {
+            #[inline]
+            fn from_f64(v: f64) -> Self { <$t>::from_f64(v) }
+            #[inline]
+            fn to_f64(self) -> f64 { <$t>::to_f64(self) }
+            #[inline]
+            fn from_i64(v: i64) -> Self { <$t>::from_f64(v as f64) }
+            #[inline]
+            fn add(self, o: Self) -> Self { <$t>::from_f32(self.to_f32() + o.to_f32()) }
+            #[inline]
+            fn mul(self, o: Self) -> Self { <$t>::from_f32(self.to_f32() * o.to_f32()) }
+        }
+    )*};
+}
+num_half!(f16, bf16);
+
+impl Num for bool {
+    fn from_f64(v: f64) -> Self {
+        v != 0.0
+    }
+    fn to_f64(self) -> f64 {
+        self as u8 as f64
+    }
+    fn from_i64(v: i64) -> Self {
+        v != 0
+    }
+    fn add(self, o: Self) -> Self {
+        self | o
+    }
+    fn mul(self, o: Self) -> Self {
+        self & o
+    }
+}
+
+/// Calls `$body` with `$T` bound to a [`Num`] type (numeric, f16, bf16, bool).
+macro_rules! dispatch_num {
+    ($dt:expr, $T:ident => $body:expr, else $other:expr) => {{
+        let __dt: DataType = $dt;
+        match __dt {
+            DataType::Float => {
+                type $T = f32;
+                $body
+            }
+            DataType::Double => {
+                type $T = f64;
+                $body
+            }
+            DataType::Float16 => {
+                type $T = f16;
+                $body
+            }
+            DataType::Bfloat16 => {
+                type $T = bf16;
+                $body
+            }
+            DataType::Int8 => {
+                type $T = i8;
+                $body
+            }
+            DataType::Int16 => {
+                type $T = i16;
+                $body
+            }
+            DataType::Int32 => {
+                type $T = i32;
+                $body
+            }
+            DataType::Int64 => {
+                type $T = i64;
+                $body
+            }
+            DataType::Uint8 => {
+                type $T = u8;
+                $body
+            }
+            DataType::Uint16 => {
+                type $T = u16;
+                $body
+            }
+            DataType::Uint32 => {
+                type $T = u32;
+                $body
+            }
+            DataType::Uint64 => {
+                type $T = u64;
+                $body
+            }
+            DataType::Bool => {
+                type $T = bool;
+                $body
+            }
+            _ => $other,
+        }
+    }};
+}
+
+/// Typed elements with a truth value (non-zero, non-empty) and a total order (NaN last).
+pub(crate) trait Plain: Item {
+    fn truthy(&self) -> bool;
+    fn total_cmp(&self, o: &Self) -> Ordering;
+}
+
+fn float_cmp(a: f64, b: f64) -> Ordering {
+    match (a.is_nan(), b.is_nan()) {
+        (true, true) => Ordering::Equal,
+        (true, false) => Ordering::Greater,
+        (false, true) => Ordering::Less,
+        _ => a.partial_cmp(&b).unwrap_or(Ordering::Equal),
+    }
+}
+
+macro_rules! plain_ord {
+    ($($t:ty),*) => {$(
+        impl Plain for $t {
+            #[inline]
+            fn truthy(&self) -> bool { *self != <$t>::default() }
+            #[inline]
+            fn total_cmp(&self, o: &Self) -> Ordering { self.cmp(o) }
+        }
+    )*};
+}
+plain_ord!(i8, i16, i32, i64, u8, u16, u32, u64, bool);
+
+macro_rules! plain_float {
+    ($($t:ty),*) => {$(
+        impl Plain for $t {
+            #[inline]
+            fn truthy(&self) -> bool { Num::to_f64(*self) != 0.0 }
+            #[inline]
+            fn total_cmp(&self, o: &Self) -> Ordering { float_cmp(Num::to_f64(*self), Num::to_f64(*o)) }
+        }
+    )*};
+}
+plain_float!(f32, f64, f16, bf16);
+
+impl Plain for String {
+    fn truthy(&self) -> bool {
+        !self.is_empty()
+    }
+    fn total_cmp(&self, o: &Self) -> Ordering {
+        self.cmp(o)
+    }
+}
+
+/// Calls `$body` with `$T` bound to a [`Plain`] type (every typed element, strings included).
+macro_rules! dispatch_plain {
+    ($dt:expr, $T:ident => $body:expr, else $other:expr) => {{
+        let __dt: DataType = $dt;
+        match __dt {
+            DataType::String => { type $T = String; $body }
+            d => dispatch_num!(d, $T => $body, else $other),
+        }
+    }};
+}
+
+// ----------------------------------------------------------------------------- generic helpers
+
+/// Boxes a closure as a kernel (fixes the closure's signature).
+fn kernel<F>(f: F) -> Result<Box<dyn Kernel>>
+where
+    F: Fn(&KernelCx<'_>, &[Option<&Value>]) -> Result<Vec<Value>> + Send + Sync + 'static,
+{
+    Ok(Box::new(f))
+}
+
+fn prod(d: &[usize]) -> usize {
+    d.iter().product()
+}
+
+/// Resolves an axis that may also point one past the last dimension (`[-r-1, r]`).
+fn norm_axis_incl(axis: i64, rank: usize) -> Result<usize> {
+    let r = rank as i64;
+    let a = if axis < 0 { axis + r + 1 } else { axis };
+    if a < 0 || a > r {
+        bail!("axis {axis} is out of range for rank {rank}");
+    }
+    Ok(a as usize)
+}
+
+/// A possibly negative index into a dimension of size `d`; out of range is an error.
+#[inline]
+fn wrap_index(i: i64, d: usize) -> Result<usize> {
+    let di = d as i64;
+    let j = if i < 0 { i + di } else { i };
+    if j < 0 || j >= di {
+        bail!("index {i} is out of range for a dimension of size {d}");
+    }
+    Ok(j as usize)
+}
+
+/// Reads an index tensor (int32/int64) as i64s.
+fn index_values(t: &Tensor) -> Result<Vec<i64>> {
+    match t.dtype() {
+        DataType::Int64 | DataType::Int32 => t.to_i64_vec(),
+        dt => bail!("indices must be int32 or int64, got {dt}"),
+    }
+}
+
+/// Reads a one-element tensor as an i64.
+fn scalar_i64(t: &Tensor, what: &str) -> Result<i64> {
+    let v = t.to_i64_vec()?;
+    if v.len() != 1 {
+        bail!("{what} must have exactly one element, has {}", v.len());
+    }
+    Ok(v[0])
+}
+
+fn unsupported_type(op: &str, dt: DataType) -> Result<Tensor> {
+    Err(bad_type(op, dt))
+}
+
+/// Row-major copy of the strided view (`shape`, `strides`, `offset`, in elements) of `src`.
+/// Merges contiguous dimensions, copies unit-stride runs with `extend_from_slice`, and tiles
+/// transposes so that both sides stay in cache.
+pub(crate) fn copy_strided<T: Clone>(
+    src: &[T],
+    shape: &[usize],
+    strides: &[isize],
+    offset: isize,
+) -> Vec<T> {
+    let n = prod(shape);
+    let mut out = Vec::with_capacity(n);
+    if n == 0 {
+        return out;
+    }
+    // coalesce
+    let mut dims: Vec<(usize, isize)> = Vec::with_capacity(shape.len());
+    for (&d, &s) in shape.iter().zip(strides) {
+        if d == 1 {
+            continue;
+        }
+        if let Some(last) = dims.last_mut() {
+            if last.1 == s * d as isize {
+                last.0 *= d;
+                last.1 = s;
+                continue;
+            }
+        }
+        dims.push((d, s));
+    }
+    if dims.is_empty() {
+        out.push(src[offset as usize].clone());
+        return out;
+    }
+    let (ld, ls) = dims[dims.len() - 1];
+    // tiled transpose: an outer axis reads with unit stride while the inner one does not
+    if ls != 1 && ls != 0 && ld >= 8 && !core::mem::needs_drop::<T>() {
+        if let Some(a) = dims[..dims.len() - 1]
+            .iter()
+            .position(|&(d, s)| s == 1 && d >= 8)
+        {
+            return copy_tiled(src, &dims, a, offset, n);
+        }
+    }
+    let outer = &dims[..dims.len() - 1];
+    let mut idx = vec![0usize; outer.len()];
+    let mut base = offset;
+    loop {
+        let b = base as usize;
+        if ls == 1 {
+            out.extend_from_slice(&src[b..b + ld]);
+        } else if ls == 0 {
+            let v = &src[b];
+            out.extend(core::iter::repeat_n(v, ld).cloned());
+        } else {
+            let mut p = base;
+            for _ in 0..ld {
+                out.push(src[p as usize].clone());
+                p += ls;
+            }
+        }
+        let mut ax = outer.len();
+        loop {
+            if ax == 0 {
+                return out;
+            }
+            ax -= 1;
+            idx[ax] += 1;
+            base += outer[ax].1;
+            if idx[ax] < outer[ax].0 {
+                break;
+            }
+            base -= outer[ax].1 * outer[ax].0 as isize;
+            idx[ax] = 0;
+        }
+    }
+}
+
+/// The tiled path of [`copy_strided`]: `dims[a]` has source stride 1, the last dim does not.
+fn copy_tiled<T: Clone>(
+    src: &[T],
+    dims: &[(usize, isize)],
+    a: usize,
+    offset: isize,
+    n: usize,
+) -> Vec<T> {
+    const B: usize = 16;
+    let r = dims.len();
+    let mut ostr = vec![0usize; r];
+    let mut acc = 1usize;
+    for i in (0..r).rev() {
+        ostr[i] = acc;
+        acc *= dims[i].0;
+    }
+    let mut out: Vec<T> = vec![src[offset as usize].clone(); n];
+    let (da, oa) = (dims[a].0, ostr[a]);
+    let (ld, ls) = dims[r - 1];
+    // the other outer dims: (size, source stride, output stride)
+    let others: Vec<(usize, isize, usize)> = (0..r - 1)
+        .filter(|&i| i != a)
+        .map(|i| (dims[i].0, dims[i].1, ostr[i]))
+        .collect();
+    let mut idx = vec![0usize; others.len()];
+    let (mut sb, mut ob) = (offset, 0usize);
+    loop {
+        let mut i0 = 0;
+        while i0 < da {
+            let i1 = (i0 + B).min(da);
+            let mut j0 = 0;
+            while j0 < ld {
+                let j1 = (j0 + B).min(ld);
+                for i in i0..i1 {
+                    let orow = ob + i * oa;
+                    let srow = sb + i as isize;
+                    for j in j0..j1 {
+                        out[orow + j] = src[(srow + j as isize * ls) as usize].clone();
+                    }
+                }
+                j0 = j1;
+            }
+            i0 = i1;
+        }
+        let mut ax = others.len();
+        loop {
+            if ax == 0 {
+                return out;
+            }
+            ax -= 1;
+            let (d, s, o) = others[ax];
+            idx[ax] += 1;
+            sb += s;
+            ob += o;
+            if idx[ax] < d {
+                break;
+            }
+            sb -= s * d as isize;
+            ob -= o * d;
+            idx[ax] = 0;
+        }
+    }
+}
+
+/// Copies the view of `x` given by `shape`/`strides`/`offset` over its row-major elements.
+fn view_copy(
+    op: &str,
+    x: &Tensor,
+    shape: &[usize],
+    strides: &[isize],
+    offset: isize,
+) -> Result<Tensor> {
+    if prod(shape) == 0 {
+        return Tensor::zeros(x.dtype(), shape);
+    }
+    let dt = x.dtype();
+    dispatch_item!(dt, T => {
+        let src = T::load(x)?;
+        T::store(dt, shape, copy_strided(&src, shape, strides, offset))
+    }, else unsupported_type(op, dt))
+}
+
+/// Row-major copy of `x` with its axes permuted (`out[i] = in[perm[i]]`).
+fn permute_copy(op: &str, x: &Tensor, perm: &[usize]) -> Result<Tensor> {
+    let shape: Vec<usize> = perm.iter().map(|&p| x.shape()[p]).collect();
+    // a permutation that keeps the order of the non-unit dims is only a reshape
+    let order: Vec<usize> = perm
+        .iter()
+        .copied()
+        .filter(|&p| x.shape()[p] != 1)
+        .collect();
+    if order.windows(2).all(|w| w[0] < w[1]) {
+        return x.reshape(&shape);
+    }
+    let cs = contiguous_strides(x.shape());
+    let strides: Vec<isize> = perm.iter().map(|&p| cs[p]).collect();
+    view_copy(op, x, &shape, &strides, 0)
+}
+
+/// Strides that broadcast a contiguous `from` shape to `to` (zero on broadcast dims).
+fn broadcast_strides(from: &[usize], to: &[usize]) -> Result<Vec<isize>> {
+    if from.len() > to.len() {
+        bail!("cannot broadcast {from:?} to {to:?}");
+    }
+    let cs = contiguous_strides(from);
+    let pad = to.len() - from.len();
+    let mut s = vec![0isize; to.len()];
+    for i in 0..from.len() {
+        if from[i] == to[pad + i] {
+            s[pad + i] = cs[i];
+        } else if from[i] != 1 {
+            bail!("cannot broadcast {from:?} to {to:?}");
+        }
+    }
+    Ok(s)
+}
+
+/// For every position of `shape` in row-major order, the offset `sum(i_k * strides[k])` over
+/// all dims but `skip`.
+fn offsets_except(shape: &[usize], strides: &[usize], skip: usize) -> Vec<usize> {
+    let n = prod(shape);
+    let mut out = Vec::with_capacity(n);
+    if n == 0 {
+        return out;
+    }
+    let r = shape.len();
+    let mut idx = vec![0usize; r];
+    let mut base = 0usize;
+    for _ in 0..n {
+        out.push(base);
+        let mut ax = r;
+        while ax > 0 {
+            ax -= 1;
+            idx[ax] += 1;
+            if ax != skip {
+                base += strides[ax];
+            }
+            if idx[ax] < shape[ax] {
+                break;
+            }
+            if ax != skip {
+                base -= strides[ax] * shape[ax];
+            }
+            idx[ax] = 0;
+        }
+    }
+    out
+}
+
+// ----------------------------------------------------------------------------- views
+
+fn build_identity(_node: &Node) -> Result<Box<dyn Kernel>> {
+    kernel(|_cx, inputs| match inputs.first().copied().flatten() {
+        Some(v) => Ok(vec![v.clone()]),
+        None => bail!("Identity needs an input"),
+    })
+}
+
+/// Resolves an ONNX reshape target (0 copies a dim unless `allowzero`, -1 is inferred).
+pub(crate) fn reshape_dims(input: &[usize], spec: &[i64], allowzero: bool) -> Result<Vec<usize>> {
+    let mut out = Vec::with_capacity(spec.len());
+    let mut infer = None;
+    for (i, &d) in spec.iter().enumerate() {
+        match d {
+            -1 => {
+                if infer.is_some() {
+                    bail!("reshape target {spec:?} has more than one -1");
+                }
+                infer = Some(i);
+                out.push(1);
+            }
+            0 if !allowzero => match input.get(i) {
+                Some(&v) => out.push(v),
+                None => {
+                    bail!("reshape target {spec:?} copies dim {i} of {input:?}, which is absent")
+                }
+            },
+            d if d < 0 => bail!("reshape target {spec:?} has a negative dim"),
+            d => out.push(d as usize),
+        }
+    }
+    let total = numel(input)?;
+    if let Some(i) = infer {
+        let known = numel(&out)?;
+        if known == 0 || total % known != 0 {
+            bail!("cannot reshape {input:?} to {spec:?}");
+        }
+        out[i] = total / known;
+    }
+    if numel(&out)? != total {
+        bail!("cannot reshape {input:?} ({total} elements) to {spec:?}");
+    }
+    Ok(out)
+}
+
+fn build_reshape(node: &Node) -> Result<Box<dyn Kernel>> {
+    if node.opset < 5 {
+        let Some(spec) = node.attr_ints("shape")? else {
+            bail!("Reshape-1 needs a 'shape' attribute");
+        };
+        return kernel(move |_cx, inputs| {
+            let x = tensor_in(inputs, 0)?;
+            out1(x.reshape(&reshape_dims(x.shape(), &spec, false)?)?)
+        });
+    }
+    let allowzero = node.get_i("allowzero", 0)? != 0;
+    kernel(move |_cx, inputs| {
+        let x = tensor_in(inputs, 0)?;
+        let spec = ints_of(tensor_in(inputs, 1)?)?;
+        out1(x.reshape(&reshape_dims(x.shape(), &spec, allowzero)?)?)
+    })
+}
+
+fn build_flatten(node: &Node) -> Result<Box<dyn Kernel>> {
+    let axis = node.get_i("axis", 1)?;
+    kernel(move |_cx, inputs| {
+        let x = tensor_in(inputs, 0)?;
+        let r = x.rank();
+        let a = if axis < 0 { axis + r as i64 } else { axis };
+        if a < 0 || a > r as i64 {
+            bail!("Flatten axis {axis} is out of range for rank {r}");
+        }
+        let a = a as usize;
+        out1(x.reshape(&[prod(&x.shape()[..a]), prod(&x.shape()[a..])])?)
+    })
+}
+
+fn squeeze_shape(shape: &[usize], axes: Option<&[i64]>) -> Result<Vec<usize>> {
+    match axes {
+        None => Ok(shape.iter().copied().filter(|&d| d != 1).collect()),
+        Some(axes) => {
+            let mut drop = vec![false; shape.len()];
+            for &a in axes {
+                let i = norm_axis(a, shape.len())?;
+                if i >= shape.len() || shape[i] != 1 {
+                    bail!("cannot squeeze axis {a} of shape {shape:?}");
+                }
+                drop[i] = true;
+            }
+            Ok(shape
+                .iter()
+                .zip(&drop)
+                .filter(|(_, &d)| !d)
+                .map(|(&s, _)| s)
+                .collect())
+        }
+    }
+}
+
+fn build_squeeze(node: &Node) -> Result<Box<dyn Kernel>> {
+    let from_input = node.opset >= 13;
+    let attr = if from_input {
+        None
+    } else {
+        node.attr_ints("axes")?
+    };
+    kernel(move |_cx, inputs| {
+        let x = tensor_in(inputs, 0)?;
+        let axes = if from_input {
+            opt_tensor_in(inputs, 1)?.map(ints_of).transpose()?
+        } else {
+            attr.clone()
+        };
+        out1(x.reshape(&squeeze_shape(x.shape(), axes.as_deref())?)?)
+    })
+}
+
+fn unsqueeze_shape(shape: &[usize], axes: &[i64]) -> Result<Vec<usize>> {
+    let r = shape.len() + axes.len();
+    let mut ins = vec![false; r];
+    for &a in axes {
+        let i = norm_axis(a, r)?;
+        if ins[i] {
+            bail!("Unsqueeze axes {axes:?} repeat an axis");
+        }
+        ins[i] = true;
+    }
+    let mut src = shape.iter();
+    Ok(ins
+        .iter()
+        .map(|&new| if new { 1 } else { *src.next().unwrap_or(&1) })
+        .collect())
+}
+
+fn build_unsqueeze(node: &Node) -> Result<Box<dyn Kernel>> {
+    let from_input = node.opset >= 13;
+    let attr = if from_input {
+        None
+    } else {
+        match node.attr_ints("axes")? {
+            Some(a) => Some(a),
+            None => bail!("Unsqueeze needs an 'axes' attribute before opset 13"),
+        }
+    };
+    kernel(move |_cx, inputs| {
+        let x = tensor_in(inputs, 0)?;
+        let axes = match &attr {
+            Some(a) => a.clone(),
+            None => ints_of(tensor_in(inputs, 1)?)?,
+        };
+        out1(x.reshape(&unsqueeze_shape(x.shape(), &axes)?)?)
+    })
+}
+
+fn build_shape(node: &Node) -> Result<Box<dyn Kernel>> {
+    let start = node.get_i("start", 0)?;
+    let end = node.attr_i("end")?;
+    kernel(move |_cx, inputs| {
+        let x = tensor_in(inputs, 0)?;
+        let r = x.rank() as i64;
+        let clamp = |v: i64| (if v < 0 { v + r } else { v }).clamp(0, r) as usize;
+        let s = clamp(start);
+        let e = clamp(end.unwrap_or(r));
+        let dims: Vec<i64> = if s < e {
+            x.shape()[s..e].iter().map(|&d| d as i64).collect()
+        } else {
+            Vec::new()
+        };
+        out1(Tensor::from_vec(&[dims.len()], dims)?)
+    })
+}
+
+fn build_size(_node: &Node) -> Result<Box<dyn Kernel>> {
+    kernel(|_cx, inputs| out1(Tensor::scalar(tensor_in(inputs, 0)?.len() as i64)))
+}
+
+// ----------------------------------------------------------------------------- copies
+
+fn build_transpose(node: &Node) -> Result<Box<dyn Kernel>> {
+    let perm = node.attr_ints("perm")?;
+    kernel(move |_cx, inputs| {
+        let x = tensor_in(inputs, 0)?;
+        let r = x.rank();
+        let p: Vec<usize> = match &perm {
+            Some(p) => {
+                if p.len() != r {
+                    bail!("Transpose perm {p:?} does not match rank {r}");
+                }
+                let mut seen = vec![false; r];
+                for &a in p {
+                    if a < 0 || a as usize >= r || seen[a as usize] {
+                        bail!("Transpose perm {p:?} is not a permutation");
+                    }
+                    seen[a as usize] = true;
+                }
+                p.iter().map(|&a| a as usize).collect()
+            }
+            None => (0..r).rev().collect(),
+        };
+        out1(permute_copy("Transpose", x, &p)?)
+    })
+}
+
+fn build_concat(node: &Node) -> Result<Box<dyn Kernel>> {
+    let axis = match node.attr_i("axis")? {
+        Some(a) => a,
+        None if node.opset < 4 => 1,
+        None => bail!("Concat needs an 'axis' attribute"),
+    };
+    kernel(move |_cx, inputs| {
+        let xs: Vec<&Tensor> = (0..inputs.len())
+            .map(|i| tensor_in(inputs, i))
+            .collect::<Result<_>>()?;
+        out1(concat(&xs, axis)?)
+    })
+}
+
+/// Concatenates tensors along `axis` (all of one element type, same dims elsewhere).
+pub(crate) fn concat(xs: &[&Tensor], axis: i64) -> Result<Tensor> {
+    let Some(first) = xs.first() else {
+        bail!("Concat needs at least one input");
+    };
+    let r = first.rank();
+    if r == 0 {
+        bail!("Concat inputs must have rank >= 1");
+    }
+    let a = norm_axis(axis, r)?;
+    let dt = first.dtype();
+    let mut shape = first.shape().to_vec();
+    shape[a] = 0;
+    for x in xs {
+        if x.dtype() != dt || x.rank() != r {
+            bail!("Concat inputs differ in element type or rank");
+        }
+        for i in 0..r {
+            if i != a && x.shape()[i] != shape[i] {
+                bail!(
+                    "Concat inputs {:?} and {:?} differ outside axis {a}",
+                    first.shape(),
+                    x.shape()
+                );
+            }
+        }
+        shape[a] += x.shape()[a];
+    }
+    if xs.len() == 1 {
+        return Ok((*first).clone());
+    }
+    if numel(&shape)? == 0 {
+        return Tensor::zeros(dt, &shape);
+    }
+    dispatch_item!(dt, T => {
+        let srcs: Vec<Cow<'_, [T]>> = xs.iter().map(|x| T::load(x)).collect::<Result<_>>()?;
+        let outer = prod(&shape[..a]);
+        let inner = prod(&shape[a + 1..]);
+        let mut out = Vec::with_capacity(numel(&shape)?);
+        for o in 0..outer {
+            for (s, x) in srcs.iter().zip(xs) {
+                let blk = x.shape()[a] * inner;
+                out.extend_from_slice(&s[o * blk..(o + 1) * blk]);
+            }
+        }
+        T::store(dt, &shape, out)
+    }, else unsupported_type("Concat", dt))
+}
+
+fn build_split(node: &Node) -> Result<Box<dyn Kernel>> {
+    let axis = node.get_i("axis", 0)?;
+    let n_out = node.outputs.len();
+    let opset = node.opset;
+    let attr_split = if opset < 13 {
+        node.attr_ints("split")?
+    } else {
+        None
+    };
+    let num_outputs = if opset >= 18 {
+        node.attr_i("num_outputs")?
+    } else {
+        None
+    };
+    if let Some(n) = num_outputs {
+        if n < 1 || n as usize != n_out {
+            bail!("Split num_outputs={n} does not match the node's {n_out} outputs");
+        }
+    }
+    // opset 1 took the split as an optional second input; opset 13 made it an input for good
+    let split_input = opset >= 13 || opset < 2;
+    kernel(move |_cx, inputs| {
+        let x = tensor_in(inputs, 0)?;
+        let a = norm_axis(axis, x.rank())?;
+        if x.rank() == 0 {
+            bail!("Split input must have rank >= 1");
+        }
+        let d = x.shape()[a];
+        let given = match (split_input, opt_tensor_in(inputs, 1)?) {
+            (true, Some(t)) => Some(ints_of(t)?),
+            _ => attr_split.clone(),
+        };
+        let sizes: Vec<usize> = match given {
+            Some(s) => {
+                let s = dims_of(&s)?;
+                if s.len() != n_out || s.iter().sum::<usize>() != d {
+                    bail!("Split sizes {s:?} do not cut a dim of {d} into {n_out} outputs");
+                }
+                s
+            }
+            None if num_outputs.is_some() => {
+                let c = d.div_ceil(n_out);
+                if c * (n_out - 1) > d {
+                    bail!("cannot split a dim of {d} into {n_out} outputs");
+                }
+                let mut s = vec![c; n_out];
+                s[n_out - 1] = d - c * (n_out - 1);
+                s
+            }
+            None => {
+                if n_out == 0 || d % n_out != 0 {
+                    bail!("cannot split a dim of {d} evenly into {n_out} outputs");
+                }
+                vec![d / n_out; n_out]
+            }
+        };
+        split(x, a, &sizes)
+    })
+}
+
+fn split(x: &Tensor, a: usize, sizes: &[usize]) -> Result<Vec<Value>> {
+    let dt = x.dtype();
+    let shape = x.shape();
+    let (outer, d, inner) = (prod(&shape[..a]), shape[a], prod(&shape[a + 1..]));
+    let mut res = Vec::with_capacity(sizes.len());
+    if x.is_empty() {
+        for &s in sizes {
+            let mut sh = shape.to_vec();
+            sh[a] = s;
+            res.push(Value::Tensor(Tensor::zeros(dt, &sh)?));
+        }
+        return Ok(res);
+    }
+    dispatch_item!(dt, T => {
+        let src = T::load(x)?;
+        let mut off = 0;
+        for &s in sizes {
+            let mut v = Vec::with_capacity(outer * s * inner);
+            for o in 0..outer {
+                let b = (o * d + off) * inner;
+                v.extend_from_slice(&src[b..b + s * inner]);
+            }
+            let mut sh = shape.to_vec();
+            sh[a] = s;
+            res.push(Value::Tensor(T::store(dt, &sh, v)?));
+            off += s;
+        }
+        Ok(res)
+    }, else Err(bad_type("Split", dt)))
+}
+
+/// Output shape, strides and offset (over the contiguous input) of an ONNX Slice.
+fn slice_plan(
+    shape: &[usize],
+    starts: &[i64],
+    ends: &[i64],
+    axes: Option<&[i64]>,
+    steps: Option<&[i64]>,
+) -> Result<(Vec<usize>, Vec<isize>, isize)> {
+    let r = shape.len();
+    let n = starts.len();
+    if ends.len() != n || axes.is_some_and(|a| a.len() != n) || steps.is_some_and(|s| s.len() != n)
+    {
+        bail!("Slice starts, ends, axes and steps differ in length");
+    }
+    let cs = contiguous_strides(shape);
+    let mut out = shape.to_vec();
+    let mut strides = cs.clone();
+    let mut offset = 0isize;
+    let mut seen = vec![false; r];
+    for i in 0..n {
+        let a = match axes {
+            Some(ax) => norm_axis(ax[i], r)?,
+            None => i,
+        };
+        if a >= r || seen[a] {
+            bail!("Slice axes are out of range or repeated");
+        }
+        seen[a] = true;
+        let step = steps.map_or(1, |s| s[i]) as i128;
+        if step == 0 {
+            bail!("Slice step cannot be 0");
+        }
+        let d = shape[a] as i128;
+        let mut s = starts[i] as i128;
+        let mut e = ends[i] as i128;
+        if s < 0 {
+            s += d;
+        }
+        if e < 0 {
+            e += d;
+        }
+        let (s, len) = if d == 0 {
+            (0, 0)
+        } else if step > 0 {
+            let s = s.clamp(0, d);
+            let e = e.clamp(0, d);
+            (s, if e > s { (e - s + step - 1) / step } else { 0 })
+        } else {
+            let s = s.clamp(0, d - 1);
+            let e = e.clamp(-1, d - 1);
+            (s, if s > e { (s - e - step - 1) / -step } else { 0 })
+        };
+        out[a] = len as usize;
+        if len > 0 {
+            offset += s as isize * cs[a];
+        }
+        strides[a] = cs[a] * step as isize;
+    }
+    Ok((out, strides, offset))
+}
+
+fn build_slice(node: &Node) -> Result<Box<dyn Kernel>> {
+    if node.opset < 10 {
+        let (Some(starts), Some(ends)) = (node.attr_ints("starts")?, node.attr_ints("ends")?)
+        else {
+            bail!("Slice-1 needs 'starts' and 'ends' attributes");
+        };
+        let axes = node.attr_ints("axes")?;
+        return kernel(move |_cx, inputs| {
+            let x = tensor_in(inputs, 0)?;
+            out1(slice(x, &starts, &ends, axes.as_deref(), None)?)
+        });
+    }
+    kernel(|_cx, inputs| {
+        let x = tensor_in(inputs, 0)?;
+        let starts = ints_of(tensor_in(inputs, 1)?)?;
+        let ends = ints_of(tensor_in(inputs, 2)?)?;
+        let axes = opt_tensor_in(inputs, 3)?.map(ints_of).transpose()?;
+        let steps = opt_tensor_in(inputs, 4)?.map(ints_of).transpose()?;
+        out1(slice(x, &starts, &ends, axes.as_deref(), steps.as_deref())?)
+    })
+}
+
+fn slice(
+    x: &Tensor,
+    starts: &[i64],
+    ends: &[i64],
+    axes: Option<&[i64]>,
+    steps: Option<&[i64]>,
+) -> Result<Tensor> {
+    let (shape, strides, offset) = slice_plan(x.shape(), starts, ends, axes, steps)?;
+    if shape == x.shape() && strides == contiguous_strides(x.shape()) {
+        return Ok(x.clone());
+    }
+    view_copy("Slice", x, &shape, &strides, offset)
+}
+
+fn build_gather(node: &Node) -> Result<Box<dyn Kernel>> {
+    let axis = node.get_i("axis", 0)?;
+    kernel(move |_cx, inputs| {
+        let x = tensor_in(inputs, 0)?;
+        let ind = tensor_in(inputs, 1)?;
+        if x.rank() == 0 {
+            bail!("Gather data must have rank >= 1");
+        }
+        let a = norm_axis(axis, x.rank())?;
+        let d = x.shape()[a];
+        let idx: Vec<usize> = index_values(ind)?
+            .into_iter()
+            .map(|i| wrap_index(i, d))
+            .collect::<Result<_>>()?;
+        out1(gather(x, a, &idx, ind.shape())?)
+    })
+}
+
+/// Takes the slices `idx` (already in range) of `x` along axis `a`; `ishape` is the shape the
+/// indices contribute to the output.
+fn gather(x: &Tensor, a: usize, idx: &[usize], ishape: &[usize]) -> Result<Tensor> {
+    let shape = x.shape();
+    let (outer, d, inner) = (prod(&shape[..a]), shape[a], prod(&shape[a + 1..]));
+    let mut oshape = shape[..a].to_vec();
+    oshape.extend_from_slice(ishape);
+    oshape.extend_from_slice(&shape[a + 1..]);
+    let dt = x.dtype();
+    if numel(&oshape)? == 0 {
+        return Tensor::zeros(dt, &oshape);
+    }
+    dispatch_item!(dt, T => {
+        let src = T::load(x)?;
+        let mut out = Vec::with_capacity(outer * idx.len() * inner);
+        for o in 0..outer {
+            let row = &src[o * d * inner..(o + 1) * d * inner];
+            if inner == 1 {
+                out.extend(idx.iter().map(|&i| row[i].clone()));
+            } else {
+                for &i in idx {
+                    out.extend_from_slice(&row[i * inner..(i + 1) * inner]);
+                }
+            }
+        }
+        T::store(dt, &oshape, out)
+    }, else unsupported_type("Gather", dt))
+}
+
+/// Checks GatherElements/ScatterElements shapes and returns, for every index position, the
+/// data offset of its target element.
+fn element_targets(data: &[usize], ishape: &[usize], ind: &[i64], a: usize) -> Result<Vec<usize>> {
+    if ishape.len() != data.len() {
+        bail!("indices {ishape:?} and data {data:?} differ in rank");
+    }
+    for (i, (&n, &d)) in ishape.iter().zip(data).enumerate() {
+        if i != a && n > d {
+            bail!("indices {ishape:?} exceed data {data:?} on axis {i}");
+        }
+    }
+    let ds: Vec<usize> = contiguous_strides(data)
+        .iter()
+        .map(|&s| s as usize)
+        .collect();
+    let mut offs = offsets_except(ishape, &ds, a);
+    for (o, &i) in offs.iter_mut().zip(ind) {
+        *o += wrap_index(i, data[a])? * ds[a];
+    }
+    Ok(offs)
+}
+
+fn build_gather_elements(node: &Node) -> Result<Box<dyn Kernel>> {
+    let axis = node.get_i("axis", 0)?;
+    kernel(move |_cx, inputs| {
+        let x = tensor_in(inputs, 0)?;
+        let ind = tensor_in(inputs, 1)?;
+        if x.rank() == 0 {
+            bail!("GatherElements data must have rank >= 1");
+        }
+        let a = norm_axis(axis, x.rank())?;
+        let offs = element_targets(x.shape(), ind.shape(), &index_values(ind)?, a)?;
+        let dt = x.dtype();
+        if offs.is_empty() {
+            return out1(Tensor::zeros(dt, ind.shape())?);
+        }
+        out1(dispatch_item!(dt, T => {
+            let src = T::load(x)?;
+            T::store(dt, ind.shape(), offs.iter().map(|&o| src[o].clone()).collect())
+        }, else unsupported_type("GatherElements", dt))?)
+    })
+}
+
+fn build_gather_nd(node: &Node) -> Result<Box<dyn Kernel>> {
+    let b = node.get_i("batch_dims", 0)?;
+    if b < 0 {
+        bail!("GatherND batch_dims must be >= 0");
+    }
+    let b = b as usize;
+    kernel(move |_cx, inputs| {
+        let x = tensor_in(inputs, 0)?;
+        let ind = tensor_in(inputs, 1)?;
+        let (offs, slice, oshape) = nd_targets(x.shape(), ind.shape(), &index_values(ind)?, b)?;
+        let dt = x.dtype();
+        if numel(&oshape)? == 0 {
+            return out1(Tensor::zeros(dt, &oshape)?);
+        }
+        out1(dispatch_item!(dt, T => {
+            let src = T::load(x)?;
+            let mut out = Vec::with_capacity(offs.len() * slice);
+            for &o in &offs {
+                out.extend_from_slice(&src[o..o + slice]);
+            }
+            T::store(dt, &oshape, out)
+        }, else unsupported_type("GatherND", dt))?)
+    })
+}
+
+/// GatherND/ScatterND addressing: the data offset of every index tuple, the size of the slice
+/// each one addresses, and the gathered (= updates) shape.
+fn nd_targets(
+    data: &[usize],
+    ishape: &[usize],
+    ind: &[i64],
+    b: usize,
+) -> Result<(Vec<usize>, usize, Vec<usize>)> {
+    let r = data.len();
+    let q = ishape.len();
+    if q == 0 || r == 0 {
+        bail!("GatherND/ScatterND data and indices must have rank >= 1");
+    }
+    let k = ishape[q - 1];
+    if b >= q || b + k > r {
+        bail!("indices {ishape:?} (batch_dims {b}) do not fit data {data:?}");
+    }
+    if data[..b] != ishape[..b] {
+        bail!("batch dims of data {data:?} and indices {ishape:?} differ");
+    }
+    let cs = contiguous_strides(data);
+    let batch = prod(&data[..b]);
+    let bstride = prod(&data[b..]);
+    let per = prod(&ishape[b..q - 1]);
+    let slice = prod(&data[b + k..]);
+    let mut offs = Vec::with_capacity(batch * per);
+    for bi in 0..batch {
+        for j in 0..per {
+            let t = (bi * per + j) * k;
+            let mut off = bi * bstride;
+            for m in 0..k {
+                off += wrap_index(ind[t + m], data[b + m])? * cs[b + m] as usize;
+            }
+            offs.push(off);
+        }
+    }
+    let mut oshape = ishape[..q - 1].to_vec();
+    oshape.extend_from_slice(&data[b + k..]);
+    Ok((offs, slice, oshape))
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Reduction {
+    None,
+    Add,
+    Mul,
+    Max,
+    Min,
+}
+
+fn reduction_attr(node: &Node) -> Result<Reduction> {
+    Ok(match node.get_s("reduction", "none")?.as_str() {
+        "none" => Reduction::None,
+        "add" => Reduction::Add,
+        "mul" => Reduction::Mul,
+        "max" => Reduction::Max,
+        "min" => Reduction::Min,
+        r => unsupported!("reduction '{r}' is not supported"),
+    })
+}
+
+/// True for values unequal to themselves (NaN).
+#[allow(clippy::eq_op)]
+#[inline]
+fn is_nan<T: PartialEq>(v: &T) -> bool {
+    v != v
+}
+
+#[inline]
+fn reduce_into<T: Num>(red: Reduction, a: &mut T, b: T) {
+    *a = match red {
+        Reduction::None => b,
+        Reduction::Add => a.add(b),
+        Reduction::Mul => a.mul(b),
+        Reduction::Max => {
+            if b > *a || is_nan(&b) {
+                b
+            } else {
+                *a
+            }
+        }
+        Reduction::Min => {
+            if b < *a || is_nan(&b) {
+                b
+            } else {
+                *a
+            }
+        }
+    }
+}
+
+/// Writes `upd[j*slice..][..slice]` into `data[offs[j]..][..slice]` for every j, combining
+/// with `red`.
+fn scatter_into(
+    op: &str,
+    x: &Tensor,
+    upd: &Tensor,
+    offs: &[usize],
+    slice: usize,
+    red: Reduction,
+) -> Result<Tensor> {
+    let dt = x.dtype();
+    if upd.dtype() != dt {
+        bail!("{op} updates are {}, data is {dt}", upd.dtype());
+    }
+    if upd.len() != offs.len() * slice {
+        bail!("{op} updates {:?} do not match the indices", upd.shape());
+    }
+    if red == Reduction::None {
+        return dispatch_item!(dt, T => {
+            let mut out = T::load(x)?.into_owned();
+            let u = T::load(upd)?;
+            for (j, &o) in offs.iter().enumerate() {
+                out[o..o + slice].clone_from_slice(&u[j * slice..(j + 1) * slice]);
+            }
+            T::store(dt, x.shape(), out)
+        }, else unsupported_type(op, dt));
+    }
+    if dt == DataType::Bool {
+        unsupported!("{op} with a reduction does not support bool");
+    }
+    dispatch_num!(dt, T => {
+        let mut out = T::load(x)?.into_owned();
+        let u = T::load(upd)?;
+        for (j, &o) in offs.iter().enumerate() {
+            for (a, &b) in out[o..o + slice].iter_mut().zip(&u[j * slice..(j + 1) * slice]) {
+                reduce_into(red, a, b);
+            }
+        }
+        T::store(dt, x.shape(), out)
+    }, else unsupported_type(op, dt))
+}
+
+fn build_scatter_elements(node: &Node) -> Result<Box<dyn Kernel>> {
+    let axis = node.get_i("axis", 0)?;
+    let red = reduction_attr(node)?;
+    kernel(move |_cx, inputs| {
+        let x = tensor_in(inputs, 0)?;
+        let ind = tensor_in(inputs, 1)?;
+        let upd = tensor_in(inputs, 2)?;
+        if x.rank() == 0 {
+            bail!("ScatterElements data must have rank >= 1");
+        }
+        if upd.shape() != ind.shape() {
+            bail!(
+                "ScatterElements updates {:?} and indices {:?} differ",
+                upd.shape(),
+                ind.shape()
+            );
+        }
+        let a = norm_axis(axis, x.rank())?;
+        let offs = element_targets(x.shape(), ind.shape(), &index_values(ind)?, a)?;
+        out1(scatter_into("ScatterElements", x, upd, &offs, 1, red)?)
+    })
+}
+
+fn build_scatter_nd(node: &Node) -> Result<Box<dyn Kernel>> {
+    let red = reduction_attr(node)?;
+    kernel(move |_cx, inputs| {
+        let x = tensor_in(inputs, 0)?;
+        let ind = tensor_in(inputs, 1)?;
+        let upd = tensor_in(inputs, 2)?;
+        let (offs, slice, ushape) = nd_targets(x.shape(), ind.shape(), &index_values(ind)?, 0)?;
+        if upd.shape() != ushape.as_slice() {
+            bail!(
+                "ScatterND updates {:?} should have shape {ushape:?}",
+                upd.shape()
+            );
+        }
+        out1(scatter_into("ScatterND", x, upd, &offs, slice, red)?)
+    })
+}
+
+fn build_expand(_node: &Node) -> Result<Box<dyn Kernel>> {
+    kernel(|_cx, inputs| {
+        let x = tensor_in(inputs, 0)?;
+        let target = dims_of(&ints_of(tensor_in(inputs, 1)?)?)?;
+        let shape = broadcast_shapes(x.shape(), &target)?;
+        numel(&shape)?;
+        if shape == x.shape() {
+            return out1(x.clone());
+        }
+        let strides = broadcast_strides(x.shape(), &shape)?;
+        out1(view_copy("Expand", x, &shape, &strides, 0)?)
+    })
+}
+
+fn build_tile(node: &Node) -> Result<Box<dyn Kernel>> {
+    let v1 = node.opset < 6;
+    kernel(move |_cx, inputs| {
+        let x = tensor_in(inputs, 0)?;
+        let r = x.rank();
+        let reps: Vec<usize> = if v1 {
+            let tiles = scalar_i64(tensor_in(inputs, 1)?, "Tile tiles")?;
+            let axis = norm_axis(scalar_i64(tensor_in(inputs, 2)?, "Tile axis")?, r)?;
+            let mut reps = vec![1usize; r];
+            reps[axis] = dims_of(&[tiles])?[0];
+            reps
+        } else {
+            dims_of(&ints_of(tensor_in(inputs, 1)?)?)?
+        };
+        if reps.len() != r {
+            bail!("Tile repeats {reps:?} do not match rank {r}");
+        }
+        out1(tile(x, &reps)?)
+    })
+}
+
+/// Tiles `x`: output `[r0*d0, r1*d1, ...]` read as `[r0, d0, r1, d1, ...]` with zero strides
+/// on the repeat dims.
+fn tile(x: &Tensor, reps: &[usize]) -> Result<Tensor> {
+    let cs = contiguous_strides(x.shape());
+    let mut vshape = Vec::with_capacity(2 * reps.len());
+    let mut vstr = Vec::with_capacity(2 * reps.len());
+    let mut oshape = Vec::with_capacity(reps.len());
+    for i in 0..reps.len() {
+        vshape.push(reps[i]);
+        vstr.push(0);
+        vshape.push(x.shape()[i]);
+        vstr.push(cs[i]);
+        oshape.push(
+            reps[i]
+                .checked_mul(x.shape()[i])
+                .ok_or_else(|| Error::Shape("Tile output is too large".into()))?,
+        );
+    }
+    numel(&oshape)?;
+    if reps.iter().all(|&r| r == 1) {
+        return Ok(x.clone());
+    }
+    view_copy("Tile", x, &vshape, &vstr, 0)?.reshape(&oshape)
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum PadMode {
+    Constant,
+    Reflect,
+    Edge,
+    Wrap,
+}
+
+fn build_pad(node: &Node) -> Result<Box<dyn Kernel>> {
+    let mode = match node.get_s("mode", "constant")?.as_str() {
+        "constant" => PadMode::Constant,
+        "reflect" => PadMode::Reflect,
+        "edge" => PadMode::Edge,
+        "wrap" => PadMode::Wrap,
+        m => unsupported!("Pad mode '{m}' is not supported"),
+    };
+    if node.opset < 11 {
+        let name = if node.opset < 2 { "paddings" } else { "pads" };
+        let Some(pads) = node.attr_ints(name)? else {
+            bail!("Pad needs a '{name}' attribute before opset 11");
+        };
+        let value = node.get_f("value", 0.0)? as f64;
+        return kernel(move |_cx, inputs| {
+            let x = tensor_in(inputs, 0)?;
+            let dt = x.dtype();
+            out1(
+                dispatch_num!(dt, T => pad_t::<T>(x, &pads, mode, T::from_f64(value)),
+                else unsupported_type("Pad", dt))?,
+            )
+        });
+    }
+    kernel(move |_cx, inputs| {
+        let x = tensor_in(inputs, 0)?;
+        let r = x.rank();
+        let raw = ints_of(tensor_in(inputs, 1)?)?;
+        let cval = opt_tensor_in(inputs, 2)?.filter(|t| !t.is_empty());
+        let pads = match opt_tensor_in(inputs, 3)? {
+            None => raw,
+            Some(axes) => {
+                let axes = ints_of(axes)?;
+                let n = axes.len();
+                if raw.len() != 2 * n {
+                    bail!("Pad has {} pads for {n} axes", raw.len());
+                }
+                let mut full = vec![0i64; 2 * r];
+                for (i, &a) in axes.iter().enumerate() {
+                    let a = norm_axis(a, r)?;
+                    full[a] = raw[i];
+                    full[r + a] = raw[n + i];
+                }
+                full
+            }
+        };
+        let dt = x.dtype();
+        out1(dispatch_item!(dt, T => {
+            let c = match cval {
+                Some(c) => T::load(c)?[0].clone(),
+                None => T::zero(),
+            };
+            pad_t::<T>(x, &pads, mode, c)
+        }, else unsupported_type("Pad", dt))?)
+    })
+}
+
+/// Source index along one axis for each output position (`None`: the constant).
+fn pad_axis_map(d: usize, pb: i64, pe: i64, mode: PadMode) -> Result<Vec<Option<usize>>> {
+    let d = d as i64;
+    // negative pads crop first
+    let lo = (-pb).max(0);
+    let hi = d - (-pe).max(0);
+    let cd = hi - lo;
+    if cd < 0 {
+        bail!("Pad crops more than the dimension of {d}");
+    }
+    let (pb, pe) = (pb.max(0), pe.max(0));
+    let out = cd + pb + pe;
+    if out > 0 && cd == 0 && mode != PadMode::Constant {
+        bail!("Pad mode {mode:?} cannot pad an empty dimension");
+    }
+    Ok((0..out)
+        .map(|o| {
+            let j = o - pb;
+            let k = if (0..cd).contains(&j) {
+                j
+            } else {
+                match mode {
+                    PadMode::Constant => return None,
+                    PadMode::Edge => j.clamp(0, cd - 1),
+                    PadMode::Wrap => j.rem_euclid(cd),
+                    PadMode::Reflect => {
+                        if cd == 1 {
+                            0
+                        } else {
+                            let p = 2 * (cd - 1);
+                            let m = j.rem_euclid(p);
+                            if m >= cd {
+                                p - m
+                            } else {
+                                m
+                            }
+                        }
+                    }
+                }
+            };
+            Some((lo + k) as usize)
+        })
+        .collect())
+}
+
+fn push_mapped<T: Clone>(out: &mut Vec<T>, src: &[T], b: usize, map: &[Option<usize>], c: &T) {
+    out.extend(map.iter().map(|m| match m {
+        Some(s) => src[b + s].clone(),
+        None => c.clone(),
+    }));
+}
+
+fn pad_t<T: Item>(x: &Tensor, pads: &[i64], mode: PadMode, cval: T) -> Result<Tensor> {
+    let shape = x.shape();
+    let r = shape.len();
+    if pads.len() != 2 * r {
+        bail!("Pad has {} pads for rank {r}", pads.len());
+    }
+    let maps: Vec<Vec<Option<usize>>> = (0..r)
+        .map(|i| pad_axis_map(shape[i], pads[i], pads[r + i], mode))
+        .collect::<Result<_>>()?;
+    let oshape: Vec<usize> = maps.iter().map(|m| m.len()).collect();
+    let n = numel(&oshape)?;
+    let dt = x.dtype();
+    if r == 0 {
+        return Ok(x.clone());
+    }
+    let mut out = Vec::with_capacity(n);
+    if n > 0 {
+        let src = T::load(x)?;
+        let cs = contiguous_strides(shape);
+        let last = &maps[r - 1];
+        // the run of the last axis that copies a contiguous source range
+        let run = last.iter().position(|m| m.is_some()).map(|s| {
+            let mut e = s + 1;
+            while e < last.len() && last[e].is_some() && last[e] == last[e - 1].map(|v| v + 1) {
+                e += 1;
+            }
+            (s, e)
+        });
+        let outer = &oshape[..r - 1];
+        let mut idx = vec![0usize; r - 1];
+        let rows = prod(outer);
+        for _ in 0..rows {
+            let mut base = Some(0usize);
+            for (ax, &i) in idx.iter().enumerate() {
+                base = match (base, maps[ax][i]) {
+                    (Some(b), Some(s)) => Some(b + s * cs[ax] as usize),
+                    _ => None,
+                };
+            }
+            match base {
+                None => out.extend(core::iter::repeat_n(&cval, last.len()).cloned()),
+                Some(b) => {
+                    let (s, e) = run.unwrap_or((last.len(), last.len()));
+                    push_mapped(&mut out, &src, b, &last[..s], &cval);
+                    if e > s {
+                        let s0 = b + last[s].unwrap_or(0);
+                        out.extend_from_slice(&src[s0..s0 + (e - s)]);
+                    }
+                    push_mapped(&mut out, &src, b, &last[e..], &cval);
+                }
+            }
+            let mut ax = r - 1;
+            while ax > 0 {
+                ax -= 1;
+                idx[ax] += 1;
+                if idx[ax] < outer[ax] {
+                    break;
+                }
+                idx[ax] = 0;
+            }
+        }
+    }
+    T::store(dt, &oshape, out)
+}
+
+// ----------------------------------------------------------------------------- generators
+
+fn build_constant_of_shape(node: &Node) -> Result<Box<dyn Kernel>> {
+    let value = match node.attr_t("value")? {
+        Some(v) => {
+            if v.len() != 1 {
+                bail!("ConstantOfShape value must have one element");
+            }
+            v.clone()
+        }
+        None => Tensor::scalar(0f32),
+    };
+    kernel(move |_cx, inputs| {
+        let shape = dims_of(&ints_of(tensor_in(inputs, 0)?)?)?;
+        out1(fill(&value, &shape)?)
+    })
+}
+
+/// A tensor of `shape` filled with the single element of `v`.
+fn fill(v: &Tensor, shape: &[usize]) -> Result<Tensor> {
+    let n = numel(shape)?;
+    let dt = v.dtype();
+    if dt.is_sub_byte() {
+        let bits = dt.bits();
+        let e = v.raw_bytes()?.first().copied().unwrap_or(0) & ((1u8 << bits) - 1);
+        let pat = if bits == 4 { e | (e << 4) } else { e * 0x55 };
+        let mut bytes = vec![pat; dt.storage_bytes(n).unwrap_or(0)];
+        let tail = (n * bits) % 8;
+        if let (Some(l), true) = (bytes.last_mut(), tail != 0) {
+            *l &= (1u8 << tail) - 1;
+        }
+        return Tensor::from_data(dt, shape.to_vec(), Data::Raw(bytes));
+    }
+    dispatch_item!(dt, T => {
+        let e = T::load(v)?[0].clone();
+        T::store(dt, shape, vec![e; n])
+    }, else unsupported_type("ConstantOfShape", dt))
+}
+
+fn build_range(node: &Node) -> Result<Box<dyn Kernel>> {
+    let stash = node.get_i("stash_type", 1)?;
+    if stash != 1 && stash != 11 {
+        unsupported!("Range stash_type {stash} is not supported");
+    }
+    kernel(move |_cx, inputs| {
+        let s = tensor_in(inputs, 0)?;
+        let l = tensor_in(inputs, 1)?;
+        let d = tensor_in(inputs, 2)?;
+        let dt = s.dtype();
+        if l.dtype() != dt || d.dtype() != dt {
+            bail!("Range inputs differ in element type");
+        }
+        if s.len() != 1 || l.len() != 1 || d.len() != 1 {
+            bail!("Range inputs must be scalars");
+        }
+        if dt == DataType::Bool {
+            return out1(unsupported_type("Range", dt)?);
+        }
+        out1(
+            dispatch_num!(dt, T => range_t::<T>(s, l, d, stash), else unsupported_type("Range", dt))?,
+        )
+    })
+}
+
+fn range_t<T: Num>(s: &Tensor, l: &Tensor, d: &Tensor, stash: i64) -> Result<Tensor> {
+    let dt = s.dtype();
+    if dt.is_float() {
+        let (s, l, d) = (
+            T::load(s)?[0].to_f64(),
+            T::load(l)?[0].to_f64(),
+            T::load(d)?[0].to_f64(),
+        );
+        if d == 0.0 {
+            bail!("Range delta cannot be 0");
+        }
+        let n = libm::ceil((l - s) / d);
+        let n = if n > 0.0 { n as usize } else { 0 };
+        numel(&[n])?;
+        if n > (isize::MAX as usize) / 16 {
+            bail!("Range output of {n} elements is too large");
+        }
+        let low = matches!(dt, DataType::Float16 | DataType::Bfloat16) && stash == 1;
+        let v: Vec<T> = (0..n)
+            .map(|i| {
+                if low {
+                    T::from_f64((s as f32 + i as f32 * d as f32) as f64)
+                } else {
+                    T::from_f64(s + i as f64 * d)
+                }
+            })
+            .collect();
+        return T::store(dt, &[n], v);
+    }
+    let (s, l, d) = (
+        scalar_i64(s, "start")? as i128,
+        scalar_i64(l, "limit")? as i128,
+        scalar_i64(d, "delta")? as i128,
+    );
+    if d == 0 {
+        bail!("Range delta cannot be 0");
+    }
+    let span = l - s;
+    let n = if (span > 0) == (d > 0) && span != 0 {
+        (span.abs() + d.abs() - 1) / d.abs()
+    } else {
+        0
+    };
+    if n > (isize::MAX as i128) / 16 {
+        bail!("Range output of {n} elements is too large");
+    }
+    let v: Vec<T> = (0..n).map(|i| T::from_i64((s + i * d) as i64)).collect();
+    T::store(dt, &[n as usize], v)
+}
+
+fn build_constant(node: &Node) -> Result<Box<dyn Kernel>> {
+    let t = if let Some(t) = node.attr_t("value")? {
+        t.clone()
+    } else if let Some(t) = node.attr_t("sparse_value")? {
+        t.clone()
+    } else if let Some(v) = node.attr_f("value_float")? {
+        Tensor::scalar(v)
+    } else if let Some(v) = node.attr_floats("value_floats")? {
+        Tensor::from_vec(&[v.len()], v)?
+    } else if let Some(v) = node.attr_i("value_int")? {
+        Tensor::scalar(v)
+    } else if let Some(v) = node.attr_ints("value_ints")? {
+        Tensor::from_vec(&[v.len()], v)?
+    } else if let Some(v) = node.attr_s("value_string")? {
+        Tensor::scalar(v)
+    } else if let Some(v) = node.attr_strings("value_strings")? {
+        Tensor::from_vec(&[v.len()], v)?
+    } else {
+        bail!("Constant has no value attribute");
+    };
+    kernel(move |_cx, _inputs| out1(t.clone()))
+}
+
+fn build_nonzero(_node: &Node) -> Result<Box<dyn Kernel>> {
+    kernel(|_cx, inputs| {
+        let x = tensor_in(inputs, 0)?;
+        let dt = x.dtype();
+        out1(dispatch_plain!(dt, T => {
+            let v = T::load(x)?;
+            let shape = if x.rank() == 0 { vec![1] } else { x.shape().to_vec() };
+            let r = shape.len();
+            let hits: Vec<usize> = (0..v.len()).filter(|&i| v[i].truthy()).collect();
+            let nnz = hits.len();
+            let mut out = vec![0i64; r * nnz];
+            for (j, &h) in hits.iter().enumerate() {
+                let mut rem = h;
+                for ax in (0..r).rev() {
+                    out[ax * nnz + j] = (rem % shape[ax]) as i64;
+                    rem /= shape[ax];
+                }
+            }
+            Tensor::from_vec(&[r, nnz], out)
+        }, else unsupported_type("NonZero", dt))?)
+    })
+}
+
+fn build_onehot(node: &Node) -> Result<Box<dyn Kernel>> {
+    let axis = node.get_i("axis", -1)?;
+    kernel(move |_cx, inputs| {
+        let ind = tensor_in(inputs, 0)?;
+        let depth = scalar_i64(tensor_in(inputs, 1)?, "OneHot depth")?;
+        let vals = tensor_in(inputs, 2)?;
+        if depth < 1 {
+            bail!("OneHot depth must be positive, is {depth}");
+        }
+        if vals.len() != 2 {
+            bail!("OneHot values must have two elements");
+        }
+        let idx = ind.to_i64_vec()?;
+        let a = norm_axis_incl(axis, ind.rank())?;
+        let d = depth as usize;
+        let mut oshape = ind.shape().to_vec();
+        oshape.insert(a, d);
+        let n = numel(&oshape)?;
+        let inner = prod(&ind.shape()[a..]);
+        let dt = vals.dtype();
+        out1(dispatch_item!(dt, T => {
+            let v = T::load(vals)?;
+            let mut out = vec![v[0].clone(); n];
+            for (p, &i) in idx.iter().enumerate() {
+                let i = if i < 0 { i + depth } else { i };
+                if (0..depth).contains(&i) {
+                    let (o, q) = (p / inner.max(1), p % inner.max(1));
+                    out[(o * d + i as usize) * inner + q] = v[1].clone();
+                }
+            }
+            T::store(dt, &oshape, out)
+        }, else unsupported_type("OneHot", dt))?)
+    })
+}
+
+fn build_trilu(node: &Node) -> Result<Box<dyn Kernel>> {
+    let upper = node.get_i("upper", 1)? != 0;
+    kernel(move |_cx, inputs| {
+        let x = tensor_in(inputs, 0)?;
+        let k = match opt_tensor_in(inputs, 1)? {
+            Some(t) => scalar_i64(t, "Trilu k")?,
+            None => 0,
+        };
+        let r = x.rank();
+        if r < 2 {
+            bail!("Trilu input must have rank >= 2");
+        }
+        let (rows, cols) = (x.shape()[r - 2], x.shape()[r - 1]);
+        let dt = x.dtype();
+        out1(dispatch_item!(dt, T => {
+            let mut v = T::load(x)?.into_owned();
+            for (p, e) in v.iter_mut().enumerate() {
+                let i = ((p / cols.max(1)) % rows.max(1)) as i64;
+                let j = (p % cols.max(1)) as i64;
+                let keep = if upper { j - i >= k } else { j - i <= k };
+                if !keep {
+                    *e = T::zero();
+                }
+            }
+            T::store(dt, x.shape(), v)
+        }, else unsupported_type("Trilu", dt))?)
+    })
+}
+
+fn build_eyelike(node: &Node) -> Result<Box<dyn Kernel>> {
+    let dtype = match node.attr_i("dtype")? {
+        Some(c) => Some(
+            DataType::from_code(c as i32)
+                .ok_or_else(|| Error::Other(alloc::format!("unknown EyeLike dtype {c}")))?,
+        ),
+        None => None,
+    };
+    let k = node.get_i("k", 0)?;
+    kernel(move |_cx, inputs| {
+        let x = tensor_in(inputs, 0)?;
+        if x.rank() != 2 {
+            bail!("EyeLike input must be 2-D");
+        }
+        let (rows, cols) = (x.shape()[0], x.shape()[1]);
+        let dt = dtype.unwrap_or(x.dtype());
+        out1(dispatch_num!(dt, T => {
+            let mut v = vec![T::zero(); rows * cols];
+            for i in 0..rows {
+                let j = i as i64 + k;
+                if (0..cols as i64).contains(&j) {
+                    v[i * cols + j as usize] = T::from_f64(1.0);
+                }
+            }
+            T::store(dt, x.shape(), v)
+        }, else unsupported_type("EyeLike", dt))?)
+    })
+}
+
+fn block_mode(node: &Node, op: &str) -> Result<(usize, bool)> {
+    let b = match node.attr_i("blocksize")? {
+        Some(b) if b > 0 => b as usize,
+        _ => bail!("{op} needs a positive 'blocksize' attribute"),
+    };
+    let crd = match node.get_s("mode", "DCR")?.as_str() {
+        "DCR" => false,
+        "CRD" => true,
+        m => unsupported!("{op} mode '{m}' is not supported"),
+    };
+    Ok((b, crd))
+}
+
+fn build_depth_to_space(node: &Node) -> Result<Box<dyn Kernel>> {
+    let (b, crd) = block_mode(node, "DepthToSpace")?;
+    kernel(move |_cx, inputs| {
+        let x = tensor_in(inputs, 0)?;
+        let &[n, c, h, w] = x.shape() else {
+            bail!("DepthToSpace input must be 4-D");
+        };
+        if c % (b * b) != 0 {
+            bail!("DepthToSpace channels {c} are not a multiple of blocksize^2");
+        }
+        let c2 = c / (b * b);
+        let (v, perm) = if crd {
+            ([n, c2, b, b, h, w], [0, 1, 4, 2, 5, 3])
+        } else {
+            ([n, b, b, c2, h, w], [0, 3, 4, 1, 5, 2])
+        };
+        let t = permute_copy("DepthToSpace", &x.reshape(&v)?, &perm)?;
+        out1(t.reshape(&[n, c2, h * b, w * b])?)
+    })
+}
+
+fn build_space_to_depth(node: &Node) -> Result<Box<dyn Kernel>> {
+    let (b, crd) = block_mode(node, "SpaceToDepth")?;
+    kernel(move |_cx, inputs| {
+        let x = tensor_in(inputs, 0)?;
+        let &[n, c, h, w] = x.shape() else {
+            bail!("SpaceToDepth input must be 4-D");
+        };
+        if h % b != 0 || w % b != 0 {
+            bail!("SpaceToDepth spatial dims {h}x{w} are not multiples of blocksize {b}");
+        }
+        let v = [n, c, h / b, b, w / b, b];
+        let perm = if crd {
+            [0, 1, 3, 5, 2, 4]
+        } else {
+            [0, 3, 5, 1, 2, 4]
+        };
+        let t = permute_copy("SpaceToDepth", &x.reshape(&v)?, &perm)?;
+        out1(t.reshape(&[n, c * b * b, h / b, w / b])?)
+    })
+}
+
+fn build_reverse_sequence(node: &Node) -> Result<Box<dyn Kernel>> {
+    let ba = node.get_i("batch_axis", 1)?;
+    let ta = node.get_i("time_axis", 0)?;
+    if !matches!((ba, ta), (0, 1) | (1, 0)) {
+        unsupported!("ReverseSequence batch_axis={ba}, time_axis={ta} is not supported");
+    }
+    kernel(move |_cx, inputs| {
+        let x = tensor_in(inputs, 0)?;
+        let lens = tensor_in(inputs, 1)?.to_i64_vec()?;
+        if x.rank() < 2 {
+            bail!("ReverseSequence input must have rank >= 2");
+        }
+        let s = x.shape();
+        let (batch, time) = if ba == 0 { (s[0], s[1]) } else { (s[1], s[0]) };
+        if lens.len() != batch {
+            bail!(
+                "ReverseSequence has {} lengths for {batch} sequences",
+                lens.len()
+            );
+        }
+        for &l in &lens {
+            if l < 0 || l as usize > time {
+                bail!("ReverseSequence length {l} is out of range for {time} steps");
+            }
+        }
+        let inner = prod(&s[2..]);
+        let dt = x.dtype();
+        out1(dispatch_item!(dt, T => {
+            let src = T::load(x)?;
+            let mut out = Vec::with_capacity(src.len());
+            for a0 in 0..s[0] {
+                for a1 in 0..s[1] {
+                    let (b, t) = if ba == 0 { (a0, a1) } else { (a1, a0) };
+                    let l = lens[b] as usize;
+                    let st = if t < l { l - 1 - t } else { t };
+                    let p = if ba == 0 { b * s[1] + st } else { st * s[1] + b };
+                    out.extend_from_slice(&src[p * inner..(p + 1) * inner]);
+                }
+            }
+            T::store(dt, s, out)
+        }, else unsupported_type("ReverseSequence", dt))?)
+    })
+}
+
+fn build_compress(node: &Node) -> Result<Box<dyn Kernel>> {
+    let axis = node.attr_i("axis")?;
+    kernel(move |_cx, inputs| {
+        let x = tensor_in(inputs, 0)?;
+        let cond = tensor_in(inputs, 1)?;
+        if cond.dtype() != DataType::Bool {
+            bail!("Compress condition must be bool");
+        }
+        let c = cond.as_slice::<bool>()?;
+        let (x, a) = match axis {
+            Some(a) => (x.clone(), norm_axis(a, x.rank())?),
+            None => (x.reshape(&[x.len()])?, 0),
+        };
+        if x.rank() == 0 {
+            bail!("Compress input must have rank >= 1");
+        }
+        let d = x.shape()[a];
+        let idx: Vec<usize> = (0..c.len()).filter(|&i| c[i]).collect();
+        if idx.last().is_some_and(|&i| i >= d) {
+            bail!("Compress condition selects past the end of a dim of {d}");
+        }
+        out1(gather(&x, a, &idx, &[idx.len()])?)
+    })
+}
+
+fn build_unique(node: &Node) -> Result<Box<dyn Kernel>> {
+    let axis = node.attr_i("axis")?;
+    let sorted = node.get_i("sorted", 1)? != 0;
+    kernel(move |_cx, inputs| {
+        let x = tensor_in(inputs, 0)?;
+        let dt = x.dtype();
+        dispatch_plain!(dt, T => unique_t::<T>(x, axis, sorted), else Err(bad_type("Unique", dt)))
+    })
+}
+
+fn unique_t<T: Plain>(x: &Tensor, axis: Option<i64>, sorted: bool) -> Result<Vec<Value>> {
+    // rows: items along the axis (or single elements), each `w` elements long
+    let (rows, n, w, a) = match axis {
+        None => (T::load(x)?.into_owned(), x.len(), 1, None),
+        Some(ax) => {
+            if x.rank() == 0 {
+                bail!("Unique with an axis needs rank >= 1");
+            }
+            let a = norm_axis(ax, x.rank())?;
+            let mut perm: Vec<usize> = vec![a];
+            perm.extend((0..x.rank()).filter(|&i| i != a));
+            let shape: Vec<usize> = perm.iter().map(|&p| x.shape()[p]).collect();
+            let cs = contiguous_strides(x.shape());
+            let strides: Vec<isize> = perm.iter().map(|&p| cs[p]).collect();
+            let v = copy_strided(&T::load(x)?, &shape, &strides, 0);
+            let n = x.shape()[a];
+            (v, n, prod(&shape[1..]), Some(a))
+        }
+    };
+    let row = |i: usize| &rows[i * w..(i + 1) * w];
+    let cmp = |i: usize, j: usize| -> Ordering {
+        for (p, q) in row(i).iter().zip(row(j)) {
+            let o = p.total_cmp(q);
+            if o != Ordering::Equal {
+                return o;
+            }
+        }
+        Ordering::Equal
+    };
+    let mut order: Vec<usize> = (0..n).collect();
+    if w > 0 {
+        order.sort_by(|&i, &j| cmp(i, j).then(i.cmp(&j)));
+    }
+    // groups in sorted order: (first index, count)
+    let mut groups: Vec<(usize, usize)> = Vec::new();
+    let mut group_of = vec![0usize; n];
+    for &i in &order {
+        match groups.last_mut() {
+            Some((f, c)) if cmp(*f, i) == Ordering::Equal => {
+                *c += 1;
+            }
+            _ => groups.push((i, 1)),
+        }
+        group_of[i] = groups.len() - 1;
+    }
+    let mut pos: Vec<usize> = (0..groups.len()).collect();
+    if !sorted {
+        let mut by_first: Vec<usize> = (0..groups.len()).collect();
+        by_first.sort_by_key(|&g| groups[g].0);
+        for (p, &g) in by_first.iter().enumerate() {
+            pos[g] = p;
+        }
+    }
+    let u = groups.len();
+    let mut firsts = vec![0usize; u];
+    let mut counts = vec![0i64; u];
+    for (g, &(f, c)) in groups.iter().enumerate() {
+        firsts[pos[g]] = f;
+        counts[pos[g]] = c as i64;
+    }
+    let inverse: Vec<i64> = (0..n).map(|i| pos[group_of[i]] as i64).collect();
+    let y = match a {
+        None => {
+            let v: Vec<T> = firsts.iter().map(|&f| rows[f].clone()).collect();
+            T::store(x.dtype(), &[u], v)?
+        }
+        Some(a) => gather(x, a, &firsts, &[u])?,
+    };
+    Ok(vec![
+        Value::Tensor(y),
+        Value::Tensor(Tensor::from_vec(
+            &[u],
+            firsts.iter().map(|&f| f as i64).collect(),
+        )?),
+        Value::Tensor(Tensor::from_vec(&[n], inverse)?),
+        Value::Tensor(Tensor::from_vec(&[u], counts)?),
+    ])
+}
+
+// ----------------------------------------------------------------------------- dropout
+
+/// MT19937, seeded like numpy's `RandomState(seed)`, so seeded training-mode Dropout draws
+/// the same mask as the ONNX reference.
+struct Mt19937 {
+    mt: [u32; 624],
+    idx: usize,
+}
+
+impl Mt19937 {
+    fn new(seed: u32) -> Self {
+        let mut mt = [0u32; 624];
+        mt[0] = seed;
+        for i in 1..624 {
+            mt[i] = 1812433253u32
+                .wrapping_mul(mt[i - 1] ^ (mt[i - 1] >> 30))
+                .wrapping_add(i as u32);
+        }
+        Mt19937 { mt, idx: 624 }
+    }
+    fn next_u32(&mut self) -> u32 {
+        if self.idx >= 624 {
+            for i in 0..624 {
+                let y = (self.mt[i] & 0x8000_0000) | (self.mt[(i + 1) % 624] & 0x7fff_ffff);
+                let mut v = self.mt[(i + 397) % 624] ^ (y >> 1);
+                if y & 1 != 0 {
+                    v ^= 0x9908_b0df;
+                }
+                self.mt[i] = v;
+            }
+            self.idx = 0;
+        }
+        let mut y = self.mt[self.idx];
+        self.idx += 1;
+        y ^= y >> 11;
+        y ^= (y << 7) & 0x9d2c_5680;
+        y ^= (y << 15) & 0xefc6_0000;
+        y ^ (y >> 18)
+    }
+    /// A double in [0, 1) with 53 random bits.
+    fn next_f64(&mut self) -> f64 {
+        let a = (self.next_u32() >> 5) as f64;
+        let b = (self.next_u32() >> 6) as f64;
+        (a * 67108864.0 + b) / 9007199254740992.0
+    }
+}
+
+fn build_dropout(node: &Node) -> Result<Box<dyn Kernel>> {
+    let opset = node.opset;
+    let want_mask = node.outputs.len() > 1 && node.outputs[1].is_some();
+    let seed = node.attr_i("seed")?;
+    if let Some(s) = seed {
+        if !(0..=u32::MAX as i64).contains(&s) {
+            unsupported!("Dropout seed {s} is outside [0, 2^32)");
+        }
+    }
+    let attr_ratio = node.get_f("ratio", 0.5)?;
+    kernel(move |_cx, inputs| {
+        let x = tensor_in(inputs, 0)?;
+        let dt = x.dtype();
+        // before opset 12 an inference runtime runs Dropout in test mode: Y = X
+        let (training, ratio, rdt) = if opset >= 12 {
+            let training = match opt_tensor_in(inputs, 2)? {
+                Some(t) => scalar_i64(t, "Dropout training_mode")? != 0,
+                None => false,
+            };
+            match opt_tensor_in(inputs, 1)? {
+                Some(r) if training => {
+                    if r.len() != 1 {
+                        bail!("Dropout ratio must be a scalar");
+                    }
+                    (true, r.to_f32_vec()?[0] as f64, r.dtype())
+                }
+                _ => (training, 0.5, DataType::Float),
+            }
+        } else {
+            (false, attr_ratio as f64, DataType::Float)
+        };
+        let mut outs = Vec::with_capacity(2);
+        if !training || ratio == 0.0 {
+            outs.push(Value::Tensor(x.clone()));
+            if want_mask {
+                let mask = if opset >= 10 {
+                    Tensor::from_vec(x.shape(), vec![true; x.len()])?
+                } else {
+                    dispatch_num!(dt, T => T::store(dt, x.shape(), vec![T::from_f64(1.0); x.len()])?,
+                        else return Err(bad_type("Dropout", dt)))
+                };
+                outs.push(Value::Tensor(mask));
+            }
+            return Ok(outs);
+        }
+        if !(0.0..1.0).contains(&ratio) {
+            bail!("Dropout ratio {ratio} is outside [0, 1)");
+        }
+        // numpy computes the scale 1 / (1 - ratio) in the ratio's precision
+        let scale = match rdt {
+            DataType::Float => (1.0f32 / (1.0f32 - ratio as f32)) as f64,
+            DataType::Float16 => {
+                let one_minus = f16::from_f64(1.0 - ratio).to_f64();
+                f16::from_f64(1.0 / one_minus).to_f64()
+            }
+            DataType::Bfloat16 => {
+                let one_minus = bf16::from_f64(1.0 - ratio).to_f64();
+                bf16::from_f64(1.0 / one_minus).to_f64()
+            }
+            _ => 1.0 / (1.0 - ratio),
+        };
+        let mut rng = Mt19937::new(seed.unwrap_or(0) as u32);
+        let keep: Vec<bool> = (0..x.len()).map(|_| rng.next_f64() >= ratio).collect();
+        let y = match dt {
+            DataType::Float | DataType::Double | DataType::Float16 | DataType::Bfloat16 => {
+                dispatch_num!(dt, T => {
+                    let v = T::load(x)?;
+                    let y: Vec<T> = v
+                        .iter()
+                        .zip(&keep)
+                        .map(|(&e, &k)| T::from_f64((if k { 1.0 } else { 0.0 } * e.to_f64()) * scale))
+                        .collect();
+                    T::store(dt, x.shape(), y)?
+                }, else return Err(bad_type("Dropout", dt)))
+            }
+            _ => return Err(bad_type("Dropout", dt)),
+        };
+        outs.push(Value::Tensor(y));
+        if want_mask {
+            outs.push(Value::Tensor(Tensor::from_vec(x.shape(), keep)?));
+        }
+        Ok(outs)
+    })
+}

@@ -1,0 +1,87 @@
+#!/usr/bin/env python3
+"""nxrt vs ONNX Runtime on the public corpus, measured in one run, interleaved (A B A B).
+
+For each model (its first reference case): REPS rounds; each round times ONNX Runtime (Python
+API, CPU EP, ORT_ENABLE_ALL, intra/inter-op threads = THREADS) over RUNS runs and then
+`nxrt bench --json` over RUNS runs (after WARMUP warm-up runs each), and keeps each round's
+median. Prints a markdown table of the medians over rounds and the nxrt/ORT ratio.
+
+usage: bench_vs_ort.py [--threads 1] [--reps 5] [--runs 10] [--only a,b] [--nxrt target/release/nxrt]
+Run with the corpus venv's python ($NXRT_CACHE/corpus-venv/bin/python), which has onnxruntime.
+"""
+import argparse, json, os, statistics, subprocess, sys, time
+
+import numpy as np
+import onnxruntime as ort
+
+CACHE = os.environ.get("NXRT_CACHE", os.path.expanduser("~/.cache/nxrt"))
+
+
+def ort_median(sess, feed, warmup, runs):
+    for _ in range(warmup):
+        sess.run(None, feed)
+    ts = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        sess.run(None, feed)
+        ts.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(ts)
+
+
+def nxrt_median(binary, model, inputs, threads, warmup, runs):
+    cmd = [binary, "bench", model, "--threads", str(threads), "--warmup", str(warmup),
+           "--runs", str(runs), "--json"]
+    for name, path in inputs:
+        cmd += ["--input", f"{name}={path}"]
+    out = subprocess.run(cmd, capture_output=True, text=True)
+    if out.returncode != 0:
+        raise RuntimeError(out.stderr.strip())
+    return json.loads(out.stdout)["median_ms"]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--runs", type=int, default=10)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--only", default="")
+    ap.add_argument("--nxrt", default=os.path.join(os.path.dirname(__file__), "..", "target", "release", "nxrt"))
+    a = ap.parse_args()
+    corpus = os.path.join(CACHE, "corpus")
+    models = sorted(m for m in os.listdir(corpus)
+                    if os.path.exists(os.path.join(corpus, m, "model.onnx")) and not m.startswith("tiny_llama_genai"))
+    if a.only:
+        models = [m for m in models if m in a.only.split(",")]
+    print(f"threads={a.threads} reps={a.reps} runs/rep={a.runs} warmup={a.warmup} (medians; ratio = nxrt/ORT)\n")
+    print("| model | case | ORT ms | nxrt ms | nxrt/ORT |")
+    print("|---|---|---:|---:|---:|")
+    for m in models:
+        mdir = os.path.join(corpus, m)
+        case = sorted(os.listdir(os.path.join(mdir, "ref")))[0]
+        cdir = os.path.join(mdir, "ref", case)
+        io = json.load(open(os.path.join(cdir, "io.json")))
+        inputs = [(i["name"], os.path.join(cdir, i["file"])) for i in io["inputs"]]
+        feed = {n: np.load(p) for n, p in inputs}
+        so = ort.SessionOptions()
+        so.intra_op_num_threads = a.threads
+        so.inter_op_num_threads = 1
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        so.log_severity_level = 3
+        sess = ort.InferenceSession(os.path.join(mdir, "model.onnx"), so, providers=["CPUExecutionProvider"])
+        o_t, n_t = [], []
+        try:
+            for _ in range(a.reps):
+                o_t.append(ort_median(sess, feed, a.warmup, a.runs))
+                n_t.append(nxrt_median(a.nxrt, os.path.join(mdir, "model.onnx"), inputs, a.threads, a.warmup, a.runs))
+        except RuntimeError as e:
+            print(f"| {m} | {case} | {statistics.median(o_t) if o_t else float('nan'):.3f} | error: {str(e)[:80]} | |")
+            continue
+        o, n = statistics.median(o_t), statistics.median(n_t)
+        flag = " **>5x**" if n / o > 5 else ""
+        print(f"| {m} | {case} | {o:.3f} | {n:.3f} | {n / o:.2f}{flag} |")
+        sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
