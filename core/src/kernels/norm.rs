@@ -1606,6 +1606,9 @@ fn gather_typed<T: FromF64Lossy>(
     Tensor::from_vec(g.out_shape, ys)
 }
 
+/// Computes one output row of a resize: (plane input, row output, row index, scratch).
+type RowFn<'a, T> = dyn Fn(&[T], &mut [T], usize, &mut Vec<Vec<T>>) + Sync + 'a;
+
 /// Splits a resize into independent output rows of axis `k0` (over the leading identity axes
 /// too) and runs `row(plane_input, row_output, o, scratch)` for each, possibly in parallel.
 fn run_planes<T: Copy + Send + Sync>(
@@ -1613,7 +1616,7 @@ fn run_planes<T: Copy + Send + Sync>(
     xs: &[T],
     g: &Geometry<'_>,
     cost: usize,
-    row: &(dyn Fn(&[T], &mut [T], usize, &mut Vec<Vec<T>>) + Sync),
+    row: &RowFn<'_, T>,
 ) -> Vec<T> {
     let k0 = g.k0;
     let in_block = prod(&g.in_shape[k0..]);
@@ -1823,5 +1826,764 @@ fn interp_level<R: Real>(
     let sub_out = dst.len() / t.oob.len();
     for (o, d) in dst.chunks_mut(sub_out).enumerate() {
         interp_row(src, d, o, tabs, in_dims, extrap, scratch);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! Expected values come from onnxruntime 1.32 (or onnx 1.23's reference implementation where
+    //! noted), computed on the same inputs in Python.
+    use super::*;
+    use crate::ir::AttrValue;
+    use crate::kernels::cpu_registry;
+    use crate::provider::{reference_sgemm, CpuBackend, Gemm, Lookup, ReferenceCpu};
+    use alloc::string::String;
+
+    fn node(
+        op: &str,
+        opset: i64,
+        n_in: usize,
+        n_out: usize,
+        attrs: Vec<(&str, AttrValue)>,
+    ) -> Node {
+        Node {
+            name: "n".into(),
+            op_type: op.into(),
+            domain: String::new(),
+            opset,
+            inputs: (0..n_in).map(Some).collect(),
+            outputs: (0..n_out).map(|i| Some(100 + i)).collect(),
+            attrs: attrs.into_iter().map(|(k, v)| (k.into(), v)).collect(),
+            implicit_inputs: Vec::new(),
+        }
+    }
+
+    fn build(n: &Node) -> Result<Box<dyn Kernel>> {
+        match cpu_registry().lookup(n, &[]) {
+            Lookup::Found(d) => (d.build)(n),
+            _ => panic!("no kernel registered for {} opset {}", n.op_type, n.opset),
+        }
+    }
+
+    fn run_on(cpu: &dyn CpuBackend, n: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
+        let k = build(n)?;
+        let vals: Vec<Option<Value>> = ins.iter().map(|t| t.clone().map(Value::Tensor)).collect();
+        let refs: Vec<Option<&Value>> = vals.iter().map(|v| v.as_ref()).collect();
+        let out = k.compute(&KernelCx { cpu }, &refs)?;
+        Ok(out.into_iter().map(|v| v.into_tensor().unwrap()).collect())
+    }
+
+    fn run(n: &Node, ins: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
+        run_on(&ReferenceCpu, n, ins)
+    }
+
+    fn t(shape: &[usize], v: &[f32]) -> Option<Tensor> {
+        Some(Tensor::from_vec(shape, v.to_vec()).unwrap())
+    }
+
+    fn ti(v: &[i64]) -> Option<Tensor> {
+        Some(Tensor::from_vec(&[v.len()], v.to_vec()).unwrap())
+    }
+
+    /// The test input pattern ((i * 7) % 11) / 4 - 1, exact in f32.
+    fn xs(n: usize) -> Vec<f32> {
+        (0..n).map(|i| ((i * 7) % 11) as f32 / 4.0 - 1.0).collect()
+    }
+
+    fn s(v: &str) -> AttrValue {
+        AttrValue::String(v.as_bytes().to_vec())
+    }
+
+    #[track_caller]
+    fn close(got: &Tensor, shape: &[usize], want: &[f32], tol: f32) {
+        assert_eq!(got.shape(), shape);
+        let g = got.to_f32_vec().unwrap();
+        assert_eq!(g.len(), want.len());
+        for (k, (a, b)) in g.iter().zip(want).enumerate() {
+            assert!(
+                (a - b).abs() <= tol * (1.0 + b.abs()),
+                "element {k}: got {a}, want {b}\n got {g:?}\nwant {want:?}"
+            );
+        }
+    }
+
+    fn is_unsupported<T>(r: Result<T>) -> bool {
+        matches!(r, Err(Error::Unsupported { .. }))
+    }
+
+    // ------------------------------------------------------------------ resize
+
+    #[test]
+    fn resize_half_pixel_linear_2x() {
+        let n = node("Resize", 19, 3, 1, vec![("mode", s("linear"))]);
+        let y = run(
+            &n,
+            &[
+                t(&[1, 1, 2, 2], &[1., 2., 3., 4.]),
+                None,
+                t(&[4], &[1., 1., 2., 2.]),
+            ],
+        );
+        #[rustfmt::skip]
+        let want = [1.0, 1.25, 1.75, 2.0, 1.5, 1.75, 2.25, 2.5, 2.5, 2.75, 3.25, 3.5, 3.0, 3.25, 3.75, 4.0];
+        close(&y.unwrap()[0], &[1, 1, 4, 4], &want, 1e-6);
+    }
+
+    #[test]
+    fn resize_asymmetric_nearest_floor_sizes() {
+        let n = node(
+            "Resize",
+            19,
+            4,
+            1,
+            vec![
+                ("mode", s("nearest")),
+                ("coordinate_transformation_mode", s("asymmetric")),
+                ("nearest_mode", s("floor")),
+            ],
+        );
+        let x: Vec<f32> = (1..=8).map(|v| v as f32).collect();
+        let y = run(&n, &[t(&[1, 1, 2, 4], &x), None, None, ti(&[1, 1, 3, 7])]).unwrap();
+        #[rustfmt::skip]
+        let want = [1.0, 1.0, 2.0, 2.0, 3.0, 3.0, 4.0, 1.0, 1.0, 2.0, 2.0, 3.0, 3.0, 4.0, 5.0, 5.0, 6.0, 6.0, 7.0, 7.0, 8.0];
+        close(&y[0], &[1, 1, 3, 7], &want, 0.0);
+    }
+
+    #[test]
+    fn resize_align_corners_linear() {
+        let n = node(
+            "Resize",
+            19,
+            4,
+            1,
+            vec![
+                ("mode", s("linear")),
+                ("coordinate_transformation_mode", s("align_corners")),
+            ],
+        );
+        let y = run(
+            &n,
+            &[
+                t(&[1, 1, 2, 2], &[1., 2., 3., 4.]),
+                None,
+                None,
+                ti(&[1, 1, 3, 4]),
+            ],
+        );
+        #[rustfmt::skip]
+        let want = [1.0, 1.333333, 1.666667, 2.0, 2.0, 2.333333, 2.666667, 3.0, 3.0, 3.333333, 3.666667, 4.0];
+        close(&y.unwrap()[0], &[1, 1, 3, 4], &want, 1e-6);
+    }
+
+    fn x44() -> Option<Tensor> {
+        let v: Vec<f32> = (0..16).map(|i| i as f32 * 0.5).collect();
+        t(&[1, 1, 4, 4], &v)
+    }
+
+    #[test]
+    fn resize_cubic_half_pixel() {
+        let n = node("Resize", 19, 3, 1, vec![("mode", s("cubic"))]);
+        let y = run(&n, &[x44(), None, t(&[4], &[1., 1., 0.75, 1.5])]).unwrap();
+        #[rustfmt::skip]
+        let want = [0.208912, 0.4554398, 0.8587971, 1.145834, 1.54919, 1.795718, 2.956599, 3.203125, 3.606483, 3.893519, 4.296875, 4.543403, 5.704286, 5.950811, 6.35417, 6.641206, 7.044561, 7.29109];
+        close(&y[0], &[1, 1, 3, 6], &want, 1e-5);
+    }
+
+    #[test]
+    fn resize_tf_crop_and_resize_extrapolates() {
+        let n = node(
+            "Resize",
+            19,
+            4,
+            1,
+            vec![
+                ("mode", s("linear")),
+                ("coordinate_transformation_mode", s("tf_crop_and_resize")),
+                ("extrapolation_value", AttrValue::Float(9.0)),
+            ],
+        );
+        let roi = t(&[8], &[0., 0., 0.25, -0.2, 1., 1., 0.75, 0.8]);
+        let y = run(&n, &[x44(), roi, None, ti(&[1, 1, 3, 3])]).unwrap();
+        let want = [9.0, 1.95, 2.7, 9.0, 3.45, 4.2, 9.0, 4.95, 5.7];
+        close(&y[0], &[1, 1, 3, 3], &want, 1e-5);
+    }
+
+    #[test]
+    fn resize_axes_and_keep_aspect_ratio() {
+        let x: Vec<f32> = (1..=8).map(|v| v as f32).collect();
+        let n = node(
+            "Resize",
+            19,
+            4,
+            1,
+            vec![
+                ("mode", s("nearest")),
+                ("axes", AttrValue::Ints(vec![3])),
+                ("keep_aspect_ratio_policy", s("not_smaller")),
+            ],
+        );
+        let y = run(&n, &[t(&[1, 1, 2, 4], &x), None, None, ti(&[6])]).unwrap();
+        let want = [1.0, 1.0, 2.0, 3.0, 3.0, 4.0, 5.0, 5.0, 6.0, 7.0, 7.0, 8.0];
+        close(&y[0], &[1, 1, 2, 6], &want, 0.0);
+
+        let n = node(
+            "Resize",
+            19,
+            4,
+            1,
+            vec![
+                ("mode", s("linear")),
+                ("axes", AttrValue::Ints(vec![2, 3])),
+                ("keep_aspect_ratio_policy", s("not_larger")),
+            ],
+        );
+        let y = run(&n, &[t(&[1, 1, 2, 4], &x), None, None, ti(&[6, 6])]).unwrap();
+        #[rustfmt::skip]
+        let want = [1.0, 1.5, 2.166667, 2.833333, 3.5, 4.0, 3.0, 3.5, 4.166667, 4.833333, 5.5, 6.0, 5.0, 5.5, 6.166666, 6.833333, 7.5, 8.0];
+        close(&y[0], &[1, 1, 3, 6], &want, 1e-6);
+    }
+
+    #[test]
+    fn resize_antialias_linear_downsample() {
+        let n = node(
+            "Resize",
+            19,
+            3,
+            1,
+            vec![("mode", s("linear")), ("antialias", AttrValue::Int(1))],
+        );
+        let y = run(&n, &[x44(), None, t(&[4], &[1., 1., 0.5, 0.5])]).unwrap();
+        close(
+            &y[0],
+            &[1, 1, 2, 2],
+            &[1.5625, 2.4375, 5.0625, 5.9375],
+            1e-6,
+        );
+    }
+
+    #[test]
+    fn resize_10_and_upsample_legacy_nearest() {
+        let x: Vec<f32> = (0..10).map(|v| v as f32).collect();
+        let n = node("Resize", 10, 2, 1, vec![("mode", s("nearest"))]);
+        let y = run(&n, &[t(&[1, 1, 1, 10], &x), t(&[4], &[1., 1., 1., 0.6])]).unwrap();
+        close(&y[0], &[1, 1, 1, 6], &[0.0, 2.0, 4.0, 5.0, 7.0, 9.0], 0.0);
+
+        let n = node(
+            "Upsample",
+            7,
+            1,
+            1,
+            vec![
+                ("mode", s("nearest")),
+                ("scales", AttrValue::Floats(vec![1., 1., 2., 1.5])),
+            ],
+        );
+        let y = run(&n, &[t(&[1, 1, 2, 2], &[1., 2., 3., 4.])]).unwrap();
+        #[rustfmt::skip]
+        let want = [1.0, 1.0, 2.0, 1.0, 1.0, 2.0, 3.0, 3.0, 4.0, 3.0, 3.0, 4.0];
+        close(&y[0], &[1, 1, 4, 3], &want, 0.0);
+
+        let n = node("Upsample", 9, 2, 1, vec![("mode", s("linear"))]);
+        let y = run(
+            &n,
+            &[
+                t(&[1, 1, 2, 2], &[1., 2., 3., 4.]),
+                t(&[4], &[1., 1., 2., 2.]),
+            ],
+        );
+        #[rustfmt::skip]
+        let want = [1.0, 1.5, 2.0, 2.0, 2.0, 2.5, 3.0, 3.0, 3.0, 3.5, 4.0, 4.0, 3.0, 3.5, 4.0, 4.0];
+        close(&y.unwrap()[0], &[1, 1, 4, 4], &want, 1e-6);
+    }
+
+    #[test]
+    fn resize_nearest_u8() {
+        let x: Vec<u8> = (0..8).map(|v| v * 30).collect();
+        let x = Tensor::from_vec(&[1, 1, 2, 4], x).unwrap();
+        let n = node("Resize", 13, 3, 1, vec![("mode", s("nearest"))]);
+        let y = run(&n, &[Some(x), None, t(&[4], &[1., 1., 1.5, 0.5])]).unwrap();
+        assert_eq!(y[0].dtype(), DataType::Uint8);
+        close(
+            &y[0],
+            &[1, 1, 3, 2],
+            &[0.0, 60.0, 0.0, 60.0, 120.0, 180.0],
+            0.0,
+        );
+    }
+
+    /// Bilinear half_pixel resize written straight from the spec formula, one output at a time.
+    fn naive_bilinear(x: &[f32], c: usize, h: usize, w: usize, oh: usize, ow: usize) -> Vec<f32> {
+        let mut out = Vec::new();
+        let coord = |o: usize, n_in: usize, n_out: usize| -> (usize, usize, f32) {
+            let s = n_out as f64 / n_in as f64;
+            let v = ((o as f64 + 0.5) / s - 0.5).clamp(0.0, (n_in - 1) as f64);
+            let i0 = v as usize;
+            (i0, (i0 + 1).min(n_in - 1), (v - i0 as f64) as f32)
+        };
+        for ch in 0..c {
+            for oy in 0..oh {
+                let (y0, y1, fy) = coord(oy, h, oh);
+                for ox in 0..ow {
+                    let (x0, x1, fx) = coord(ox, w, ow);
+                    let p = |yy: usize, xx: usize| x[(ch * h + yy) * w + xx];
+                    let top = p(y0, x0) * (1.0 - fx) + p(y0, x1) * fx;
+                    let bot = p(y1, x0) * (1.0 - fx) + p(y1, x1) * fx;
+                    out.push(top * (1.0 - fy) + bot * fy);
+                }
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn resize_bilinear_fast_path_matches_naive() {
+        let (c, h, w, oh, ow) = (3, 5, 7, 11, 16);
+        let x = xs(c * h * w);
+        let n = node("Resize", 13, 4, 1, vec![("mode", s("linear"))]);
+        let y = run(
+            &n,
+            &[
+                t(&[1, c, h, w], &x),
+                None,
+                None,
+                ti(&[1, c as i64, oh as i64, ow as i64]),
+            ],
+        );
+        let want = naive_bilinear(&x, c, h, w, oh, ow);
+        close(&y.unwrap()[0], &[1, c, oh, ow], &want, 1e-5);
+    }
+
+    #[test]
+    fn resize_errors() {
+        let n = node("Resize", 13, 3, 1, vec![("mode", s("bicubic"))]);
+        assert!(is_unsupported(build(&n)));
+        let n = node(
+            "Resize",
+            13,
+            3,
+            1,
+            vec![("coordinate_transformation_mode", s("foo"))],
+        );
+        assert!(is_unsupported(build(&n)));
+        // linear interpolation of integers is not implemented: an error, not a guess
+        let n = node("Resize", 13, 3, 1, vec![("mode", s("linear"))]);
+        let x = Tensor::from_vec(&[1, 1, 2, 2], vec![1i32, 2, 3, 4]).unwrap();
+        assert!(is_unsupported(run(
+            &n,
+            &[Some(x), None, t(&[4], &[1., 1., 1.5, 1.5])]
+        )));
+        // scales and sizes together
+        let n = node("Resize", 13, 4, 1, vec![]);
+        let r = run(
+            &n,
+            &[x44(), None, t(&[4], &[1., 1., 2., 2.]), ti(&[1, 1, 8, 8])],
+        );
+        assert!(r.is_err());
+    }
+
+    // ------------------------------------------------------------------ softmax family
+
+    #[test]
+    fn softmax_opset_11_vs_13_axis_semantics() {
+        let x = t(&[2, 3, 4], &xs(24));
+        let n11 = node("Softmax", 11, 1, 1, vec![("axis", AttrValue::Int(1))]);
+        let n13 = node("Softmax", 13, 1, 1, vec![("axis", AttrValue::Int(1))]);
+        #[rustfmt::skip]
+        let want11 = [0.01902807, 0.109499, 0.04028241, 0.2318093, 0.08527787, 0.03137197, 0.1805333, 0.06641448, 0.02443252, 0.1405994, 0.05172364, 0.01902807, 0.1004144, 0.03694039, 0.2125773, 0.07820281, 0.0287692, 0.1655553, 0.06090441, 0.02240548, 0.1289346, 0.0474324, 0.0174494, 0.1004144];
+        #[rustfmt::skip]
+        let want13 = [0.1478041, 0.3890248, 0.1478041, 0.7306792, 0.6624118, 0.1114575, 0.6624118, 0.2093431, 0.1897842, 0.4995177, 0.1897842, 0.0599778, 0.3890248, 0.1478041, 0.7306792, 0.3890248, 0.1114575, 0.6624118, 0.2093431, 0.1114575, 0.4995177, 0.1897842, 0.0599778, 0.4995177];
+        close(
+            &run(&n11, core::slice::from_ref(&x)).unwrap()[0],
+            &[2, 3, 4],
+            &want11,
+            1e-6,
+        );
+        close(&run(&n13, &[x]).unwrap()[0], &[2, 3, 4], &want13, 1e-6);
+    }
+
+    #[test]
+    fn log_softmax_and_hardmax() {
+        let x = t(&[2, 3, 4], &xs(24));
+        let n = node("LogSoftmax", 13, 1, 1, vec![("axis", AttrValue::Int(0))]);
+        #[rustfmt::skip]
+        let want = [-1.910224, -0.3132617, -1.910224, -0.3132617, -0.3132617, -1.910224, -0.3132617, -0.3132617, -1.910224, -0.3132617, -0.3132617, -1.910224, -0.1602242, -1.313262, -0.1602242, -1.313262, -1.313262, -0.1602242, -1.313262, -1.313262, -0.1602242, -1.313262, -1.313262, -0.1602242];
+        close(
+            &run(&n, core::slice::from_ref(&x)).unwrap()[0],
+            &[2, 3, 4],
+            &want,
+            1e-6,
+        );
+        let n = node("LogSoftmax", 11, 1, 1, vec![]);
+        #[rustfmt::skip]
+        let want = [-3.96184, -2.21184, -3.21184, -1.46184, -2.46184, -3.46184, -1.71184, -2.71184, -3.71184, -1.96184, -2.96184, -3.96184, -2.29845, -3.29845, -1.54845, -2.54845, -3.54845, -1.79845, -2.79845, -3.79845, -2.04845, -3.04845, -4.04845, -2.29845];
+        close(
+            &run(&n, core::slice::from_ref(&x)).unwrap()[0],
+            &[2, 3, 4],
+            &want,
+            1e-6,
+        );
+
+        let n = node("Hardmax", 11, 1, 1, vec![]);
+        let mut want = [0f32; 24];
+        want[3] = 1.0;
+        want[14] = 1.0;
+        close(
+            &run(&n, core::slice::from_ref(&x)).unwrap()[0],
+            &[2, 3, 4],
+            &want,
+            0.0,
+        );
+        let n = node("Hardmax", 13, 1, 1, vec![("axis", AttrValue::Int(1))]);
+        #[rustfmt::skip]
+        let want = [0.0, 0.0, 0.0, 1.0, 1.0, 0.0, 1.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 1.0, 0.0, 0.0, 1.0, 0.0, 0.0, 1.0];
+        close(&run(&n, &[x]).unwrap()[0], &[2, 3, 4], &want, 0.0);
+    }
+
+    #[test]
+    fn softmax_f16_f64_and_large_values() {
+        let n = node("Softmax", 13, 1, 1, vec![]);
+        let x16: Vec<f16> = [1.0f32, 2.0, 3.0]
+            .iter()
+            .map(|&v| f16::from_f32(v))
+            .collect();
+        let y = run(&n, &[Some(Tensor::from_vec(&[1, 3], x16).unwrap())]).unwrap();
+        assert_eq!(y[0].dtype(), DataType::Float16);
+        close(&y[0], &[1, 3], &[0.09003057, 0.24472848, 0.66524094], 1e-3);
+        let y = run(
+            &n,
+            &[Some(
+                Tensor::from_vec(&[3], vec![1000.0f64, 1001.0, 1002.0]).unwrap(),
+            )],
+        );
+        let y = y.unwrap();
+        assert_eq!(y[0].dtype(), DataType::Double);
+        close(&y[0], &[3], &[0.09003057, 0.24472848, 0.66524094], 1e-6);
+        let ni = node("Softmax", 13, 1, 1, vec![]);
+        let xi = Tensor::from_vec(&[2], vec![1i32, 2]).unwrap();
+        assert!(is_unsupported(run(&ni, &[Some(xi)])));
+    }
+
+    // ------------------------------------------------------------------ layer / rms norm
+
+    #[test]
+    fn layer_norm_axis_minus_1_with_stats() {
+        let n = node(
+            "LayerNormalization",
+            17,
+            3,
+            3,
+            vec![("axis", AttrValue::Int(-1))],
+        );
+        let y = run(
+            &n,
+            &[
+                t(&[2, 3, 4], &xs(24)),
+                t(&[4], &[1., 0.5, -1., 2.]),
+                t(&[4], &[0.1, 0.2, 0.3, 0.4]),
+            ],
+        )
+        .unwrap();
+        #[rustfmt::skip]
+        let want = [-1.213057, 0.4626114, 0.8252228, 3.026114, 0.2999974, -0.499991, -1.099982, 5.155802e-06, -0.6228914, 0.963052, 0.0590362, -1.688353, 0.2999974, -0.499991, -1.099982, 5.155802e-06, -0.6228914, 0.963052, 0.05903621, -1.688353, 1.144176, 0.0795181, 1.826104, 1.845783];
+        close(&y[0], &[2, 3, 4], &want, 1e-5);
+        close(
+            &y[1],
+            &[2, 3, 1],
+            &[0.25, 0.375, -0.1875, 0.625, 0.0625, 0.1875],
+            1e-6,
+        );
+        let want = [1.050446, 1.599979, 1.28514, 1.599979, 1.28514, 1.28514];
+        close(&y[2], &[2, 3, 1], &want, 1e-5);
+    }
+
+    #[test]
+    fn layer_norm_axis_1_no_bias() {
+        let n = node(
+            "LayerNormalization",
+            17,
+            2,
+            3,
+            vec![
+                ("axis", AttrValue::Int(1)),
+                ("epsilon", AttrValue::Float(0.1)),
+            ],
+        );
+        let mut sc = xs(12);
+        sc.reverse();
+        let y = run(&n, &[t(&[2, 3, 4], &xs(24)), t(&[3, 4], &sc)]).unwrap();
+        #[rustfmt::skip]
+        let want = [1.287312, 0.0, -0.4447076, -1.141026, 0.09947407, -0.9069694, -0.62025, 0.05851416, -1.509665, -0.2399081, -0.1228797, 1.287312, -0.5509651, -0.0, 1.452544, -0.187829, -0.2379167, 1.440022, 0.02504386, -0.6260966, 1.277237, 0.08765353, -1.16454, -0.5509651];
+        close(&y[0], &[2, 3, 4], &want, 1e-5);
+        close(&y[1], &[2, 1, 1], &[0.1458333, 0.2916667], 1e-6);
+        close(&y[2], &[2, 1, 1], &[1.123472, 1.202106], 1e-5);
+        let n = node(
+            "LayerNormalization",
+            17,
+            2,
+            1,
+            vec![("stash_type", AttrValue::Int(16))],
+        );
+        assert!(is_unsupported(build(&n)));
+    }
+
+    #[test]
+    fn rms_norm() {
+        let n = node("RMSNormalization", 23, 2, 1, vec![]);
+        let y = run(&n, &[t(&[2, 3, 4], &xs(24)), t(&[4], &[1., 0.5, -1., 2.])]).unwrap();
+        #[rustfmt::skip]
+        let want = [-1.015996, 0.3809984, 0.2539989, 3.047987, 0.6859878, -0.3429939, -1.71497, 0.6859878, -0.9370352, 0.6246902, -0.0, -2.498761, 0.8485227, -0.1414205, -1.697045, 1.131364, -0.6405073, 0.8006341, -0.3202537, -1.921522, 1.24938, 0.0, 1.24938, 1.87407];
+        close(&y[0], &[2, 3, 4], &want, 1e-5);
+    }
+
+    // ------------------------------------------------------------------ batch / instance / group
+
+    fn bn_inputs() -> Vec<Option<Tensor>> {
+        let x: Vec<f32> = xs(12).iter().map(|v| v * 3.0).collect();
+        vec![
+            t(&[2, 3, 1, 2], &x),
+            t(&[3], &[1., 2., 0.5]),
+            t(&[3], &[0., 1., -1.]),
+            t(&[3], &[0.1, -0.2, 0.3]),
+            t(&[3], &[1., 0.5, 2.]),
+        ]
+    }
+
+    #[test]
+    fn batch_norm_inference_and_training() {
+        let n = node(
+            "BatchNormalization",
+            15,
+            5,
+            1,
+            vec![("epsilon", AttrValue::Float(1e-3))],
+        );
+        #[rustfmt::skip]
+        let want = [-3.098451, 2.148926, -0.5540814, 14.28033, -0.575842, -1.636237, 3.648176, 0.6496753, -4.792486, 10.04193, -1.10604, -2.166435];
+        close(
+            &run(&n, &bn_inputs()).unwrap()[0],
+            &[2, 3, 1, 2],
+            &want,
+            1e-5,
+        );
+        // the same numbers through the opset-7 and opset-9 forms
+        for opset in [7, 9] {
+            let n = node(
+                "BatchNormalization",
+                opset,
+                5,
+                1,
+                vec![("epsilon", AttrValue::Float(1e-3))],
+            );
+            close(
+                &run(&n, &bn_inputs()).unwrap()[0],
+                &[2, 3, 1, 2],
+                &want,
+                1e-5,
+            );
+        }
+
+        // training mode (expected values from the onnx reference implementation)
+        let n = node(
+            "BatchNormalization",
+            15,
+            5,
+            3,
+            vec![
+                ("training_mode", AttrValue::Int(1)),
+                ("momentum", AttrValue::Float(0.8)),
+            ],
+        );
+        let y = run(&n, &bn_inputs()).unwrap();
+        #[rustfmt::skip]
+        let want = [-1.569613, 0.5232041, -0.3736048, 3.472489, -0.3291808, -1.223606, 1.121152, -0.07474345, -1.472489, 2.373605, -0.7763936, -1.670819];
+        close(&y[0], &[2, 3, 1, 2], &want, 1e-5);
+        close(&y[1], &[3], &[0.2675, 0.06499998, 0.09000002], 1e-5);
+        close(&y[2], &[3], &[2.058594, 1.890625, 2.1625], 1e-5);
+
+        // the pre-14 training forms are refused at build time
+        let n = node("BatchNormalization", 9, 5, 5, vec![]);
+        assert!(is_unsupported(build(&n)));
+        let n = node("BatchNormalization", 6, 5, 1, vec![]);
+        assert!(is_unsupported(build(&n)));
+        let n = node(
+            "BatchNormalization",
+            6,
+            5,
+            1,
+            vec![("is_test", AttrValue::Int(1))],
+        );
+        assert!(build(&n).is_ok());
+    }
+
+    #[test]
+    fn instance_norm() {
+        let n = node("InstanceNormalization", 6, 3, 1, vec![]);
+        let ins = bn_inputs();
+        let y = run(&n, &ins[..3]).unwrap();
+        #[rustfmt::skip]
+        let want = [-0.9999992, 0.9999992, -0.9999985, 2.999999, -0.5000011, -1.499999, 0.9999979, -0.9999977, -0.9999985, 2.999999, -0.5000011, -1.499999];
+        close(&y[0], &[2, 3, 1, 2], &want, 1e-5);
+    }
+
+    #[test]
+    fn group_norm_18_vs_21() {
+        let x = t(&[2, 4, 2, 2], &xs(32));
+        let n = node(
+            "GroupNormalization",
+            18,
+            3,
+            1,
+            vec![("num_groups", AttrValue::Int(2))],
+        );
+        // onnx reference implementation (the function body of opset 18)
+        let y = run(&n, &[x.clone(), t(&[2], &[2., -1.]), t(&[2], &[0.5, 1.])]).unwrap();
+        #[rustfmt::skip]
+        let want = [-2.750033, 1.583344, -0.8928711, 3.440506, 0.9642904, -1.511925, 2.821452, 0.3452365, 2.189662, 0.04059529, 1.268633, 2.496671, 0.3476048, 1.575643, -0.5734237, 0.6546143, -1.101268, 3.382283, 0.8202537, -1.741776, 2.741776, 0.1797463, -2.382283, 2.101268, 1.800634, -0.4411415, 0.8398732, 2.120888, -0.1208879, 1.160127, 2.441142, 0.1993659];
+        close(&y[0], &[2, 4, 2, 2], &want, 1e-5);
+        let n = node(
+            "GroupNormalization",
+            21,
+            3,
+            1,
+            vec![("num_groups", AttrValue::Int(2))],
+        );
+        let y = run(
+            &n,
+            &[
+                x,
+                t(&[4], &[2., -1., 1., 0.5]),
+                t(&[4], &[0.5, 1., 0., -1.]),
+            ],
+        )
+        .unwrap();
+        #[rustfmt::skip]
+        let want = [-2.750033, 1.583344, -0.8928711, 3.440506, 0.7678548, 2.005962, -0.160726, 1.077382, -1.189662, 0.9594047, -0.2686333, -1.496671, -0.6738024, -1.287821, -0.2132881, -0.8273072, -1.101268, 3.382283, 0.8202537, -1.741776, -0.1208879, 1.160127, 2.441142, 0.1993659, -0.8006341, 1.441141, 0.1601268, -1.120888, -0.4395561, -1.080063, -1.720571, -0.5996829];
+        close(&y[0], &[2, 4, 2, 2], &want, 1e-5);
+    }
+
+    // ------------------------------------------------------------------ Lp, MVN, LRN
+
+    #[test]
+    fn lp_norm() {
+        let x = t(&[2, 3, 4], &xs(24));
+        let n = node(
+            "LpNormalization",
+            1,
+            1,
+            1,
+            vec![("axis", AttrValue::Int(1)), ("p", AttrValue::Int(1))],
+        );
+        #[rustfmt::skip]
+        let want = [-0.4444444, 0.3333333, -0.1666667, 0.5454546, 0.2222222, -0.2222222, 0.8333333, 0.09090909, -0.3333333, 0.4444444, 0.0, -0.3636364, 0.3333333, -0.1666667, 0.5454546, 0.25, -0.2222222, 0.8333333, 0.09090909, -0.375, 0.4444444, 0.0, -0.3636364, 0.375];
+        close(
+            &run(&n, core::slice::from_ref(&x)).unwrap()[0],
+            &[2, 3, 4],
+            &want,
+            1e-6,
+        );
+        let n = node("LpNormalization", 1, 1, 1, vec![]);
+        #[rustfmt::skip]
+        let want = [-0.5080005, 0.3810004, -0.1270001, 0.7620008, 0.3429972, -0.3429972, 0.857493, 0.1714986, -0.4685213, 0.6246951, 0.0, -0.6246951, 0.4242641, -0.1414214, 0.8485281, 0.2828427, -0.3202563, 0.8006408, 0.1601282, -0.4803845, 0.6246951, 0.0, -0.6246951, 0.4685213];
+        close(&run(&n, &[x]).unwrap()[0], &[2, 3, 4], &want, 1e-6);
+        // a zero vector normalises to zeros, not NaN
+        let y = run(&n, &[t(&[2], &[0., 0.])]).unwrap();
+        close(&y[0], &[2], &[0., 0.], 0.0);
+        let n = node("LpNormalization", 1, 1, 1, vec![("p", AttrValue::Int(3))]);
+        assert!(is_unsupported(build(&n)));
+    }
+
+    #[test]
+    fn mean_variance_norm() {
+        let n = node("MeanVarianceNormalization", 13, 1, 1, vec![]);
+        let y = run(&n, &[t(&[3, 3, 3, 1], &xs(27))]).unwrap();
+        #[rustfmt::skip]
+        let want = [-1.309307, 0.9819806, -0.3273268, 1.393237, 0.1699069, -1.053423, 1.091089, -0.2182179, -1.527525, 1.309307, 0.0, -1.309307, 0.4757394, -0.7475905, 1.393237, 0.109109, -1.200198, 1.091089, 0.3273268, -0.9819806, 1.309307, -0.441758, -1.665088, 0.4757394, -0.8728715, 1.418416, 0.109109];
+        close(&y[0], &[3, 3, 3, 1], &want, 1e-5);
+    }
+
+    #[test]
+    fn lrn() {
+        let n = node(
+            "LRN",
+            13,
+            1,
+            1,
+            vec![
+                ("size", AttrValue::Int(3)),
+                ("alpha", AttrValue::Float(0.1)),
+            ],
+        );
+        let y = run(&n, &[t(&[1, 5, 2, 2], &xs(20))]).unwrap();
+        #[rustfmt::skip]
+        let want = [-0.9698475, 0.7351179, -0.2403024, 1.418745, 0.4784787, -0.4784787, 1.201512, 0.2311136, -0.7252111, 0.9683953, 0.0, -0.9683953, 0.7252111, -0.2347567, 1.418745, 0.4784787, -0.4900786, 1.201512, 0.2364575, -0.7351179];
+        close(&y[0], &[1, 5, 2, 2], &want, 1e-5);
+    }
+
+    // ------------------------------------------------------------------ threading
+
+    /// A backend that claims 4 threads and runs tasks in reverse order, to exercise the
+    /// splitting of outputs between workers.
+    struct Threads4;
+    impl CpuBackend for Threads4 {
+        fn name(&self) -> String {
+            "threads4".into()
+        }
+        fn sgemm(&self, g: &Gemm, a: &[f32], b: &[f32], c: &mut [f32]) {
+            reference_sgemm(g, a, b, c)
+        }
+        fn parallel_for(&self, n: usize, f: &(dyn Fn(usize) + Sync)) {
+            for i in (0..n).rev() {
+                f(i)
+            }
+        }
+        fn threads(&self) -> usize {
+            4
+        }
+    }
+
+    #[test]
+    fn parallel_split_matches_serial() {
+        let big = |shape: &[usize]| t(shape, &xs(shape.iter().product()));
+        let cases: Vec<(Node, Vec<Option<Tensor>>)> = vec![
+            (node("Softmax", 13, 1, 1, vec![]), vec![big(&[37, 1001])]),
+            (
+                node("Softmax", 13, 1, 1, vec![("axis", AttrValue::Int(1))]),
+                vec![big(&[7, 301, 23])],
+            ),
+            (
+                node("LayerNormalization", 17, 3, 3, vec![]),
+                vec![big(&[333, 257]), big(&[257]), big(&[257])],
+            ),
+            (
+                node("InstanceNormalization", 6, 3, 1, vec![]),
+                vec![big(&[3, 5, 50, 60]), big(&[5]), big(&[5])],
+            ),
+            (
+                node("Resize", 13, 3, 1, vec![("mode", s("linear"))]),
+                vec![big(&[2, 3, 40, 50]), None, t(&[4], &[1., 1., 2., 2.])],
+            ),
+            (
+                node("Resize", 13, 3, 1, vec![("mode", s("nearest"))]),
+                vec![big(&[1, 1, 200, 150]), None, t(&[4], &[1., 1., 1.5, 2.])],
+            ),
+            (
+                node("Resize", 13, 3, 1, vec![("mode", s("cubic"))]),
+                vec![big(&[2, 60, 70]), None, t(&[3], &[1., 1.7, 0.6])],
+            ),
+        ];
+        for (n, ins) in cases {
+            let a = run(&n, &ins).unwrap();
+            let b = run_on(&Threads4, &n, &ins).unwrap();
+            assert_eq!(a.len(), b.len());
+            for (x, y) in a.iter().zip(&b) {
+                assert_eq!(x.shape(), y.shape());
+                assert_eq!(
+                    x.to_f32_vec().unwrap(),
+                    y.to_f32_vec().unwrap(),
+                    "{}",
+                    n.op_type
+                );
+            }
+        }
     }
 }
