@@ -1908,10 +1908,13 @@ enum Wide {
     U(u64),
 }
 
+/// 2^63 as f64.
+const TWO63: f64 = (1u64 << 63) as f64;
+
 /// Float → 64-bit integer like numpy on x86: truncation, NaN and out-of-range give `i64::MIN`.
 #[inline]
 fn f2i64(v: f64) -> i64 {
-    if v.is_nan() || !(-9.223_372_036_854_775_808e18..9.223_372_036_854_775_808e18).contains(&v) {
+    if v.is_nan() || !(-TWO63..TWO63).contains(&v) {
         i64::MIN
     } else {
         v as i64
@@ -2136,7 +2139,7 @@ cvt_int!(u64, f2u64, U, u64);
 /// Float → u64 like numpy on x86: values in `[2^63, 2^64)` convert exactly, others go through i64.
 #[inline]
 fn f2u64(v: f64) -> u64 {
-    if (9.223_372_036_854_775_808e18..1.844_674_407_370_955_161_6e19).contains(&v) {
+    if (TWO63..2.0 * TWO63).contains(&v) {
         v as u64
     } else {
         f2i64(v) as u64
@@ -2611,4 +2614,714 @@ fn build_cast_like(node: &Node) -> Result<Box<dyn Kernel>> {
         }
         out1(cast(x, to, o)?)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    //! Expected values come from numpy / ml_dtypes / torch (pasted), or from independent
+    //! index formulas.
+    use super::*;
+    use crate::error::Error;
+    use crate::provider::ReferenceCpu;
+    use alloc::string::ToString;
+
+    fn node(op: &str, opset: i64, attrs: Vec<(&str, AttrValue)>) -> Node {
+        Node {
+            name: String::from("n"),
+            op_type: String::from(op),
+            domain: String::new(),
+            opset,
+            inputs: Vec::new(),
+            outputs: Vec::new(),
+            attrs: attrs
+                .into_iter()
+                .map(|(k, v)| (String::from(k), v))
+                .collect(),
+            implicit_inputs: Vec::new(),
+        }
+    }
+
+    fn build(op: &str, opset: i64, attrs: Vec<(&str, AttrValue)>) -> Result<Box<dyn Kernel>> {
+        let d = KERNELS
+            .iter()
+            .find(|d| d.op == op && d.since <= opset && opset <= d.until)
+            .expect("registered");
+        (d.build)(&node(op, opset, attrs))
+    }
+
+    fn run_opt(
+        op: &str,
+        opset: i64,
+        attrs: Vec<(&str, AttrValue)>,
+        inputs: &[Option<Tensor>],
+    ) -> Result<Tensor> {
+        let k = build(op, opset, attrs)?;
+        let vals: Vec<Option<Value>> = inputs
+            .iter()
+            .map(|t| t.clone().map(Value::Tensor))
+            .collect();
+        let refs: Vec<Option<&Value>> = vals.iter().map(|v| v.as_ref()).collect();
+        let cx = KernelCx { cpu: &ReferenceCpu };
+        match k.compute(&cx, &refs)?.into_iter().next() {
+            Some(Value::Tensor(t)) => Ok(t),
+            _ => panic!("no tensor output"),
+        }
+    }
+
+    fn run(
+        op: &str,
+        opset: i64,
+        attrs: Vec<(&str, AttrValue)>,
+        inputs: &[Tensor],
+    ) -> Result<Tensor> {
+        let v: Vec<Option<Tensor>> = inputs.iter().cloned().map(Some).collect();
+        run_opt(op, opset, attrs, &v)
+    }
+
+    fn t<T: Elem>(shape: &[usize], v: Vec<T>) -> Tensor {
+        Tensor::from_vec(shape, v).unwrap()
+    }
+
+    fn f32s(t: &Tensor) -> Vec<f32> {
+        t.as_slice::<f32>().unwrap().into_owned()
+    }
+
+    fn close(got: &[f32], want: &[f32], tol: f32) {
+        assert_eq!(got.len(), want.len(), "{got:?} vs {want:?}");
+        for (g, w) in got.iter().zip(want) {
+            assert!(
+                (g - w).abs() <= tol * (1.0 + w.abs()) || (g.is_nan() && w.is_nan()),
+                "{got:?} vs {want:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn add_broadcasts_column_into_3d() {
+        let a = t(&[2, 3, 4], (0..24).map(|i| i as f32 * 0.5 - 3.0).collect());
+        let b = t(&[3, 1], vec![1.5f32, -2.0, 4.0]);
+        let y = run("Add", 14, vec![], &[a, b]).unwrap();
+        assert_eq!(y.shape(), &[2, 3, 4]);
+        let want = [
+            -1.5, -1.0, -0.5, 0.0, -3.0, -2.5, -2.0, -1.5, 5.0, 5.5, 6.0, 6.5, 4.5, 5.0, 5.5, 6.0,
+            3.0, 3.5, 4.0, 4.5, 11.0, 11.5, 12.0, 12.5,
+        ];
+        assert_eq!(f32s(&y), want);
+    }
+
+    #[test]
+    fn one_element_broadcasts_over_matrix_both_ways() {
+        let s = t(&[1], vec![3f32]);
+        let m = t(&[2, 2], vec![1f32, 2., 3., 4.]);
+        let y = run("Mul", 14, vec![], &[s.clone(), m.clone()]).unwrap();
+        assert_eq!(y.shape(), &[2, 2]);
+        assert_eq!(f32s(&y), [3., 6., 9., 12.]);
+        let y = run("Sub", 14, vec![], &[m, s]).unwrap();
+        assert_eq!(f32s(&y), [-2., -1., 0., 1.]);
+    }
+
+    #[test]
+    fn both_operands_broadcast() {
+        let x = t(&[2, 1, 3], (0..6).map(|i| i as f32).collect());
+        let y = t(&[4, 1], vec![10f32, 20., 30., 40.]);
+        let z = run("Sub", 14, vec![], &[x, y]).unwrap();
+        assert_eq!(z.shape(), &[2, 4, 3]);
+        let want = [
+            -10., -9., -8., -20., -19., -18., -30., -29., -28., -40., -39., -38., -7., -6., -5.,
+            -17., -16., -15., -27., -26., -25., -37., -36., -35.,
+        ];
+        assert_eq!(f32s(&z), want);
+    }
+
+    #[test]
+    fn strided_input_views_broadcast() {
+        // a transposed (non-contiguous) view plus a row
+        let a = t(&[3, 2], vec![1i32, 2, 3, 4, 5, 6])
+            .permute(&[1, 0])
+            .unwrap();
+        let b = t(&[3], vec![10i32, 20, 30]);
+        let y = run("Add", 14, vec![], &[a, b]).unwrap();
+        assert_eq!(&*y.as_slice::<i32>().unwrap(), &[11, 23, 35, 12, 24, 36]);
+    }
+
+    #[test]
+    fn legacy_broadcast_with_axis() {
+        let a = t(&[2, 3, 4], (0..24).map(|i| i as f32).collect());
+        let b = t(&[3], vec![100f32, 200., 300.]);
+        let y = run(
+            "Add",
+            6,
+            vec![
+                ("broadcast", AttrValue::Int(1)),
+                ("axis", AttrValue::Int(1)),
+            ],
+            &[a, b.clone()],
+        )
+        .unwrap();
+        let v = f32s(&y);
+        for i in 0..2 {
+            for j in 0..3 {
+                for k in 0..4 {
+                    let idx = i * 12 + j * 4 + k;
+                    assert_eq!(v[idx], idx as f32 + 100.0 * (j + 1) as f32);
+                }
+            }
+        }
+        // without broadcast=1 the shapes must match
+        let a = t(&[2, 3], vec![0f32; 6]);
+        assert!(run("Add", 6, vec![], &[a, b]).is_err());
+    }
+
+    #[test]
+    fn integer_div_truncates_and_rejects_zero() {
+        let a = t(&[6], vec![7i32, -7, 7, -7, 9, -9]);
+        let b = t(&[6], vec![2i32, 2, -2, -2, 3, 4]);
+        let y = run("Div", 14, vec![], &[a.clone(), b]).unwrap();
+        assert_eq!(&*y.as_slice::<i32>().unwrap(), &[3, -3, -3, 3, 3, -2]);
+        let z = t(&[1], vec![0i32]);
+        assert!(run("Div", 14, vec![], &[a, z]).is_err());
+    }
+
+    #[test]
+    fn integer_mod_follows_divisor_sign_unless_fmod() {
+        let a = t(&[6], vec![-4i64, 7, 5, 4, -7, 8]);
+        let b = t(&[6], vec![2i64, -3, 8, -2, 3, 5]);
+        let y = run("Mod", 13, vec![], &[a.clone(), b.clone()]).unwrap();
+        assert_eq!(&*y.as_slice::<i64>().unwrap(), &[0, -2, 5, 0, 2, 3]);
+        let y = run("Mod", 13, vec![("fmod", AttrValue::Int(1))], &[a, b]).unwrap();
+        assert_eq!(&*y.as_slice::<i64>().unwrap(), &[0, 1, 5, 0, -1, 3]);
+        assert!(matches!(
+            build("Mod", 13, vec![("fmod", AttrValue::Int(2))]),
+            Err(Error::Unsupported { .. })
+        ));
+    }
+
+    #[test]
+    fn float_mod_edge_cases() {
+        // from the ONNX node test mod_float_edge_cases_fmod_0_float32
+        let inf = f32::INFINITY;
+        let a = t(&[8], vec![0f32, -0.0, -3., 3., -1., 1., inf, 1.]);
+        let b = t(&[8], vec![-2f32, 2., inf, inf, -inf, -inf, 2., 0.]);
+        let y = f32s(&run("Mod", 28, vec![], &[a, b]).unwrap());
+        let want = [-0.0f32, 0.0, inf, 3., -1., -inf];
+        for (g, w) in y.iter().zip(want) {
+            assert_eq!(g.to_bits(), w.to_bits(), "{y:?}");
+        }
+        assert!(y[6].is_nan() && y[7].is_nan());
+    }
+
+    #[test]
+    fn pow_mixed_types() {
+        let y = run(
+            "Pow",
+            15,
+            vec![],
+            &[t(&[3], vec![2i64, -3, 5]), t(&[3], vec![10i64, 3, 0])],
+        )
+        .unwrap();
+        assert_eq!(&*y.as_slice::<i64>().unwrap(), &[1024, -27, 1]);
+        let y = run(
+            "Pow",
+            15,
+            vec![],
+            &[t(&[3], vec![2i32, -3, 5]), t(&[3], vec![0.5f32, 2., 1.5])],
+        )
+        .unwrap();
+        assert_eq!(&*y.as_slice::<i32>().unwrap(), &[1, 9, 11]);
+        let x = t(&[4], vec![1.5f32, -2., 3., 0.1]);
+        let sq = run("Pow", 15, vec![], &[x.clone(), Tensor::scalar(2f32)]).unwrap();
+        close(&f32s(&sq), &[2.25, 4., 9., 0.01], 1e-6);
+        let y = run("Pow", 15, vec![], &[x, t(&[1], vec![3i64])]).unwrap();
+        close(&f32s(&y), &[3.375, -8., 27., 0.001], 1e-6);
+    }
+
+    #[test]
+    fn bitshift_out_of_range_counts() {
+        let x = t(&[3], vec![-8i8, 4, -1]);
+        let l = run(
+            "BitShift",
+            28,
+            vec![("direction", AttrValue::String(b"LEFT".to_vec()))],
+            &[x.clone(), t(&[3], vec![-1i8, -8, -16])],
+        )
+        .unwrap();
+        assert_eq!(&*l.as_slice::<i8>().unwrap(), &[0, 0, 0]);
+        let r = run(
+            "BitShift",
+            28,
+            vec![("direction", AttrValue::String(b"RIGHT".to_vec()))],
+            &[x, t(&[3], vec![8i8, 9, 127])],
+        )
+        .unwrap();
+        assert_eq!(&*r.as_slice::<i8>().unwrap(), &[-1, 0, -1]);
+        let r = run(
+            "BitShift",
+            11,
+            vec![("direction", AttrValue::String(b"RIGHT".to_vec()))],
+            &[t(&[2], vec![16u8, 255]), t(&[1], vec![2u8])],
+        )
+        .unwrap();
+        assert_eq!(&*r.as_slice::<u8>().unwrap(), &[4, 63]);
+    }
+
+    #[test]
+    fn comparisons_and_string_equal() {
+        let a = t(&[2, 2], vec![1f32, 2., 3., f32::NAN]);
+        let b = t(&[2], vec![2f32, 2.]);
+        let y = run("LessOrEqual", 16, vec![], &[a.clone(), b.clone()]).unwrap();
+        assert_eq!(&*y.as_slice::<bool>().unwrap(), &[true, true, false, false]);
+        let y = run("Greater", 13, vec![], &[a, b]).unwrap();
+        assert_eq!(
+            &*y.as_slice::<bool>().unwrap(),
+            &[false, false, true, false]
+        );
+        let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
+        let x = t(&[2, 2], s(&["a", "b", "c", "a"]));
+        let y = t(&[2], s(&["a", "c"]));
+        let e = run("Equal", 19, vec![], &[x, y]).unwrap();
+        assert_eq!(
+            &*e.as_slice::<bool>().unwrap(),
+            &[true, false, false, false]
+        );
+    }
+
+    #[test]
+    fn variadic_ops_broadcast() {
+        let a = t(&[2, 1], vec![1f32, 5.]);
+        let b = t(&[3], vec![0f32, 3., f32::NAN]);
+        let c = t(&[1], vec![2f32]);
+        let m = run("Max", 13, vec![], &[a.clone(), b.clone(), c.clone()]).unwrap();
+        assert_eq!(m.shape(), &[2, 3]);
+        let v = f32s(&m);
+        assert_eq!(&v[..2], &[2., 3.]);
+        assert!(v[2].is_nan());
+        assert_eq!(&v[3..5], &[5., 5.]);
+        let s = run("Mean", 13, vec![], &[a, t(&[3], vec![0f32, 3., 6.]), c]).unwrap();
+        close(&f32s(&s), &[1., 2., 3., 7. / 3., 10. / 3., 13. / 3.], 1e-6);
+        let one = run("Sum", 13, vec![], &[t(&[2], vec![4i32, 5])]).unwrap();
+        assert_eq!(&*one.as_slice::<i32>().unwrap(), &[4, 5]);
+    }
+
+    #[test]
+    fn where_broadcasts_three_ways() {
+        let c = t(&[2, 1], vec![true, false]);
+        let x = t(&[1, 3], vec![1f32, 2., 3.]);
+        let y = Tensor::scalar(-1f32);
+        let w = run("Where", 16, vec![], &[c.clone(), x, y]).unwrap();
+        assert_eq!(w.shape(), &[2, 3]);
+        assert_eq!(f32s(&w), [1., 2., 3., -1., -1., -1.]);
+        let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
+        let w = run(
+            "Where",
+            16,
+            vec![],
+            &[c, t(&[2], s(&["a", "b"])), t(&[1], s(&["z"]))],
+        )
+        .unwrap();
+        assert_eq!(&*w.as_slice::<String>().unwrap(), &s(&["a", "b", "z", "z"]));
+    }
+
+    #[test]
+    fn clip_inputs_and_attributes() {
+        let x = t(&[4], vec![-3i8, -1, 2, 9]);
+        let y = run_opt(
+            "Clip",
+            13,
+            vec![],
+            &[Some(x), None, Some(Tensor::scalar(1i8))],
+        )
+        .unwrap();
+        assert_eq!(&*y.as_slice::<i8>().unwrap(), &[-3, -1, 1, 1]);
+        // min > max gives max everywhere
+        let x = t(&[3], vec![-5f32, 0., 5.]);
+        let y = run(
+            "Clip",
+            13,
+            vec![],
+            &[x.clone(), Tensor::scalar(2f32), Tensor::scalar(1f32)],
+        )
+        .unwrap();
+        assert_eq!(f32s(&y), [1., 1., 1.]);
+        let y = run(
+            "Clip",
+            6,
+            vec![
+                ("min", AttrValue::Float(-1.0)),
+                ("max", AttrValue::Float(1.0)),
+            ],
+            &[x],
+        )
+        .unwrap();
+        assert_eq!(f32s(&y), [-1., 0., 1.]);
+    }
+
+    /// (op, opset, attributes, expected outputs)
+    type Case = (&'static str, i64, Vec<(&'static str, AttrValue)>, [f32; 5]);
+
+    #[test]
+    fn unary_and_activations_match_torch() {
+        let x = || t(&[5], vec![-3.0f32, -0.5, 0.0, 0.7, 2.5]);
+        let cases: Vec<Case> = vec![
+            (
+                "Selu",
+                22,
+                vec![],
+                [-1.6705687, -0.6917582, 0.0, 0.7354907, 2.6267526],
+            ),
+            (
+                "Elu",
+                22,
+                vec![("alpha", AttrValue::Float(0.5))],
+                [-0.4751065, -0.19673467, 0.0, 0.7, 2.5],
+            ),
+            (
+                "Celu",
+                12,
+                vec![("alpha", AttrValue::Float(2.0))],
+                [-1.5537397, -0.44239843, 0.0, 0.7, 2.5],
+            ),
+            (
+                "HardSwish",
+                22,
+                vec![],
+                [0.0, -0.20833333, 0.0, 0.43166664, 2.2916667],
+            ),
+            ("HardSigmoid", 22, vec![], [0.0, 0.4, 0.5, 0.64, 1.0]),
+            (
+                "Softplus",
+                22,
+                vec![],
+                [
+                    0.048587352,
+                    0.474077,
+                    core::f32::consts::LN_2,
+                    1.103186,
+                    2.5788898,
+                ],
+            ),
+            (
+                "Mish",
+                22,
+                vec![],
+                [-0.14564747, -0.22074376, 0.0, 0.56114835, 2.4713924],
+            ),
+            (
+                "Gelu",
+                20,
+                vec![],
+                [-0.0040498674, -0.15426879, 0.0, 0.53062546, 2.484476],
+            ),
+            (
+                "Gelu",
+                20,
+                vec![("approximate", AttrValue::String(b"tanh".to_vec()))],
+                [-0.003637433, -0.154286, 0.0, 0.53057015, 2.4849157],
+            ),
+            (
+                "Sigmoid",
+                13,
+                vec![],
+                [0.047425874, 0.37754068, 0.5, 0.66818774, 0.9241418],
+            ),
+            (
+                "Softsign",
+                22,
+                vec![],
+                [-0.75, -0.33333334, 0.0, 0.4117647, 0.71428573],
+            ),
+            (
+                "Erf",
+                13,
+                vec![],
+                [-0.9999779, -0.5204999, 0.0, 0.6778012, 0.999593],
+            ),
+            ("LeakyRelu", 16, vec![], [-0.03, -0.005, 0.0, 0.7, 2.5]),
+            (
+                "ThresholdedRelu",
+                22,
+                vec![("alpha", AttrValue::Float(0.7))],
+                [0.0, 0.0, 0.0, 0.0, 2.5],
+            ),
+            (
+                "Shrink",
+                9,
+                vec![
+                    ("bias", AttrValue::Float(0.5)),
+                    ("lambd", AttrValue::Float(0.6)),
+                ],
+                [-2.5, 0.0, 0.0, 0.2, 2.0],
+            ),
+        ];
+        for (op, opset, attrs, want) in cases {
+            let y = run(op, opset, attrs, &[x()]).unwrap();
+            close(&f32s(&y), &want, 1e-5);
+            // f64 and f16 go through the same formula
+            let xd = cast(&x(), DataType::Double, CAST_DEFAULT).unwrap();
+            let yd = run(op, opset, vec![], &[xd]);
+            assert!(yd.is_ok(), "{op} f64");
+        }
+        let r = run(
+            "Round",
+            22,
+            vec![],
+            &[t(&[6], vec![0.5f32, 1.5, 2.5, -0.5, -1.5, -2.6])],
+        )
+        .unwrap();
+        assert_eq!(f32s(&r), [0., 2., 2., -0., -2., -3.]);
+        let h = cast(
+            &t(&[2], vec![-2.5f32, 1.25]),
+            DataType::Float16,
+            CAST_DEFAULT,
+        )
+        .unwrap();
+        let a = run("Abs", 13, vec![], &[h]).unwrap();
+        assert_eq!(a.to_f32_vec().unwrap(), [2.5, 1.25]);
+        let inf = t(&[4], vec![f32::INFINITY, -f32::INFINITY, 1., f32::NAN]);
+        let y = run(
+            "IsInf",
+            20,
+            vec![("detect_negative", AttrValue::Int(0))],
+            core::slice::from_ref(&inf),
+        )
+        .unwrap();
+        assert_eq!(
+            &*y.as_slice::<bool>().unwrap(),
+            &[true, false, false, false]
+        );
+        let y = run("IsNaN", 20, vec![], &[inf]).unwrap();
+        assert_eq!(
+            &*y.as_slice::<bool>().unwrap(),
+            &[false, false, false, true]
+        );
+        assert!(matches!(
+            build(
+                "Gelu",
+                20,
+                vec![("approximate", AttrValue::String(b"erf".to_vec()))]
+            ),
+            Err(Error::Unsupported { .. })
+        ));
+    }
+
+    #[test]
+    fn prelu_slope_broadcasts() {
+        let x = t(&[2, 3], vec![-1f32, -2., 3., -4., 5., -6.]);
+        let s = t(&[3], vec![0.1f32, 0.2, 0.3]);
+        let y = run("PRelu", 16, vec![], &[x, s]).unwrap();
+        close(&f32s(&y), &[-0.1, -0.4, 3., -0.4, 5., -1.8], 1e-6);
+    }
+
+    const CAST_DEFAULT: CastOpts = CastOpts {
+        saturate: true,
+        round: E8Round::Up,
+    };
+
+    fn cast_to(x: Tensor, to: DataType, attrs: Vec<(&str, AttrValue)>) -> Tensor {
+        let mut a = attrs;
+        a.push(("to", AttrValue::Int(to.code() as i64)));
+        run("Cast", 25, a, &[x]).unwrap()
+    }
+
+    #[test]
+    fn cast_float_to_int_truncates() {
+        let x = t(&[5], vec![1.7f32, -1.7, 2.5, -0.5, -2.9]);
+        let y = cast_to(x.clone(), DataType::Int32, vec![]);
+        assert_eq!(&*y.as_slice::<i32>().unwrap(), &[1, -1, 2, 0, -2]);
+        let y = cast_to(t(&[3], vec![200f32, -3.7, 3.7]), DataType::Uint8, vec![]);
+        assert_eq!(&*y.as_slice::<u8>().unwrap(), &[200, 253, 3]);
+        let y = cast_to(x, DataType::Bool, vec![]);
+        assert_eq!(&*y.as_slice::<bool>().unwrap(), &[true; 5]);
+        // int -> narrower int wraps
+        let y = cast_to(t(&[2], vec![200i16, -129]), DataType::Int8, vec![]);
+        assert_eq!(&*y.as_slice::<i8>().unwrap(), &[-56, 127]);
+    }
+
+    #[test]
+    fn cast_float8_rounds_to_nearest_even() {
+        let x = || {
+            t(
+                &[11],
+                vec![
+                    0.3f32,
+                    -1.7,
+                    100.0,
+                    500.0,
+                    -1e-3,
+                    3e-3,
+                    1e5,
+                    f32::INFINITY,
+                    -f32::INFINITY,
+                    17.0,
+                    0.0013671875,
+                ],
+            )
+        };
+        // ml_dtypes: astype (saturate=0) and clip-then-astype (saturate=1)
+        let cases: [(DataType, [u8; 11], [u8; 11]); 4] = [
+            (
+                DataType::Float8E4M3FN,
+                [
+                    0x2a, 0xbe, 0x6c, 0x7f, 0x81, 0x2, 0x7f, 0x7f, 0xff, 0x58, 0x1,
+                ],
+                [
+                    0x2a, 0xbe, 0x6c, 0x7e, 0x81, 0x2, 0x7e, 0x7e, 0xfe, 0x58, 0x1,
+                ],
+            ),
+            (
+                DataType::Float8E4M3FNUZ,
+                [
+                    0x32, 0xc6, 0x74, 0x80, 0x81, 0x3, 0x80, 0x80, 0x80, 0x60, 0x1,
+                ],
+                [
+                    0x32, 0xc6, 0x74, 0x7f, 0x81, 0x3, 0x7f, 0x7f, 0xff, 0x60, 0x1,
+                ],
+            ),
+            (
+                DataType::Float8E5M2,
+                [
+                    0x35, 0xbf, 0x56, 0x60, 0x94, 0x1a, 0x7c, 0x7c, 0xfc, 0x4c, 0x16,
+                ],
+                [
+                    0x35, 0xbf, 0x56, 0x60, 0x94, 0x1a, 0x7b, 0x7b, 0xfb, 0x4c, 0x16,
+                ],
+            ),
+            (
+                DataType::Float8E5M2FNUZ,
+                [
+                    0x39, 0xc3, 0x5a, 0x64, 0x98, 0x1e, 0x80, 0x80, 0x80, 0x50, 0x1a,
+                ],
+                [
+                    0x39, 0xc3, 0x5a, 0x64, 0x98, 0x1e, 0x7f, 0x7f, 0xff, 0x50, 0x1a,
+                ],
+            ),
+        ];
+        for (dt, nosat, sat) in cases {
+            let y = cast_to(x(), dt, vec![("saturate", AttrValue::Int(0))]);
+            assert_eq!(y.raw_bytes().unwrap(), &nosat, "{dt} saturate=0");
+            let y = cast_to(x(), dt, vec![]);
+            assert_eq!(y.raw_bytes().unwrap(), &sat, "{dt} saturate=1");
+            // every non-NaN code decodes and re-encodes to itself
+            let m = mini_of(dt).unwrap();
+            for c in 0..=255u8 {
+                let v = mini_decode(m, c);
+                if !v.is_nan() {
+                    assert_eq!(mini_encode(m, v as f64, false), c, "{dt} code {c:#x}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn cast_packed_4bit_types() {
+        // float4e2m1 from ml_dtypes, packed low nibble first
+        let x = t(&[8], vec![0.3f32, -1.7, 2.6, 100., -0.2, 0.25, 0.75, 1.25]);
+        let y = cast_to(x, DataType::Float4E2M1, vec![]);
+        assert_eq!(y.raw_bytes().unwrap(), &[0xb1, 0x75, 0x08, 0x22]);
+        let back = cast_to(y, DataType::Float, vec![]);
+        assert_eq!(f32s(&back), [0.5, -1.5, 3.0, 6.0, -0.0, 0.0, 1.0, 1.0]);
+        // int4 wraps (ONNX node test cast_FLOAT_to_INT4)
+        let x = t(&[25], (-9..16).map(|v| v as f32).collect());
+        let y = cast_to(x, DataType::Int4, vec![]);
+        assert_eq!(
+            y.raw_bytes().unwrap(),
+            &[0x87, 0xa9, 0xcb, 0xed, 0x0f, 0x21, 0x43, 0x65, 0x87, 0xa9, 0xcb, 0xed, 0x0f]
+        );
+        let back = cast_to(y, DataType::Int8, vec![]);
+        let want: Vec<i8> = (-9..16).map(|v: i32| ((v << 28) >> 28) as i8).collect();
+        assert_eq!(&*back.as_slice::<i8>().unwrap(), &want[..]);
+    }
+
+    #[test]
+    fn cast_strings_like_numpy() {
+        let x = t(
+            &[9],
+            vec![
+                1.5f32,
+                0.1,
+                1e20,
+                123456789.0,
+                1e-5,
+                -0.0,
+                f32::NAN,
+                f32::INFINITY,
+                100.0,
+            ],
+        );
+        let y = cast_to(x, DataType::String, vec![]);
+        let want = [
+            "1.5",
+            "0.1",
+            "1e+20",
+            "1.2345679e+08",
+            "1e-05",
+            "-0.0",
+            "nan",
+            "inf",
+            "100.0",
+        ];
+        assert_eq!(&*y.as_slice::<String>().unwrap(), &want.map(String::from));
+        let y = cast_to(
+            t(&[3], vec![1e15f64, 0.1, -2.5e-7]),
+            DataType::String,
+            vec![],
+        );
+        let want = ["1000000000000000.0", "0.1", "-2.5e-07"];
+        assert_eq!(&*y.as_slice::<String>().unwrap(), &want.map(String::from));
+        let h = cast_to(
+            t(&[4], vec![65504f32, 0.1, 1234.5, -3.]),
+            DataType::Float16,
+            vec![],
+        );
+        let y = cast_to(h, DataType::String, vec![]);
+        let want = ["6.55e+04", "0.1", "1.234e+03", "-3.0"];
+        assert_eq!(&*y.as_slice::<String>().unwrap(), &want.map(String::from));
+        let s = ["1.5", " 2", "-inf", "NaN", "+INF", "1e3"]
+            .map(String::from)
+            .to_vec();
+        let y = f32s(&cast_to(t(&[6], s), DataType::Float, vec![]));
+        assert_eq!(&y[..3], &[1.5, 2.0, f32::NEG_INFINITY]);
+        assert!(y[3].is_nan());
+        assert_eq!(&y[4..], &[f32::INFINITY, 1000.0]);
+        let s = ["100.5", "-7"].map(String::from).to_vec();
+        let y = cast_to(t(&[2], s), DataType::Int64, vec![]);
+        assert_eq!(&*y.as_slice::<i64>().unwrap(), &[100, -7]);
+    }
+
+    #[test]
+    fn cast_like_and_unsupported_targets() {
+        let y = run(
+            "CastLike",
+            21,
+            vec![],
+            &[t(&[2], vec![1.5f64, -2.0]), Tensor::scalar(half::f16::ZERO)],
+        )
+        .unwrap();
+        assert_eq!(y.dtype(), DataType::Float16);
+        assert_eq!(y.to_f32_vec().unwrap(), [1.5, -2.0]);
+        assert!(matches!(
+            build("Cast", 21, vec![("to", AttrValue::Int(14))]),
+            Err(Error::Unsupported { .. })
+        ));
+        let y = run(
+            "Cast",
+            1,
+            vec![("to", AttrValue::String(b"INT64".to_vec()))],
+            &[t(&[1], vec![3.9f32])],
+        )
+        .unwrap();
+        assert_eq!(&*y.as_slice::<i64>().unwrap(), &[3]);
+    }
+
+    #[test]
+    fn float8e8m0_rounding() {
+        // onnx.numpy_helper.to_float8e8m0 semantics
+        assert_eq!(e8m0_encode(1.0, true, E8Round::Up), 127);
+        assert_eq!(e8m0_encode(1.5, true, E8Round::Up), 128);
+        assert_eq!(e8m0_encode(1.5, true, E8Round::Down), 127);
+        assert_eq!(e8m0_encode(1.75, true, E8Round::Nearest), 128);
+        assert_eq!(e8m0_encode(f32::MAX, true, E8Round::Up), 254);
+        assert_eq!(e8m0_encode(f32::MAX, false, E8Round::Up), 255);
+        assert_eq!(e8m0_decode(128), 2.0);
+        assert!(e8m0_decode(255).is_nan());
+    }
 }

@@ -42,7 +42,8 @@ pub(crate) const KERNELS: &[KernelDef] = &[
 trait Real: Float + AddAssign + SubAssign + MulAssign + Neg<Output = Self> {
     const ZERO: Self;
     const ONE: Self;
-    fn fexp(self) -> Self;
+    /// e^self for self <= 0 (or NaN), the softmax case.
+    fn exp_nonpos(self) -> Self;
     fn fln(self) -> Self;
     fn fpow(self, e: Self) -> Self;
     /// The elements of a float tensor in this type (borrowed when no conversion is needed).
@@ -54,9 +55,9 @@ trait Real: Float + AddAssign + SubAssign + MulAssign + Neg<Output = Self> {
 impl Real for f32 {
     const ZERO: f32 = 0.0;
     const ONE: f32 = 1.0;
-    #[inline]
-    fn fexp(self) -> f32 {
-        libm::expf(self)
+    #[inline(always)]
+    fn exp_nonpos(self) -> f32 {
+        exp_nonpos_f32(self)
     }
     #[inline]
     fn fln(self) -> f32 {
@@ -96,7 +97,7 @@ impl Real for f64 {
     const ZERO: f64 = 0.0;
     const ONE: f64 = 1.0;
     #[inline]
-    fn fexp(self) -> f64 {
+    fn exp_nonpos(self) -> f64 {
         libm::exp(self)
     }
     #[inline]
@@ -122,6 +123,76 @@ impl Real for f64 {
             _ => f32::store(dt, shape, v.into_iter().map(|x| x as f32).collect()),
         }
     }
+}
+
+/// e^x for x <= 0 (or NaN), written to vectorise: x = k ln2 + r with |r| <= ln2/2, e^r from its
+/// Taylor polynomial to degree 7 (truncation error < 1e-8, below f32 epsilon), times 2^k built
+/// in the exponent bits. Results below f32's normal range flush to 0; NaN stays NaN.
+#[inline(always)]
+fn exp_nonpos_f32(x: f32) -> f32 {
+    const LO: f32 = -87.3365; // just above ln(f32::MIN_POSITIVE)
+                              // 1.5 * 2^23: adding it rounds a float of magnitude < 2^22 to an integer.
+    const MAGIC: f32 = 12_582_912.0;
+    const LN2_HI: f32 = 0.693_145_75; // few mantissa bits: k * LN2_HI is exact
+    const LN2_LO: f32 = 1.428_606_8e-6;
+    let xc = if x < LO { LO } else { x };
+    let t = xc * core::f32::consts::LOG2_E + MAGIC;
+    let kf = t - MAGIC;
+    let k = (t.to_bits() as i32).wrapping_sub(0x4B40_0000);
+    let r = xc - kf * LN2_HI - kf * LN2_LO;
+    let mut p = 1.0 / 5040.0;
+    p = p * r + 1.0 / 720.0;
+    p = p * r + 1.0 / 120.0;
+    p = p * r + 1.0 / 24.0;
+    p = p * r + 1.0 / 6.0;
+    p = p * r + 0.5;
+    p = p * r + 1.0;
+    p = p * r + 1.0;
+    let scale = f32::from_bits((k.wrapping_add(127) as u32) << 23);
+    // Flush by masking bits rather than branching, so the loop stays vectorised.
+    let under = ((x < LO) as u32).wrapping_neg();
+    f32::from_bits((p * scale).to_bits() & !under)
+}
+
+/// Writes e^(x - m) to `y` and returns the sum (8 independent accumulators, so it vectorises).
+fn exp_sum<R: Real>(x: &[R], m: R, y: &mut [R]) -> R {
+    let mut acc = [R::ZERO; 8];
+    let mut yc = y.chunks_exact_mut(8);
+    let mut xc = x.chunks_exact(8);
+    for (yo, xi) in (&mut yc).zip(&mut xc) {
+        for k in 0..8 {
+            let e = (xi[k] - m).exp_nonpos();
+            yo[k] = e;
+            acc[k] += e;
+        }
+    }
+    let mut s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+    for (o, &v) in yc.into_remainder().iter_mut().zip(xc.remainder()) {
+        let e = (v - m).exp_nonpos();
+        *o = e;
+        s += e;
+    }
+    s
+}
+
+/// Maximum (NaNs are skipped; a NaN still poisons a softmax row through its exponential).
+fn max_lanes<R: Real>(v: &[R]) -> R {
+    let mut acc = [v[0]; 8];
+    let mut ch = v.chunks_exact(8);
+    for c in &mut ch {
+        for k in 0..8 {
+            if c[k] > acc[k] {
+                acc[k] = c[k];
+            }
+        }
+    }
+    let mut m = acc[0];
+    for &x in acc[1..].iter().chain(ch.remainder()) {
+        if x > m {
+            m = x;
+        }
+    }
+    m
 }
 
 /// Runs `$body` with `$R` bound to the compute type for a float element type: f64 for double,
@@ -353,40 +424,30 @@ fn soft_apply<R: Real>(
 
 /// Softmax-style normalisation of one contiguous row.
 fn soft_row<R: Real>(x: &[R], y: &mut [R], kind: SoftKind) {
-    let mut m = x[0];
-    let mut arg = 0;
-    for (i, &v) in x.iter().enumerate().skip(1) {
-        if v > m {
-            m = v;
-            arg = i;
+    if kind == SoftKind::Hardmax {
+        let mut m = x[0];
+        let mut arg = 0;
+        for (i, &v) in x.iter().enumerate().skip(1) {
+            if v > m {
+                m = v;
+                arg = i;
+            }
         }
+        y.fill(R::ZERO);
+        y[arg] = R::ONE;
+        return;
     }
-    match kind {
-        SoftKind::Softmax => {
-            let mut s = R::ZERO;
-            for (o, &v) in y.iter_mut().zip(x) {
-                let e = (v - m).fexp();
-                *o = e;
-                s += e;
-            }
-            let inv = R::ONE / s;
-            for o in y.iter_mut() {
-                *o *= inv;
-            }
+    let m = max_lanes(x);
+    let s = exp_sum(x, m, y);
+    if kind == SoftKind::Softmax {
+        let inv = R::ONE / s;
+        for o in y.iter_mut() {
+            *o *= inv;
         }
-        SoftKind::LogSoftmax => {
-            let mut s = R::ZERO;
-            for &v in x {
-                s += (v - m).fexp();
-            }
-            let ls = s.fln();
-            for (o, &v) in y.iter_mut().zip(x) {
-                *o = (v - m) - ls;
-            }
-        }
-        SoftKind::Hardmax => {
-            y.fill(R::ZERO);
-            y[arg] = R::ONE;
+    } else {
+        let ls = s.fln();
+        for (o, &v) in y.iter_mut().zip(x) {
+            *o = (v - m) - ls;
         }
     }
 }
@@ -417,7 +478,7 @@ fn soft_cols<R: Real>(x: &[R], y: &mut [R], n: usize, inner: usize, kind: SoftKi
             let mut s = vec![R::ZERO; inner];
             for (yr, xr) in y.chunks_mut(inner).zip(x.chunks(inner)) {
                 for j in 0..inner {
-                    let e = (xr[j] - m[j]).fexp();
+                    let e = (xr[j] - m[j]).exp_nonpos();
                     yr[j] = e;
                     s[j] += e;
                 }
@@ -435,7 +496,7 @@ fn soft_cols<R: Real>(x: &[R], y: &mut [R], n: usize, inner: usize, kind: SoftKi
             let mut s = vec![R::ZERO; inner];
             for xr in x.chunks(inner) {
                 for j in 0..inner {
-                    s[j] += (xr[j] - m[j]).fexp();
+                    s[j] += (xr[j] - m[j]).exp_nonpos();
                 }
             }
             for v in s.iter_mut() {
@@ -522,14 +583,24 @@ fn build_batch_norm(node: &Node) -> Result<Box<dyn Kernel>> {
                     .collect();
                 let m: Vec<R> = mu.iter().map(|&v| R::from_f64(v)).collect();
                 let mut ys = vec![R::ZERO; xs.len()];
-                par_out(cx, &mut ys, inner, xs.len(), &|first, run| {
-                    for (k, y) in run.chunks_mut(inner).enumerate() {
+                // Work in (n, c) planes, or whole batch items when planes are tiny.
+                let unit = if inner >= 64 { inner } else { ch * inner };
+                par_out(cx, &mut ys, unit, xs.len(), &|first, run| {
+                    for (k, y) in run.chunks_mut(unit).enumerate() {
                         let i = first + k;
-                        let c = i % ch;
-                        let xr = &xs[i * inner..][..inner];
-                        let (mc, ac, bc) = (m[c], a[c], bs[c]);
-                        for (o, &v) in y.iter_mut().zip(xr) {
-                            *o = (v - mc) * ac + bc;
+                        let xb = &xs[i * unit..][..unit];
+                        if inner == 1 {
+                            for c in 0..ch {
+                                y[c] = (xb[c] - m[c]) * a[c] + bs[c];
+                            }
+                            continue;
+                        }
+                        for (j, (yr, xr)) in y.chunks_mut(inner).zip(xb.chunks(inner)).enumerate() {
+                            let c = if unit == inner { i % ch } else { j };
+                            let (mc, ac, bc) = (m[c], a[c], bs[c]);
+                            for (o, &v) in yr.iter_mut().zip(xr) {
+                                *o = (v - mc) * ac + bc;
+                            }
                         }
                     }
                 });
@@ -1490,6 +1561,8 @@ fn resize_run(
             roi[a] = (v[i], v[axes.len() + i]);
         }
     }
+    // An error, not an overflow or an absurd allocation attempt, for huge scales.
+    crate::tensor::numel(&out_shape)?;
     let dt = x.dtype();
     if out_shape.contains(&0) {
         return out1(Tensor::zeros(dt, &out_shape)?);
@@ -1804,6 +1877,17 @@ fn interp_level<R: Real>(
                         extrap
                     } else {
                         t.w[2 * o] * src[t.idx[2 * o]] + t.w[2 * o + 1] * src[t.idx[2 * o + 1]]
+                    };
+                }
+            }
+            4 => {
+                for (o, out) in dst.iter_mut().enumerate() {
+                    let (w, i) = (&t.w[4 * o..4 * o + 4], &t.idx[4 * o..4 * o + 4]);
+                    *out = if t.oob[o] {
+                        extrap
+                    } else {
+                        (w[0] * src[i[0]] + w[1] * src[i[1]])
+                            + (w[2] * src[i[2]] + w[3] * src[i[3]])
                     };
                 }
             }
@@ -2172,6 +2256,10 @@ mod tests {
             &n,
             &[Some(x), None, t(&[4], &[1., 1., 1.5, 1.5])]
         )));
+        // an output whose element count overflows
+        let n = node("Resize", 13, 3, 1, vec![]);
+        let r = run(&n, &[x44(), None, t(&[4], &[1e30, 1e30, 1e30, 1e30])]);
+        assert!(r.is_err());
         // scales and sizes together
         let n = node("Resize", 13, 4, 1, vec![]);
         let r = run(
@@ -2237,6 +2325,29 @@ mod tests {
         #[rustfmt::skip]
         let want = [0.0, 0.0, 0.0, 1.0, 1.0, 0.0, 1.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 1.0, 0.0, 0.0, 1.0, 0.0, 0.0, 1.0];
         close(&run(&n, &[x]).unwrap()[0], &[2, 3, 4], &want, 0.0);
+    }
+
+    #[test]
+    fn fast_exp_accuracy() {
+        let mut worst = 0f64;
+        let mut x = 0f32;
+        while x > -90.0 {
+            let want = libm::exp(x as f64);
+            let got = exp_nonpos_f32(x) as f64;
+            if want > 1.2e-38 {
+                worst = worst.max((got - want).abs() / want);
+            } else {
+                assert!(
+                    got == 0.0 || (got - want).abs() < 1e-37,
+                    "{x}: {got} vs {want}"
+                );
+            }
+            x -= 0.000_731;
+        }
+        assert!(worst < 2.5e-7, "worst relative error {worst}");
+        assert_eq!(exp_nonpos_f32(0.0), 1.0);
+        assert_eq!(exp_nonpos_f32(f32::NEG_INFINITY), 0.0);
+        assert!(exp_nonpos_f32(f32::NAN).is_nan());
     }
 
     #[test]

@@ -10,9 +10,10 @@ use half::{bf16, f16};
 use crate::dtype::DataType;
 use crate::error::Result;
 use crate::ir::Node;
+use crate::kernels::shape::copy_strided;
 use crate::kernels::{bad_type, def, ints_of, norm_axis, opt_tensor_in, out1, tensor_in, LATEST};
 use crate::provider::{Kernel, KernelCx, KernelDef};
-use crate::tensor::{Elem, Tensor};
+use crate::tensor::{contiguous_strides, Elem, Tensor};
 use crate::value::Value;
 use crate::{bail, unsupported};
 
@@ -608,7 +609,7 @@ fn reduce(x: &Tensor, op: Op, axes: Option<&[i64]>, keepdims: bool, noop: bool) 
         let mut perm: Vec<usize> = (0..r).filter(|&i| !red[i]).collect();
         let kept = perm.len();
         perm.extend((0..r).filter(|&i| red[i]));
-        let p = x.permute(&perm)?.contiguous()?;
+        let p = permuted(x, &perm)?;
         let outer = prod(&p.shape()[..kept]);
         let rr = prod(&p.shape()[kept..]);
         (p, outer, rr, 1)
@@ -660,6 +661,18 @@ fn reduce_t<T: RElem>(x: &[T], outer: usize, r: usize, inner: usize, op: Op) -> 
         Op::LogSum => acc.into_iter().map(|a| T::from_a(a.ln())).collect(),
         _ => acc.into_iter().map(T::from_a).collect(),
     })
+}
+
+/// A contiguous copy of `x` with its axes permuted.
+fn permuted(x: &Tensor, perm: &[usize]) -> Result<Tensor> {
+    let shape: Vec<usize> = perm.iter().map(|&p| x.shape()[p]).collect();
+    let cs = contiguous_strides(x.shape());
+    let strides: Vec<isize> = perm.iter().map(|&p| cs[p]).collect();
+    let dt = x.dtype();
+    dispatch_red!(dt, T => {
+        let v = copy_strided(&x.as_slice::<T>()?, &shape, &strides, 0);
+        Tensor::from_vec(&shape, v)
+    }, else Err(bad_type("Reduce", dt)))
 }
 
 /// `max + ln(sum(exp(x - max)))` over the middle axis of `[outer, r, inner]` (infinite or NaN
@@ -754,6 +767,20 @@ fn arg_t<T: RElem>(
         }
     };
     let mut out = vec![0i64; outer * inner];
+    if inner == 1 {
+        for (o, row) in x.chunks_exact(d).take(outer).enumerate() {
+            let (mut b, mut bi) = (row[0].to_a(), 0);
+            for (k, &v) in row.iter().enumerate().skip(1) {
+                let v = v.to_a();
+                if better(v, b) {
+                    b = v;
+                    bi = k;
+                }
+            }
+            out[o] = bi as i64;
+        }
+        return out;
+    }
     let mut best: Vec<T::A> = Vec::with_capacity(inner);
     for o in 0..outer {
         let base = o * d * inner;
@@ -921,12 +948,37 @@ fn topk_t<T: RElem>(
                 c.then(p.cmp(&q))
             };
             order.clear();
-            order.extend(0..d);
-            if k < d {
-                order.select_nth_unstable_by(k - 1, cmp);
-                order.truncate(k);
+            if k <= 16 && k < d {
+                // keep the best k sorted; most candidates lose to the current k-th at once
+                let beats = |v: T::A, w: T::A| {
+                    let c = v.total_cmp(w);
+                    if largest {
+                        c == Ordering::Greater
+                    } else {
+                        c == Ordering::Less
+                    }
+                };
+                for (j, &v) in lane.iter().enumerate() {
+                    if order.len() == k {
+                        if !beats(v, lane[order[k - 1]]) {
+                            continue;
+                        }
+                        order.pop();
+                    }
+                    let pos = order
+                        .iter()
+                        .position(|&q| beats(v, lane[q]))
+                        .unwrap_or(order.len());
+                    order.insert(pos, j);
+                }
+            } else {
+                order.extend(0..d);
+                if k < d {
+                    order.select_nth_unstable_by(k - 1, cmp);
+                    order.truncate(k);
+                }
+                order.sort_unstable_by(cmp);
             }
-            order.sort_unstable_by(cmp);
             for (j, &p) in order.iter().enumerate() {
                 let t = (o * k + j) * inner + i;
                 vals[t] = x[(o * d + p) * inner + i];
@@ -935,4 +987,317 @@ fn topk_t<T: RElem>(
         }
     }
     (vals, idxs)
+}
+
+#[cfg(test)]
+mod tests {
+    //! Expected values come from numpy / the ONNX reference implementation (pasted), or from
+    //! closed-form sums.
+    use super::*;
+    use crate::ir::AttrValue;
+    use crate::provider::ReferenceCpu;
+    use alloc::string::{String, ToString};
+
+    fn run_n(
+        op: &str,
+        opset: i64,
+        attrs: Vec<(&str, AttrValue)>,
+        inputs: Vec<Option<Tensor>>,
+    ) -> Result<Vec<Tensor>> {
+        let n = Node {
+            name: "n".to_string(),
+            op_type: op.to_string(),
+            domain: String::new(),
+            opset,
+            inputs: Vec::new(),
+            outputs: vec![Some(0), Some(1)],
+            attrs: attrs.into_iter().map(|(k, v)| (k.to_string(), v)).collect(),
+            implicit_inputs: Vec::new(),
+        };
+        let def = KERNELS
+            .iter()
+            .find(|d| d.op == op && opset >= d.since && opset <= d.until)
+            .expect("kernel registered");
+        let k = (def.build)(&n)?;
+        let vals: Vec<Option<Value>> = inputs.into_iter().map(|t| t.map(Value::Tensor)).collect();
+        let refs: Vec<Option<&Value>> = vals.iter().map(|v| v.as_ref()).collect();
+        let out = k.compute(&KernelCx { cpu: &ReferenceCpu }, &refs)?;
+        out.into_iter().map(|v| v.into_tensor()).collect()
+    }
+
+    fn run(
+        op: &str,
+        opset: i64,
+        attrs: Vec<(&str, AttrValue)>,
+        inputs: Vec<Option<Tensor>>,
+    ) -> Result<Tensor> {
+        Ok(run_n(op, opset, attrs, inputs)?.remove(0))
+    }
+
+    fn f(shape: &[usize], v: &[f32]) -> Option<Tensor> {
+        Some(Tensor::from_vec(shape, v.to_vec()).unwrap())
+    }
+    fn i(shape: &[usize], v: &[i64]) -> Option<Tensor> {
+        Some(Tensor::from_vec(shape, v.to_vec()).unwrap())
+    }
+    fn fv(t: &Tensor) -> Vec<f32> {
+        t.as_slice::<f32>().unwrap().into_owned()
+    }
+    fn iv(t: &Tensor) -> Vec<i64> {
+        t.as_slice::<i64>().unwrap().into_owned()
+    }
+    fn close(got: &[f32], want: &[f32]) {
+        assert_eq!(got.len(), want.len(), "{got:?} vs {want:?}");
+        for (g, w) in got.iter().zip(want) {
+            let ok = g == w || (g - w).abs() <= 1e-5 * w.abs().max(1.0);
+            assert!(ok, "{got:?} vs {want:?}");
+        }
+    }
+    fn keep(k: i64) -> Vec<(&'static str, AttrValue)> {
+        vec![("keepdims", AttrValue::Int(k))]
+    }
+
+    const A: [f32; 12] = [
+        1.5, -2.0, 3.0, 0.25, 4.0, 5.5, -6.0, 7.0, 0.5, 0.0, -1.0, 2.0,
+    ];
+
+    #[test]
+    fn reductions_match_numpy_on_both_layouts() {
+        // numpy over axis=1 (rows) and axis=0 (inner blocks) of A.reshape(3, 4)
+        let cases: [(&str, [f32; 3], [f32; 4]); 9] = [
+            ("ReduceSum", [2.75, 10.5, 1.5], [6.0, 3.5, -4.0, 9.25]),
+            (
+                "ReduceMean",
+                [0.6875, 2.625, 0.375],
+                [2.0, 1.1666666, -1.3333334, 3.0833333],
+            ),
+            ("ReduceMax", [3.0, 7.0, 2.0], [4.0, 5.5, 3.0, 7.0]),
+            ("ReduceMin", [-2.0, -6.0, -1.0], [0.5, -2.0, -6.0, 0.25]),
+            ("ReduceProd", [-2.25, -924.0, -0.0], [3.0, -0.0, 18.0, 3.5]),
+            (
+                "ReduceSumSquare",
+                [15.3125, 131.25, 5.25],
+                [18.5, 34.25, 46.0, 53.0625],
+            ),
+            ("ReduceL1", [6.75, 22.5, 3.5], [6.0, 7.5, 10.0, 9.25]),
+            (
+                "ReduceL2",
+                [3.9131191, 11.456439, 2.2912879],
+                [4.3011627, 5.8523498, 6.7823300, 7.2844009],
+            ),
+            (
+                "ReduceLogSumExp",
+                [3.2575805, 7.2413130, 2.3423495],
+                [4.1064138, 5.5046291, 3.0182712, 7.0078778],
+            ),
+        ];
+        for (op, rows, cols) in cases {
+            let y = run(op, 18, keep(0), vec![f(&[3, 4], &A), i(&[1], &[1])]).unwrap();
+            assert_eq!(y.shape(), &[3], "{op}");
+            close(&fv(&y), &rows);
+            let y = run(op, 18, keep(1), vec![f(&[3, 4], &A), i(&[1], &[-2])]).unwrap();
+            assert_eq!(y.shape(), &[1, 4], "{op}");
+            close(&fv(&y), &cols);
+        }
+        // numpy: np.log(np.sum(np.abs(A) + 1, axis=1))
+        let b: Vec<f32> = A.iter().map(|v| v.abs() + 1.0).collect();
+        let y = run(
+            "ReduceLogSum",
+            18,
+            keep(0),
+            vec![f(&[3, 4], &b), i(&[1], &[1])],
+        )
+        .unwrap();
+        close(&fv(&y), &[2.3749058, 3.2771447, 2.0149031]);
+    }
+
+    #[test]
+    fn axes_attribute_versions_and_layouts() {
+        let x: Vec<f32> = (0..24).map(|v| v as f32).collect();
+        // numpy: np.arange(24).reshape(2,3,4).sum(axis=(0,2)) -> non-adjacent axes
+        let y = run(
+            "ReduceSum",
+            13,
+            keep(0),
+            vec![f(&[2, 3, 4], &x), i(&[2], &[0, 2])],
+        )
+        .unwrap();
+        assert_eq!(fv(&y), [60., 92., 124.]);
+        let y = run(
+            "ReduceSum",
+            11,
+            vec![("axes", AttrValue::Ints(vec![-1]))],
+            vec![f(&[2, 3, 4], &x)],
+        )
+        .unwrap();
+        assert_eq!(y.shape(), &[2, 3, 1]);
+        assert_eq!(fv(&y), [6., 22., 38., 54., 70., 86.]);
+        let y = run(
+            "ReduceMean",
+            13,
+            vec![("axes", AttrValue::Ints(vec![0, 2]))],
+            vec![f(&[2, 3, 4], &x)],
+        )
+        .unwrap();
+        assert_eq!(y.shape(), &[1, 3, 1]);
+        assert_eq!(fv(&y), [7.5, 11.5, 15.5]);
+        // no axes: everything
+        let y = run("ReduceMax", 18, keep(0), vec![f(&[2, 3, 4], &x)]).unwrap();
+        assert_eq!((y.rank(), fv(&y)), (0, vec![23.]));
+        // noop_with_empty_axes: reduce over nothing (numpy axis=())
+        let noop = vec![("noop_with_empty_axes", AttrValue::Int(1))];
+        let y = run(
+            "ReduceSumSquare",
+            18,
+            noop.clone(),
+            vec![f(&[3], &[1., -2., 3.])],
+        )
+        .unwrap();
+        assert_eq!(fv(&y), [1., 4., 9.]);
+        let y = run(
+            "ReduceSum",
+            13,
+            noop,
+            vec![f(&[3], &[1., -2., 3.]), i(&[0], &[])],
+        )
+        .unwrap();
+        assert_eq!(fv(&y), [1., -2., 3.]);
+        assert!(run(
+            "ReduceSum",
+            13,
+            vec![],
+            vec![f(&[3], &[1., 2., 3.]), i(&[1], &[1])]
+        )
+        .is_err());
+    }
+
+    #[test]
+    fn empty_sets_give_identities() {
+        let e = || Some(Tensor::zeros(DataType::Float, &[2, 0]).unwrap());
+        let ax = || i(&[1], &[1]);
+        let get = |op: &str| fv(&run(op, 18, keep(0), vec![e(), ax()]).unwrap());
+        assert_eq!(get("ReduceSum"), [0., 0.]);
+        assert_eq!(get("ReduceProd"), [1., 1.]);
+        assert_eq!(get("ReduceMax"), [f32::NEG_INFINITY; 2]);
+        assert_eq!(get("ReduceMin"), [f32::INFINITY; 2]);
+        assert_eq!(get("ReduceL2"), [0., 0.]);
+        assert_eq!(get("ReduceLogSum"), [f32::NEG_INFINITY; 2]);
+        assert_eq!(get("ReduceLogSumExp"), [f32::NEG_INFINITY; 2]);
+        assert!(get("ReduceMean").iter().all(|v| v.is_nan()));
+        let ei = Some(Tensor::zeros(DataType::Int32, &[2, 0]).unwrap());
+        let y = run("ReduceMax", 18, keep(0), vec![ei, ax()]).unwrap();
+        assert_eq!(&*y.as_slice::<i32>().unwrap(), [i32::MIN; 2]);
+    }
+
+    #[test]
+    fn log_sum_exp_infinities_and_long_rows() {
+        let inf = f32::INFINITY;
+        let x = f(&[3, 2], &[-inf, -inf, inf, 1.0, -inf, 0.0]);
+        let y = run("ReduceLogSumExp", 18, keep(0), vec![x, i(&[1], &[1])]).unwrap();
+        assert_eq!(fv(&y), [-inf, inf, 0.0]);
+        // sum over i < 1000 of (i % 7) = 142 * 21 + (0+1+2+3+4+5) = 2997, per row
+        let v: Vec<f32> = (0..3000).map(|k| ((k % 1000) % 7) as f32).collect();
+        let y = run(
+            "ReduceSum",
+            13,
+            keep(0),
+            vec![f(&[3, 1000], &v), i(&[1], &[1])],
+        )
+        .unwrap();
+        assert_eq!(fv(&y), [2997.; 3]);
+    }
+
+    #[test]
+    fn integer_and_bool_reductions() {
+        let x = Some(Tensor::from_vec(&[2, 3], vec![1i32, 2, 4, -7, 5, 3]).unwrap());
+        let y = run("ReduceMean", 18, keep(0), vec![x.clone(), i(&[1], &[1])]).unwrap();
+        assert_eq!(&*y.as_slice::<i32>().unwrap(), [2, 0]);
+        let y = run("ReduceProd", 18, keep(0), vec![x.clone(), i(&[1], &[0])]).unwrap();
+        assert_eq!(&*y.as_slice::<i32>().unwrap(), [-7, 10, 12]);
+        let y = run("ReduceMin", 18, keep(0), vec![x, i(&[1], &[1])]).unwrap();
+        assert_eq!(&*y.as_slice::<i32>().unwrap(), [1, -7]);
+        let u = Some(Tensor::from_vec(&[2], vec![u64::MAX, 3]).unwrap());
+        let y = run("ReduceMax", 18, keep(0), vec![u]).unwrap();
+        assert_eq!(&*y.as_slice::<u64>().unwrap(), [u64::MAX]);
+        let b = Some(Tensor::from_vec(&[2, 2], vec![true, false, false, false]).unwrap());
+        let y = run("ReduceMax", 20, keep(0), vec![b.clone(), i(&[1], &[1])]).unwrap();
+        assert_eq!(&*y.as_slice::<bool>().unwrap(), [true, false]);
+        let y = run("ReduceMin", 20, keep(0), vec![b.clone(), i(&[1], &[0])]).unwrap();
+        assert_eq!(&*y.as_slice::<bool>().unwrap(), [false, false]);
+        assert!(run("ReduceSum", 13, keep(0), vec![b]).is_err());
+    }
+
+    #[test]
+    fn argmax_argmin_ties_and_nan() {
+        let nan = f32::NAN;
+        let x = || f(&[2, 4], &[2., 5., 5., 1., nan, 3., nan, 0.]);
+        let at = |axis: i64, last: i64| {
+            vec![
+                ("axis", AttrValue::Int(axis)),
+                ("keepdims", AttrValue::Int(0)),
+                ("select_last_index", AttrValue::Int(last)),
+            ]
+        };
+        // numpy argmax/argmin (NaN wins, first occurrence); select_last on the flipped array
+        assert_eq!(iv(&run("ArgMax", 13, at(1, 0), vec![x()]).unwrap()), [1, 0]);
+        assert_eq!(iv(&run("ArgMax", 13, at(1, 1), vec![x()]).unwrap()), [2, 2]);
+        assert_eq!(
+            iv(&run("ArgMin", 13, at(-1, 0), vec![x()]).unwrap()),
+            [3, 0]
+        );
+        let y = f(&[3, 2], &[1., 4., 3., 4., 3., 0.]);
+        assert_eq!(
+            iv(&run("ArgMax", 13, at(0, 0), vec![y.clone()]).unwrap()),
+            [1, 0]
+        );
+        assert_eq!(
+            iv(&run("ArgMax", 13, at(0, 1), vec![y.clone()]).unwrap()),
+            [2, 1]
+        );
+        let k = run("ArgMin", 11, vec![], vec![y]).unwrap();
+        assert_eq!((k.shape(), iv(&k)), (&[1usize, 2][..], vec![0, 2]));
+    }
+
+    #[test]
+    fn cumsum_variants() {
+        let x = Some(Tensor::from_vec(&[2, 3], vec![1f64, 2., 3., 4., 5., 6.]).unwrap());
+        let at = vec![
+            ("exclusive", AttrValue::Int(1)),
+            ("reverse", AttrValue::Int(1)),
+        ];
+        let y = run("CumSum", 14, at, vec![x.clone(), i(&[], &[1])]).unwrap();
+        assert_eq!(&*y.as_slice::<f64>().unwrap(), [5., 3., 0., 11., 6., 0.]);
+        let ax = Some(Tensor::from_vec(&[], vec![0i32]).unwrap());
+        let y = run("CumSum", 14, vec![], vec![x.clone(), ax]).unwrap();
+        assert_eq!(&*y.as_slice::<f64>().unwrap(), [1., 2., 3., 5., 7., 9.]);
+        assert!(run("CumSum", 14, vec![], vec![x, i(&[], &[2])]).is_err());
+    }
+
+    #[test]
+    fn topk_order_and_ties() {
+        let x = || f(&[2, 4], &[3., 1., 3., 2., 0., 5., 5., -1.]);
+        let ys = run_n("TopK", 11, vec![], vec![x(), i(&[1], &[2])]).unwrap();
+        assert_eq!(fv(&ys[0]), [3., 3., 5., 5.]);
+        assert_eq!(iv(&ys[1]), [0, 2, 1, 2]);
+        let ys = run_n(
+            "TopK",
+            11,
+            vec![("largest", AttrValue::Int(0))],
+            vec![x(), i(&[1], &[3])],
+        )
+        .unwrap();
+        assert_eq!(fv(&ys[0]), [1., 2., 3., -1., 0., 5.]);
+        assert_eq!(iv(&ys[1]), [1, 3, 0, 3, 0, 1]);
+        let ys = run_n(
+            "TopK",
+            1,
+            vec![("k", AttrValue::Int(1)), ("axis", AttrValue::Int(0))],
+            vec![x()],
+        )
+        .unwrap();
+        assert_eq!(ys[0].shape(), &[1, 4]);
+        assert_eq!(fv(&ys[0]), [3., 5., 5., 2.]);
+        assert_eq!(iv(&ys[1]), [0, 1, 1, 0]);
+        assert!(run_n("TopK", 11, vec![], vec![x(), i(&[1], &[5])]).is_err());
+    }
 }

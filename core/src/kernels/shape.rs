@@ -411,6 +411,12 @@ where
     Ok(Box::new(f))
 }
 
+/// Clones an element (generic, so the dispatch macros' `Copy` types need no special case).
+#[inline(always)]
+fn cl<T: Clone>(v: &T) -> T {
+    v.clone()
+}
+
 fn prod(d: &[usize]) -> usize {
     d.iter().product()
 }
@@ -970,7 +976,7 @@ fn build_split(node: &Node) -> Result<Box<dyn Kernel>> {
         }
     }
     // opset 1 took the split as an optional second input; opset 13 made it an input for good
-    let split_input = opset >= 13 || opset < 2;
+    let split_input = !(2..13).contains(&opset);
     kernel(move |_cx, inputs| {
         let x = tensor_in(inputs, 0)?;
         let a = norm_axis(axis, x.rank())?;
@@ -1174,7 +1180,7 @@ fn gather(x: &Tensor, a: usize, idx: &[usize], ishape: &[usize]) -> Result<Tenso
         for o in 0..outer {
             let row = &src[o * d * inner..(o + 1) * d * inner];
             if inner == 1 {
-                out.extend(idx.iter().map(|&i| row[i].clone()));
+                out.extend(idx.iter().map(|&i| cl(&row[i])));
             } else {
                 for &i in idx {
                     out.extend_from_slice(&row[i * inner..(i + 1) * inner]);
@@ -1223,7 +1229,7 @@ fn build_gather_elements(node: &Node) -> Result<Box<dyn Kernel>> {
         }
         out1(dispatch_item!(dt, T => {
             let src = T::load(x)?;
-            T::store(dt, ind.shape(), offs.iter().map(|&o| src[o].clone()).collect())
+            T::store(dt, ind.shape(), offs.iter().map(|&o| cl(&src[o])).collect())
         }, else unsupported_type("GatherElements", dt))?)
     })
 }
@@ -1542,7 +1548,7 @@ fn build_pad(node: &Node) -> Result<Box<dyn Kernel>> {
         let dt = x.dtype();
         out1(dispatch_item!(dt, T => {
             let c = match cval {
-                Some(c) => T::load(c)?[0].clone(),
+                Some(c) => cl(&T::load(c)?[0]),
                 None => T::zero(),
             };
             pad_t::<T>(x, &pads, mode, c)
@@ -1701,7 +1707,7 @@ fn fill(v: &Tensor, shape: &[usize]) -> Result<Tensor> {
         return Tensor::from_data(dt, shape.to_vec(), Data::Raw(bytes));
     }
     dispatch_item!(dt, T => {
-        let e = T::load(v)?[0].clone();
+        let e = cl(&T::load(v)?[0]);
         T::store(dt, shape, vec![e; n])
     }, else unsupported_type("ConstantOfShape", dt))
 }
@@ -1849,12 +1855,12 @@ fn build_onehot(node: &Node) -> Result<Box<dyn Kernel>> {
         let dt = vals.dtype();
         out1(dispatch_item!(dt, T => {
             let v = T::load(vals)?;
-            let mut out = vec![v[0].clone(); n];
+            let mut out = vec![cl(&v[0]); n];
             for (p, &i) in idx.iter().enumerate() {
                 let i = if i < 0 { i + depth } else { i };
                 if (0..depth).contains(&i) {
                     let (o, q) = (p / inner.max(1), p % inner.max(1));
-                    out[(o * d + i as usize) * inner + q] = v[1].clone();
+                    out[(o * d + i as usize) * inner + q] = cl(&v[1]);
                 }
             }
             T::store(dt, &oshape, out)
@@ -2047,10 +2053,14 @@ fn build_compress(node: &Node) -> Result<Box<dyn Kernel>> {
 fn build_unique(node: &Node) -> Result<Box<dyn Kernel>> {
     let axis = node.attr_i("axis")?;
     let sorted = node.get_i("sorted", 1)? != 0;
+    let n_out = node.outputs.len().clamp(1, 4);
     kernel(move |_cx, inputs| {
         let x = tensor_in(inputs, 0)?;
         let dt = x.dtype();
-        dispatch_plain!(dt, T => unique_t::<T>(x, axis, sorted), else Err(bad_type("Unique", dt)))
+        let mut outs = dispatch_plain!(dt, T => unique_t::<T>(x, axis, sorted),
+            else return Err(bad_type("Unique", dt)))?;
+        outs.truncate(n_out);
+        Ok(outs)
     })
 }
 
@@ -2263,4 +2273,948 @@ fn build_dropout(node: &Node) -> Result<Box<dyn Kernel>> {
         }
         Ok(outs)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    //! Expected values come from numpy / the ONNX reference implementation (pasted), or from
+    //! invariants that do not depend on this file's code.
+    use super::*;
+    use crate::ir::AttrValue;
+    use crate::provider::ReferenceCpu;
+    use alloc::string::ToString;
+
+    fn node(op: &str, opset: i64, attrs: Vec<(&str, AttrValue)>, n_out: usize) -> Node {
+        Node {
+            name: "n".to_string(),
+            op_type: op.to_string(),
+            domain: String::new(),
+            opset,
+            inputs: Vec::new(),
+            outputs: (0..n_out).map(Some).collect(),
+            attrs: attrs.into_iter().map(|(k, v)| (k.to_string(), v)).collect(),
+            implicit_inputs: Vec::new(),
+        }
+    }
+
+    fn run_n(
+        op: &str,
+        opset: i64,
+        attrs: Vec<(&str, AttrValue)>,
+        inputs: Vec<Option<Tensor>>,
+        n_out: usize,
+    ) -> Result<Vec<Tensor>> {
+        let n = node(op, opset, attrs, n_out);
+        let def = KERNELS
+            .iter()
+            .find(|d| d.op == op && opset >= d.since && opset <= d.until)
+            .expect("kernel registered");
+        let k = (def.build)(&n)?;
+        let vals: Vec<Option<Value>> = inputs.into_iter().map(|t| t.map(Value::Tensor)).collect();
+        let refs: Vec<Option<&Value>> = vals.iter().map(|v| v.as_ref()).collect();
+        let out = k.compute(&KernelCx { cpu: &ReferenceCpu }, &refs)?;
+        out.into_iter().map(|v| v.into_tensor()).collect()
+    }
+
+    fn run(
+        op: &str,
+        opset: i64,
+        attrs: Vec<(&str, AttrValue)>,
+        inputs: Vec<Option<Tensor>>,
+    ) -> Result<Tensor> {
+        Ok(run_n(op, opset, attrs, inputs, 1)?.remove(0))
+    }
+
+    fn f(shape: &[usize], v: &[f32]) -> Option<Tensor> {
+        Some(Tensor::from_vec(shape, v.to_vec()).unwrap())
+    }
+    fn i(shape: &[usize], v: &[i64]) -> Option<Tensor> {
+        Some(Tensor::from_vec(shape, v.to_vec()).unwrap())
+    }
+    fn arange(shape: &[usize]) -> Option<Tensor> {
+        let n = prod(shape);
+        f(shape, &(0..n).map(|v| v as f32).collect::<Vec<_>>())
+    }
+    fn fv(t: &Tensor) -> Vec<f32> {
+        t.as_slice::<f32>().unwrap().into_owned()
+    }
+    fn iv(t: &Tensor) -> Vec<i64> {
+        t.as_slice::<i64>().unwrap().into_owned()
+    }
+    fn ints(v: &[i64]) -> AttrValue {
+        AttrValue::Ints(v.to_vec())
+    }
+
+    #[test]
+    fn reshape_is_a_view_with_zero_and_minus_one() {
+        let x = arange(&[2, 3, 4]).unwrap();
+        let y = run(
+            "Reshape",
+            14,
+            vec![],
+            vec![Some(x.clone()), i(&[2], &[0, -1])],
+        )
+        .unwrap();
+        assert_eq!(y.shape(), &[2, 12]);
+        assert!(y.shares_storage(&x));
+        // allowzero keeps a literal 0
+        let e = Tensor::zeros(DataType::Float, &[0, 3]).unwrap();
+        let y = run(
+            "Reshape",
+            14,
+            vec![("allowzero", AttrValue::Int(1))],
+            vec![Some(e), i(&[2], &[3, 0])],
+        )
+        .unwrap();
+        assert_eq!(y.shape(), &[3, 0]);
+        // Reshape-1 takes the shape attribute
+        let y = run(
+            "Reshape",
+            1,
+            vec![("shape", ints(&[4, -1]))],
+            vec![Some(x.clone())],
+        )
+        .unwrap();
+        assert_eq!(y.shape(), &[4, 6]);
+        assert!(run(
+            "Reshape",
+            14,
+            vec![],
+            vec![Some(x.clone()), i(&[2], &[-1, -1])]
+        )
+        .is_err());
+        assert!(run("Reshape", 14, vec![], vec![Some(x), i(&[2], &[5, -1])]).is_err());
+    }
+
+    #[test]
+    fn squeeze_unsqueeze_flatten() {
+        let x = arange(&[1, 3, 1, 2]).unwrap();
+        assert_eq!(
+            run("Squeeze", 13, vec![], vec![Some(x.clone())])
+                .unwrap()
+                .shape(),
+            &[3, 2]
+        );
+        let y = run("Squeeze", 13, vec![], vec![Some(x.clone()), i(&[1], &[-2])]).unwrap();
+        assert_eq!(y.shape(), &[1, 3, 2]);
+        assert!(y.shares_storage(&x));
+        let y = run(
+            "Squeeze",
+            11,
+            vec![("axes", ints(&[0]))],
+            vec![Some(x.clone())],
+        )
+        .unwrap();
+        assert_eq!(y.shape(), &[3, 1, 2]);
+        assert!(run("Squeeze", 13, vec![], vec![Some(x.clone()), i(&[1], &[1])]).is_err());
+        let y = run(
+            "Unsqueeze",
+            13,
+            vec![],
+            vec![arange(&[3, 2]), i(&[2], &[-1, 0])],
+        )
+        .unwrap();
+        assert_eq!(y.shape(), &[1, 3, 2, 1]);
+        let y = run(
+            "Unsqueeze",
+            1,
+            vec![("axes", ints(&[1]))],
+            vec![arange(&[3, 2])],
+        )
+        .unwrap();
+        assert_eq!(y.shape(), &[3, 1, 2]);
+        assert!(run(
+            "Unsqueeze",
+            13,
+            vec![],
+            vec![arange(&[3]), i(&[2], &[0, 0])]
+        )
+        .is_err());
+        let y = run(
+            "Flatten",
+            13,
+            vec![("axis", AttrValue::Int(-1))],
+            vec![Some(x)],
+        )
+        .unwrap();
+        assert_eq!(y.shape(), &[3, 2]);
+        let y = run(
+            "Flatten",
+            13,
+            vec![("axis", AttrValue::Int(0))],
+            vec![arange(&[2, 3])],
+        )
+        .unwrap();
+        assert_eq!(y.shape(), &[1, 6]);
+    }
+
+    #[test]
+    fn shape_and_size() {
+        let x = arange(&[2, 3, 4, 5]).unwrap();
+        let y = run("Shape", 15, vec![], vec![Some(x.clone())]).unwrap();
+        assert_eq!(iv(&y), [2, 3, 4, 5]);
+        let at = vec![("start", AttrValue::Int(-3)), ("end", AttrValue::Int(-1))];
+        assert_eq!(
+            iv(&run("Shape", 15, at, vec![Some(x.clone())]).unwrap()),
+            [3, 4]
+        );
+        let at = vec![("start", AttrValue::Int(3)), ("end", AttrValue::Int(1))];
+        assert!(run("Shape", 15, at, vec![Some(x.clone())])
+            .unwrap()
+            .is_empty());
+        let y = run("Size", 13, vec![], vec![Some(x)]).unwrap();
+        assert_eq!(y.rank(), 0);
+        assert_eq!(iv(&y), [120]);
+    }
+
+    #[test]
+    fn transpose_matches_numpy() {
+        let y = run(
+            "Transpose",
+            13,
+            vec![("perm", ints(&[2, 0, 1]))],
+            vec![arange(&[2, 3, 4])],
+        )
+        .unwrap();
+        assert_eq!(y.shape(), &[4, 2, 3]);
+        // numpy: np.arange(24).reshape(2,3,4).transpose(2,0,1)
+        let want = [
+            0., 4., 8., 12., 16., 20., 1., 5., 9., 13., 17., 21., 2., 6., 10., 14., 18., 22., 3.,
+            7., 11., 15., 19., 23.,
+        ];
+        assert_eq!(fv(&y), want);
+        let y = run("Transpose", 13, vec![], vec![arange(&[2, 3])]).unwrap();
+        assert_eq!(fv(&y), [0., 3., 1., 4., 2., 5.]);
+        assert!(run(
+            "Transpose",
+            13,
+            vec![("perm", ints(&[0, 0]))],
+            vec![arange(&[2, 2])]
+        )
+        .is_err());
+    }
+
+    #[test]
+    fn transpose_tiled_and_strings() {
+        // large enough for the tiled path: out[b][j][i] == in[b][i][j]
+        let (b, r, c) = (3, 37, 45);
+        let y = run(
+            "Transpose",
+            13,
+            vec![("perm", ints(&[0, 2, 1]))],
+            vec![arange(&[b, r, c])],
+        )
+        .unwrap();
+        let v = fv(&y);
+        for bb in 0..b {
+            for i in 0..r {
+                for j in 0..c {
+                    assert_eq!(v[(bb * c + j) * r + i], ((bb * r + i) * c + j) as f32);
+                }
+            }
+        }
+        let s: Vec<String> = ["a", "b", "c", "d", "e", "f"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        let t = Tensor::from_vec(&[2, 3], s).unwrap();
+        let y = run("Transpose", 13, vec![], vec![Some(t)]).unwrap();
+        assert_eq!(
+            &*y.as_slice::<String>().unwrap(),
+            ["a", "d", "b", "e", "c", "f"]
+        );
+    }
+
+    #[test]
+    fn transpose_raw_float8_moves_bytes() {
+        let t = Tensor::from_data(
+            DataType::Float8E4M3FN,
+            vec![2, 3],
+            Data::Raw(vec![1, 2, 3, 4, 5, 6]),
+        )
+        .unwrap();
+        let y = run("Transpose", 13, vec![], vec![Some(t)]).unwrap();
+        assert_eq!(y.dtype(), DataType::Float8E4M3FN);
+        assert_eq!(y.shape(), &[3, 2]);
+        assert_eq!(y.raw_bytes().unwrap(), [1, 4, 2, 5, 3, 6]);
+    }
+
+    #[test]
+    fn concat_and_split() {
+        let a = arange(&[2, 1]);
+        let b = f(&[2, 2], &[10., 11., 12., 13.]);
+        let y = run("Concat", 13, vec![("axis", AttrValue::Int(-1))], vec![a, b]).unwrap();
+        assert_eq!(y.shape(), &[2, 3]);
+        assert_eq!(fv(&y), [0., 10., 11., 1., 12., 13.]);
+        assert!(run(
+            "Concat",
+            13,
+            vec![("axis", AttrValue::Int(0))],
+            vec![arange(&[2, 1]), arange(&[2, 2])]
+        )
+        .is_err());
+        // opset 18 num_outputs: ceil-sized chunks, last smaller (ONNX reference: 3, 3, 1)
+        let ys = run_n(
+            "Split",
+            18,
+            vec![("num_outputs", AttrValue::Int(3))],
+            vec![arange(&[7])],
+            3,
+        )
+        .unwrap();
+        let sizes: Vec<usize> = ys.iter().map(|t| t.len()).collect();
+        assert_eq!(sizes, [3, 3, 1]);
+        assert_eq!(fv(&ys[2]), [6.]);
+        let ys = run_n(
+            "Split",
+            13,
+            vec![("axis", AttrValue::Int(1))],
+            vec![arange(&[2, 4]), i(&[2], &[1, 3])],
+            2,
+        )
+        .unwrap();
+        assert_eq!(fv(&ys[0]), [0., 4.]);
+        assert_eq!(fv(&ys[1]), [1., 2., 3., 5., 6., 7.]);
+        let ys = run_n(
+            "Split",
+            2,
+            vec![("split", ints(&[3, 1]))],
+            vec![arange(&[4])],
+            2,
+        )
+        .unwrap();
+        assert_eq!(fv(&ys[1]), [3.]);
+        // uneven equal split before opset 18 is an error
+        assert!(run_n("Split", 13, vec![], vec![arange(&[5])], 2).is_err());
+    }
+
+    #[test]
+    fn slice_negative_steps_and_clamping() {
+        // numpy: np.arange(20).reshape(4,5)[3:0:-2, 10:-100:-1]
+        let y = run(
+            "Slice",
+            13,
+            vec![],
+            vec![
+                arange(&[4, 5]),
+                i(&[2], &[3, 10]),
+                i(&[2], &[0, -100]),
+                i(&[2], &[0, 1]),
+                i(&[2], &[-2, -1]),
+            ],
+        )
+        .unwrap();
+        assert_eq!(y.shape(), &[2, 5]);
+        assert_eq!(fv(&y), [19., 18., 17., 16., 15., 9., 8., 7., 6., 5.]);
+        let y = run(
+            "Slice",
+            1,
+            vec![
+                ("starts", ints(&[1])),
+                ("ends", ints(&[1000])),
+                ("axes", ints(&[1])),
+            ],
+            vec![arange(&[2, 3])],
+        )
+        .unwrap();
+        assert_eq!(fv(&y), [1., 2., 4., 5.]);
+        let y = run(
+            "Slice",
+            13,
+            vec![],
+            vec![
+                arange(&[2, 3]),
+                i(&[1], &[i64::MAX]),
+                i(&[1], &[i64::MIN]),
+                i(&[1], &[1]),
+                i(&[1], &[1]),
+            ],
+        )
+        .unwrap();
+        assert_eq!(y.shape(), &[2, 0]);
+        let bad = vec![
+            arange(&[3]),
+            i(&[1], &[0]),
+            i(&[1], &[3]),
+            i(&[1], &[0]),
+            i(&[1], &[0]),
+        ];
+        assert!(run("Slice", 13, vec![], bad).is_err());
+    }
+
+    #[test]
+    fn gather_wraps_negative_and_rejects_out_of_range() {
+        let y = run(
+            "Gather",
+            13,
+            vec![],
+            vec![arange(&[3, 2]), i(&[1, 2], &[-1, 0])],
+        )
+        .unwrap();
+        assert_eq!(y.shape(), &[1, 2, 2]);
+        assert_eq!(fv(&y), [4., 5., 0., 1.]);
+        let y = run(
+            "Gather",
+            13,
+            vec![("axis", AttrValue::Int(1))],
+            vec![arange(&[3, 2]), i(&[], &[1])],
+        )
+        .unwrap();
+        assert_eq!(y.shape(), &[3]);
+        assert_eq!(fv(&y), [1., 3., 5.]);
+        assert!(run("Gather", 13, vec![], vec![arange(&[3, 2]), i(&[1], &[3])]).is_err());
+        assert!(run("Gather", 13, vec![], vec![arange(&[3, 2]), i(&[1], &[-4])]).is_err());
+    }
+
+    #[test]
+    fn gather_elements_and_nd() {
+        // numpy take_along_axis([[1,2],[3,4]], [[0,0],[1,-2]] % 2, axis=1)
+        let y = run(
+            "GatherElements",
+            13,
+            vec![("axis", AttrValue::Int(1))],
+            vec![f(&[2, 2], &[1., 2., 3., 4.]), i(&[2, 2], &[0, 0, 1, -2])],
+        )
+        .unwrap();
+        assert_eq!(fv(&y), [1., 1., 4., 3.]);
+        assert!(run(
+            "GatherElements",
+            13,
+            vec![],
+            vec![f(&[2], &[1., 2.]), i(&[1], &[2])]
+        )
+        .is_err());
+        // ONNX GatherND example 5 (batch_dims = 1)
+        let y = run(
+            "GatherND",
+            13,
+            vec![("batch_dims", AttrValue::Int(1))],
+            vec![arange(&[2, 2, 2]), i(&[2, 1], &[1, 0])],
+        )
+        .unwrap();
+        assert_eq!(y.shape(), &[2, 2]);
+        assert_eq!(fv(&y), [2., 3., 4., 5.]);
+        // ONNX GatherND example 2
+        let y = run(
+            "GatherND",
+            13,
+            vec![],
+            vec![arange(&[2, 2]), i(&[2, 1], &[1, 0])],
+        )
+        .unwrap();
+        assert_eq!(fv(&y), [2., 3., 0., 1.]);
+        assert!(run(
+            "GatherND",
+            13,
+            vec![],
+            vec![arange(&[2, 2]), i(&[1, 2], &[0, 2])]
+        )
+        .is_err());
+    }
+
+    #[test]
+    fn scatter_elements_reductions() {
+        let data = f(&[1, 5], &[1., 2., 3., 4., 5.]);
+        let idx = i(&[1, 2], &[1, -4]);
+        let upd = f(&[1, 2], &[1.1, 2.1]);
+        let at = |r: &str| {
+            vec![
+                ("axis", AttrValue::Int(1)),
+                ("reduction", AttrValue::String(r.as_bytes().to_vec())),
+            ]
+        };
+        // ONNX reference: duplicate index 1 (and -4 == 1) accumulate
+        let y = run(
+            "ScatterElements",
+            18,
+            at("add"),
+            vec![data.clone(), idx.clone(), upd.clone()],
+        )
+        .unwrap();
+        assert_eq!(fv(&y), [1., 5.2, 3., 4., 5.]);
+        let y = run(
+            "ScatterElements",
+            18,
+            at("mul"),
+            vec![data.clone(), idx.clone(), upd.clone()],
+        )
+        .unwrap();
+        assert!((fv(&y)[1] - 4.62).abs() < 1e-5);
+        let y = run(
+            "ScatterElements",
+            18,
+            at("max"),
+            vec![data.clone(), idx.clone(), upd.clone()],
+        )
+        .unwrap();
+        assert_eq!(fv(&y), [1., 2.1, 3., 4., 5.]);
+        let y = run(
+            "ScatterElements",
+            18,
+            at("min"),
+            vec![data.clone(), idx.clone(), upd.clone()],
+        )
+        .unwrap();
+        assert_eq!(fv(&y), [1., 1.1, 3., 4., 5.]);
+        let y = run(
+            "ScatterElements",
+            18,
+            at("none"),
+            vec![data.clone(), idx, upd.clone()],
+        )
+        .unwrap();
+        assert_eq!(fv(&y), [1., 2.1, 3., 4., 5.]);
+        let bad = i(&[1, 2], &[1, 5]);
+        assert!(run(
+            "ScatterElements",
+            18,
+            at("add"),
+            vec![data.clone(), bad, upd.clone()]
+        )
+        .is_err());
+        // Scatter (deprecated) is ScatterElements without reduction
+        let y = run(
+            "Scatter",
+            9,
+            vec![],
+            vec![f(&[3], &[0., 0., 0.]), i(&[2], &[2, 0]), f(&[2], &[7., 8.])],
+        )
+        .unwrap();
+        assert_eq!(fv(&y), [8., 0., 7.]);
+        let n = node("ScatterElements", 18, at("bogus"), 1);
+        assert!(matches!(
+            build_scatter_elements(&n),
+            Err(Error::Unsupported { .. })
+        ));
+    }
+
+    #[test]
+    fn scatter_nd_with_reduction() {
+        // data [[1,2],[3,4]], indices [[1],[1]], updates [[10,20],[1,2]], reduction mul
+        let at = vec![("reduction", AttrValue::String(b"mul".to_vec()))];
+        let y = run(
+            "ScatterND",
+            18,
+            at,
+            vec![
+                f(&[2, 2], &[1., 2., 3., 4.]),
+                i(&[2, 1], &[1, 1]),
+                f(&[2, 2], &[10., 20., 1., 2.]),
+            ],
+        )
+        .unwrap();
+        assert_eq!(fv(&y), [1., 2., 30., 160.]);
+        let y = run(
+            "ScatterND",
+            13,
+            vec![],
+            vec![
+                f(&[4], &[1., 2., 3., 4.]),
+                i(&[2, 1], &[-1, 0]),
+                f(&[2], &[9., 8.]),
+            ],
+        )
+        .unwrap();
+        assert_eq!(fv(&y), [8., 2., 3., 9.]);
+        assert!(run(
+            "ScatterND",
+            13,
+            vec![],
+            vec![f(&[4], &[1., 2., 3., 4.]), i(&[1, 1], &[4]), f(&[1], &[9.])]
+        )
+        .is_err());
+    }
+
+    #[test]
+    fn expand_tile() {
+        let y = run(
+            "Expand",
+            13,
+            vec![],
+            vec![f(&[3], &[1., 2., 3.]), i(&[3], &[2, 1, 1])],
+        )
+        .unwrap();
+        assert_eq!(y.shape(), &[2, 1, 3]);
+        assert_eq!(fv(&y), [1., 2., 3., 1., 2., 3.]);
+        let y = run(
+            "Expand",
+            13,
+            vec![],
+            vec![f(&[2, 1], &[1., 2.]), i(&[2], &[1, 3])],
+        )
+        .unwrap();
+        assert_eq!(fv(&y), [1., 1., 1., 2., 2., 2.]);
+        assert!(run(
+            "Expand",
+            13,
+            vec![],
+            vec![f(&[2], &[1., 2.]), i(&[1], &[3])]
+        )
+        .is_err());
+        // numpy: np.tile([[1,2],[3,4]], (2,3))
+        let y = run(
+            "Tile",
+            13,
+            vec![],
+            vec![f(&[2, 2], &[1., 2., 3., 4.]), i(&[2], &[2, 3])],
+        )
+        .unwrap();
+        assert_eq!(y.shape(), &[4, 6]);
+        let want = [
+            1., 2., 1., 2., 1., 2., 3., 4., 3., 4., 3., 4., 1., 2., 1., 2., 1., 2., 3., 4., 3., 4.,
+            3., 4.,
+        ];
+        assert_eq!(fv(&y), want);
+        // Tile-1: tiles and axis inputs
+        let y = run(
+            "Tile",
+            1,
+            vec![],
+            vec![f(&[2], &[1., 2.]), i(&[], &[2]), i(&[], &[0])],
+        )
+        .unwrap();
+        assert_eq!(fv(&y), [1., 2., 1., 2.]);
+    }
+
+    fn i32s(shape: &[usize], v: &[i32]) -> Option<Tensor> {
+        Some(Tensor::from_vec(shape, v.to_vec()).unwrap())
+    }
+
+    #[test]
+    fn pad_modes_match_numpy() {
+        let x = i32s(&[3, 4], &(0..12).collect::<Vec<_>>());
+        let pads = i(&[4], &[1, 2, 2, 3]);
+        let mode = |m: &str| vec![("mode", AttrValue::String(m.as_bytes().to_vec()))];
+        let get = |m: &str, c: Option<Tensor>| {
+            let y = run("Pad", 19, mode(m), vec![x.clone(), pads.clone(), c]).unwrap();
+            assert_eq!(y.shape(), &[6, 9]);
+            y.as_slice::<i32>().unwrap().into_owned()
+        };
+        // numpy: np.pad(np.arange(12).reshape(3,4), ((1,2),(2,3)), mode=...)
+        assert_eq!(
+            get("reflect", None),
+            [
+                6, 5, 4, 5, 6, 7, 6, 5, 4, 2, 1, 0, 1, 2, 3, 2, 1, 0, 6, 5, 4, 5, 6, 7, 6, 5, 4,
+                10, 9, 8, 9, 10, 11, 10, 9, 8, 6, 5, 4, 5, 6, 7, 6, 5, 4, 2, 1, 0, 1, 2, 3, 2, 1,
+                0
+            ]
+        );
+        assert_eq!(
+            get("edge", None),
+            [
+                0, 0, 0, 1, 2, 3, 3, 3, 3, 0, 0, 0, 1, 2, 3, 3, 3, 3, 4, 4, 4, 5, 6, 7, 7, 7, 7, 8,
+                8, 8, 9, 10, 11, 11, 11, 11, 8, 8, 8, 9, 10, 11, 11, 11, 11, 8, 8, 8, 9, 10, 11,
+                11, 11, 11
+            ]
+        );
+        assert_eq!(
+            get("wrap", None),
+            [
+                10, 11, 8, 9, 10, 11, 8, 9, 10, 2, 3, 0, 1, 2, 3, 0, 1, 2, 6, 7, 4, 5, 6, 7, 4, 5,
+                6, 10, 11, 8, 9, 10, 11, 8, 9, 10, 2, 3, 0, 1, 2, 3, 0, 1, 2, 6, 7, 4, 5, 6, 7, 4,
+                5, 6
+            ]
+        );
+        let c = get("constant", i32s(&[], &[-1]));
+        assert_eq!(&c[9..18], [-1, -1, 0, 1, 2, 3, -1, -1, -1]);
+        assert_eq!(c.iter().filter(|&&v| v == -1).count(), 54 - 12);
+        // negative pads crop: x[1:, :-1]
+        let y = run("Pad", 13, vec![], vec![x.clone(), i(&[4], &[-1, 0, 0, -1])]).unwrap();
+        assert_eq!(&*y.as_slice::<i32>().unwrap(), [4, 5, 6, 8, 9, 10]);
+        // Pad-2 attributes, axes input (opset 18)
+        let y = run(
+            "Pad",
+            2,
+            vec![
+                ("pads", ints(&[0, 1, 0, 0])),
+                ("value", AttrValue::Float(9.0)),
+            ],
+            vec![f(&[1, 2], &[1., 2.])],
+        )
+        .unwrap();
+        assert_eq!(fv(&y), [9., 1., 2.]);
+        let y = run(
+            "Pad",
+            18,
+            vec![],
+            vec![
+                f(&[1, 2], &[1., 2.]),
+                i(&[2], &[0, 2]),
+                None,
+                i(&[1], &[-1]),
+            ],
+        )
+        .unwrap();
+        assert_eq!(fv(&y), [1., 2., 0., 0.]);
+        let n = node("Pad", 19, mode("symmetric"), 1);
+        assert!(matches!(build_pad(&n), Err(Error::Unsupported { .. })));
+    }
+
+    #[test]
+    fn generators() {
+        let v = Tensor::from_vec(&[1], vec![7i32]).unwrap();
+        let y = run(
+            "ConstantOfShape",
+            20,
+            vec![("value", AttrValue::Tensor(v))],
+            vec![i(&[2], &[2, 3])],
+        )
+        .unwrap();
+        assert_eq!(y.dtype(), DataType::Int32);
+        assert_eq!(&*y.as_slice::<i32>().unwrap(), [7; 6]);
+        let y = run("ConstantOfShape", 9, vec![], vec![i(&[0], &[])]).unwrap();
+        assert_eq!((y.rank(), fv(&y)), (0, vec![0.]));
+        let y = run(
+            "Constant",
+            13,
+            vec![("value_floats", AttrValue::Floats(vec![1.5, 2.5]))],
+            vec![],
+        )
+        .unwrap();
+        assert_eq!(fv(&y), [1.5, 2.5]);
+        let y = run(
+            "Constant",
+            13,
+            vec![("value_int", AttrValue::Int(4))],
+            vec![],
+        )
+        .unwrap();
+        assert_eq!((y.rank(), iv(&y)), (0, vec![4]));
+        // Range: numpy arange(10, 4, -2) and arange(1, 2, 0.3)
+        let y = run(
+            "Range",
+            11,
+            vec![],
+            vec![i32s(&[], &[10]), i32s(&[], &[4]), i32s(&[], &[-2])],
+        )
+        .unwrap();
+        assert_eq!(&*y.as_slice::<i32>().unwrap(), [10, 8, 6]);
+        let y = run(
+            "Range",
+            11,
+            vec![],
+            vec![f(&[], &[1.]), f(&[], &[2.]), f(&[], &[0.3])],
+        )
+        .unwrap();
+        let want = [1.0f32, 1.3, 1.6, 1.9];
+        assert_eq!(y.len(), 4);
+        assert!(fv(&y).iter().zip(want).all(|(a, b)| (a - b).abs() < 1e-6));
+        assert!(run(
+            "Range",
+            11,
+            vec![],
+            vec![f(&[], &[1.]), f(&[], &[2.]), f(&[], &[0.])]
+        )
+        .is_err());
+        let y = run(
+            "EyeLike",
+            22,
+            vec![("k", AttrValue::Int(1)), ("dtype", AttrValue::Int(7))],
+            vec![arange(&[2, 3])],
+        )
+        .unwrap();
+        assert_eq!(iv(&y), [0, 1, 0, 0, 0, 1]);
+    }
+
+    #[test]
+    fn nonzero_onehot_trilu() {
+        let b = Tensor::from_vec(&[2, 2], vec![true, false, true, true]).unwrap();
+        let y = run("NonZero", 13, vec![], vec![Some(b)]).unwrap();
+        assert_eq!(y.shape(), &[2, 3]);
+        assert_eq!(iv(&y), [0, 1, 1, 0, 0, 1]);
+        // onnx reference one_hot([[1, -1], [5, 0]], depth 3, axis 0): out-of-range stays off
+        let y = run(
+            "OneHot",
+            11,
+            vec![("axis", AttrValue::Int(0))],
+            vec![
+                i(&[2, 2], &[1, -1, 5, 0]),
+                f(&[], &[3.]),
+                f(&[2], &[0., 1.]),
+            ],
+        )
+        .unwrap();
+        assert_eq!(y.shape(), &[3, 2, 2]);
+        assert_eq!(fv(&y), [0., 0., 0., 1., 1., 0., 0., 0., 0., 1., 0., 0.]);
+        // numpy: np.triu(np.arange(1,10).reshape(3,3), -1) and np.tril(..., 0)
+        let x = i(&[3, 3], &[1, 2, 3, 4, 5, 6, 7, 8, 9]);
+        let y = run("Trilu", 14, vec![], vec![x.clone(), i(&[], &[-1])]).unwrap();
+        assert_eq!(iv(&y), [1, 2, 3, 4, 5, 6, 0, 8, 9]);
+        let y = run("Trilu", 14, vec![("upper", AttrValue::Int(0))], vec![x]).unwrap();
+        assert_eq!(iv(&y), [1, 0, 0, 4, 5, 0, 7, 8, 9]);
+    }
+
+    #[test]
+    fn depth_space_round_trip() {
+        let mode = |m: &str| {
+            vec![
+                ("blocksize", AttrValue::Int(2)),
+                ("mode", AttrValue::String(m.as_bytes().to_vec())),
+            ]
+        };
+        // numpy reshape/transpose formulas from the ONNX spec on np.arange(16).reshape(1,8,1,2)
+        let y = run("DepthToSpace", 13, mode("DCR"), vec![arange(&[1, 8, 1, 2])]).unwrap();
+        assert_eq!(y.shape(), &[1, 2, 2, 4]);
+        assert_eq!(
+            fv(&y),
+            [0., 4., 1., 5., 8., 12., 9., 13., 2., 6., 3., 7., 10., 14., 11., 15.]
+        );
+        let y = run("DepthToSpace", 13, mode("CRD"), vec![arange(&[1, 8, 1, 2])]).unwrap();
+        assert_eq!(
+            fv(&y),
+            [0., 2., 1., 3., 4., 6., 5., 7., 8., 10., 9., 11., 12., 14., 13., 15.]
+        );
+        for m in ["DCR", "CRD"] {
+            let x = arange(&[2, 2, 4, 6]).unwrap();
+            let s = run("SpaceToDepth", 28, mode(m), vec![Some(x.clone())]).unwrap();
+            assert_eq!(s.shape(), &[2, 8, 2, 3]);
+            let back = run("DepthToSpace", 28, mode(m), vec![Some(s)]).unwrap();
+            assert_eq!(fv(&back), fv(&x));
+        }
+        assert!(run("SpaceToDepth", 13, mode("DCR"), vec![arange(&[1, 1, 3, 4])]).is_err());
+    }
+
+    #[test]
+    fn reverse_sequence_and_compress() {
+        // ONNX ReverseSequence example 2
+        let y = run(
+            "ReverseSequence",
+            10,
+            vec![
+                ("batch_axis", AttrValue::Int(0)),
+                ("time_axis", AttrValue::Int(1)),
+            ],
+            vec![arange(&[4, 4]), i(&[4], &[1, 2, 3, 4])],
+        )
+        .unwrap();
+        let want = [
+            0., 1., 2., 3., 5., 4., 6., 7., 10., 9., 8., 11., 15., 14., 13., 12.,
+        ];
+        assert_eq!(fv(&y), want);
+        assert!(run(
+            "ReverseSequence",
+            10,
+            vec![],
+            vec![arange(&[4, 4]), i(&[4], &[1, 2, 3, 5])]
+        )
+        .is_err());
+        let c = |v: &[bool]| Some(Tensor::from_vec(&[v.len()], v.to_vec()).unwrap());
+        // numpy: np.compress([0,1,1], [[1,2],[3,4],[5,6]], axis=0); np.compress([0,1,0,0,1], arange(6))
+        let y = run(
+            "Compress",
+            11,
+            vec![("axis", AttrValue::Int(0))],
+            vec![arange(&[3, 2]), c(&[false, true, true])],
+        )
+        .unwrap();
+        assert_eq!(fv(&y), [2., 3., 4., 5.]);
+        let y = run(
+            "Compress",
+            11,
+            vec![],
+            vec![arange(&[2, 3]), c(&[false, true, false, false, true])],
+        )
+        .unwrap();
+        assert_eq!(fv(&y), [1., 4.]);
+        assert!(run(
+            "Compress",
+            11,
+            vec![],
+            vec![arange(&[2]), c(&[false, false, true])]
+        )
+        .is_err());
+    }
+
+    #[test]
+    fn unique_matches_spec_examples() {
+        let ys = run_n(
+            "Unique",
+            11,
+            vec![("sorted", AttrValue::Int(0))],
+            vec![f(&[6], &[2., 1., 1., 3., 4., 3.])],
+            4,
+        )
+        .unwrap();
+        assert_eq!(fv(&ys[0]), [2., 1., 3., 4.]);
+        assert_eq!(iv(&ys[1]), [0, 1, 3, 4]);
+        assert_eq!(iv(&ys[2]), [0, 1, 1, 2, 3, 2]);
+        assert_eq!(iv(&ys[3]), [1, 2, 2, 1]);
+        let ys = run_n("Unique", 11, vec![], vec![f(&[2, 2], &[1., 3., 2., 3.])], 4).unwrap();
+        assert_eq!(fv(&ys[0]), [1., 2., 3.]);
+        assert_eq!(iv(&ys[1]), [0, 2, 1]);
+        assert_eq!(iv(&ys[2]), [0, 2, 1, 2]);
+        assert_eq!(iv(&ys[3]), [1, 1, 2]);
+        let x = f(&[3, 3], &[1., 0., 0., 1., 0., 0., 2., 3., 4.]);
+        let ys = run_n("Unique", 11, vec![("axis", AttrValue::Int(0))], vec![x], 4).unwrap();
+        assert_eq!(ys[0].shape(), &[2, 3]);
+        assert_eq!(fv(&ys[0]), [1., 0., 0., 2., 3., 4.]);
+        assert_eq!(iv(&ys[1]), [0, 2]);
+        assert_eq!(iv(&ys[2]), [0, 0, 1]);
+        assert_eq!(iv(&ys[3]), [2, 1]);
+        let x = f(
+            &[2, 4, 2],
+            &[
+                1., 1., 0., 1., 2., 1., 0., 1., 1., 1., 0., 1., 2., 1., 0., 1.,
+            ],
+        );
+        let ys = run_n("Unique", 11, vec![("axis", AttrValue::Int(1))], vec![x], 4).unwrap();
+        assert_eq!(ys[0].shape(), &[2, 3, 2]);
+        assert_eq!(fv(&ys[0]), [0., 1., 1., 1., 2., 1., 0., 1., 1., 1., 2., 1.]);
+        assert_eq!(iv(&ys[1]), [1, 0, 2]);
+        assert_eq!(iv(&ys[2]), [1, 0, 2, 0]);
+        assert_eq!(iv(&ys[3]), [2, 1, 1]);
+    }
+
+    #[test]
+    fn dropout_inference_and_seeded_training() {
+        let x = f(&[5], &[1., 2., 3., 4., 5.]);
+        let ys = run_n("Dropout", 13, vec![], vec![x.clone()], 2).unwrap();
+        assert_eq!(fv(&ys[0]), [1., 2., 3., 4., 5.]);
+        assert_eq!(&*ys[1].as_slice::<bool>().unwrap(), [true; 5]);
+        // Dropout-7: the mask has the data's type
+        let ys = run_n("Dropout", 7, vec![], vec![x.clone()], 2).unwrap();
+        assert_eq!(fv(&ys[1]), [1.; 5]);
+        // numpy RandomState(0).uniform(0,1,5) = [0.5488, 0.7152, 0.6028, 0.5449, 0.4237]
+        let t = Some(Tensor::scalar(true));
+        let ys = run_n(
+            "Dropout",
+            13,
+            vec![("seed", AttrValue::Int(0))],
+            vec![x.clone(), f(&[], &[0.5]), t.clone()],
+            2,
+        )
+        .unwrap();
+        assert_eq!(fv(&ys[0]), [2., 4., 6., 8., 0.]);
+        assert_eq!(
+            &*ys[1].as_slice::<bool>().unwrap(),
+            [true, true, true, true, false]
+        );
+        let ys = run_n("Dropout", 13, vec![], vec![x.clone(), f(&[], &[0.]), t], 1).unwrap();
+        assert_eq!(fv(&ys[0]), [1., 2., 3., 4., 5.]);
+        let mut mt = Mt19937::new(0);
+        assert!((mt.next_f64() - 0.5488135039273248).abs() < 1e-15);
+        assert!((mt.next_f64() - 0.7151893663724195).abs() < 1e-15);
+    }
+
+    #[test]
+    fn copy_strided_matches_index_arithmetic() {
+        // a 3-D permutation with a broadcast dim, checked element by element
+        let src: Vec<u32> = (0..2 * 9 * 10).collect();
+        let shape = [10, 3, 9, 2];
+        let strides = [1isize, 0, 10, 90];
+        let out = copy_strided(&src, &shape, &strides, 0);
+        let mut p = 0;
+        for a in 0..10 {
+            for b in 0..3 {
+                let _ = b;
+                for c in 0..9 {
+                    for d in 0..2 {
+                        assert_eq!(out[p], (a + c * 10 + d * 90) as u32);
+                        p += 1;
+                    }
+                }
+            }
+        }
+        assert_eq!(p, out.len());
+    }
 }

@@ -1,0 +1,235 @@
+//! Graph-level behaviour through the public API: constant folding of exporter shape arithmetic,
+//! symbolic shapes of inputs/outputs, views for Reshape, model-local functions, If subgraphs
+//! that capture outer values.
+
+use nxrt::{OptLevel, Session, Tensor};
+use nxrt_core::proto::{
+    attr_type, type_proto, AttributeProto, FunctionProto, GraphProto, ModelProto, NodeProto,
+    OperatorSetIdProto, TensorProto, TensorShapeProto, TypeProto, ValueInfoProto,
+};
+use prost::Message;
+
+fn vi(name: &str, elem: i32, dims: &[&str]) -> ValueInfoProto {
+    use nxrt_core::proto::tensor_shape_proto::{dimension::Value as D, Dimension};
+    ValueInfoProto {
+        name: name.into(),
+        r#type: Some(TypeProto {
+            value: Some(type_proto::Value::TensorType(type_proto::Tensor {
+                elem_type: elem,
+                shape: Some(TensorShapeProto {
+                    dim: dims
+                        .iter()
+                        .map(|d| Dimension {
+                            value: Some(match d.parse::<i64>() {
+                                Ok(n) => D::DimValue(n),
+                                Err(_) => D::DimParam(d.to_string()),
+                            }),
+                            ..Default::default()
+                        })
+                        .collect(),
+                }),
+            })),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+fn node(op: &str, i: &[&str], o: &[&str]) -> NodeProto {
+    NodeProto {
+        op_type: op.into(),
+        name: format!("{op}_{}", o[0]),
+        input: i.iter().map(|s| s.to_string()).collect(),
+        output: o.iter().map(|s| s.to_string()).collect(),
+        ..Default::default()
+    }
+}
+
+fn i64s(name: &str, v: &[i64]) -> TensorProto {
+    TensorProto {
+        name: name.into(),
+        dims: vec![v.len() as i64],
+        data_type: 7,
+        int64_data: v.to_vec(),
+        ..Default::default()
+    }
+}
+
+fn model(graph: GraphProto, functions: Vec<FunctionProto>) -> Vec<u8> {
+    ModelProto {
+        ir_version: 9,
+        opset_import: vec![
+            OperatorSetIdProto {
+                domain: String::new(),
+                version: 17,
+            },
+            OperatorSetIdProto {
+                domain: "local".into(),
+                version: 1,
+            },
+        ],
+        graph: Some(graph),
+        functions,
+        ..Default::default()
+    }
+    .encode_to_vec()
+}
+
+/// x[B,3,4] -> Shape -> Gather(0) -> Unsqueeze -> Concat([-1]) -> Reshape(x): y[B,12].
+fn shape_chain(batch: &str) -> Vec<u8> {
+    model(
+        GraphProto {
+            name: "chain".into(),
+            node: vec![
+                node("Shape", &["x"], &["s"]),
+                node("Gather", &["s", "zero"], &["b"]),
+                node("Unsqueeze", &["b", "axes0"], &["b1"]),
+                node("Concat", &["b1", "minus1"], &["target"]),
+                node("Reshape", &["x", "target"], &["y"]),
+            ],
+            initializer: vec![
+                TensorProto {
+                    name: "zero".into(),
+                    data_type: 7,
+                    int64_data: vec![0],
+                    ..Default::default()
+                },
+                i64s("axes0", &[0]),
+                i64s("minus1", &[-1]),
+            ],
+            input: vec![vi("x", 1, &[batch, "3", "4"])],
+            output: vec![vi("y", 1, &[])],
+            ..Default::default()
+        },
+        vec![],
+    )
+}
+
+#[test]
+fn shape_arithmetic_folds_to_a_constant_when_shapes_are_known() {
+    // Concat needs an axis attribute
+    let mut bytes = shape_chain("2");
+    let mut m = ModelProto::decode(bytes.as_slice()).unwrap();
+    for n in &mut m.graph.as_mut().unwrap().node {
+        if n.op_type == "Concat" {
+            n.attribute.push(AttributeProto {
+                name: "axis".into(),
+                r#type: attr_type::INT,
+                i: 0,
+                ..Default::default()
+            });
+        }
+    }
+    bytes = m.encode_to_vec();
+    let folded = Session::builder().load_bytes(&bytes).unwrap();
+    let ops: Vec<&str> = folded.core().graph().nodes.iter().map(|n| n.op_type.as_str()).collect();
+    assert_eq!(ops, ["Reshape"], "the shape chain should fold away");
+    let plain = Session::builder()
+        .optimization(OptLevel::None)
+        .load_bytes(&bytes)
+        .unwrap();
+    assert_eq!(plain.core().graph().nodes.len(), 5);
+    // both give the same answer, and Reshape is a view of the input
+    let x = Tensor::from_vec(&[2, 3, 4], (0..24).map(|i| i as f32).collect()).unwrap();
+    for s in [&folded, &plain] {
+        let out = s.run([("x", x.clone())]).unwrap();
+        let y = out["y"].as_tensor().unwrap();
+        assert_eq!(y.shape(), &[2, 12]);
+        assert_eq!(y.as_slice::<f32>().unwrap()[13], 13.0);
+        assert!(y.shares_storage(&x), "Reshape must not copy");
+    }
+    // with a symbolic batch the chain stays and still computes per run
+    let mut m = ModelProto::decode(shape_chain("batch").as_slice()).unwrap();
+    for n in &mut m.graph.as_mut().unwrap().node {
+        if n.op_type == "Concat" {
+            n.attribute.push(AttributeProto {
+                name: "axis".into(),
+                r#type: attr_type::INT,
+                i: 0,
+                ..Default::default()
+            });
+        }
+    }
+    let dynamic = Session::builder().load_bytes(&m.encode_to_vec()).unwrap();
+    assert_eq!(dynamic.inputs()[0].ty.to_string(), "float[batch,3,4]");
+    let x5 = Tensor::from_vec(&[5, 3, 4], vec![1f32; 60]).unwrap();
+    let out = dynamic.run([("x", x5)]).unwrap();
+    assert_eq!(out["y"].as_tensor().unwrap().shape(), &[5, 12]);
+}
+
+#[test]
+fn model_local_functions_are_inlined() {
+    // local.AddRelu(a, b) = Relu(Add(a, b))
+    let f = FunctionProto {
+        name: "AddRelu".into(),
+        domain: "local".into(),
+        input: vec!["a".into(), "b".into()],
+        output: vec!["c".into()],
+        node: vec![node("Add", &["a", "b"], &["t"]), node("Relu", &["t"], &["c"])],
+        opset_import: vec![OperatorSetIdProto {
+            domain: String::new(),
+            version: 17,
+        }],
+        ..Default::default()
+    };
+    let mut call = node("AddRelu", &["x", "y"], &["z"]);
+    call.domain = "local".into();
+    let bytes = model(
+        GraphProto {
+            name: "f".into(),
+            node: vec![call],
+            input: vec![vi("x", 1, &["3"]), vi("y", 1, &["3"])],
+            output: vec![vi("z", 1, &["3"])],
+            ..Default::default()
+        },
+        vec![f],
+    );
+    let s = Session::builder().load_bytes(&bytes).unwrap();
+    let x = Tensor::from_vec(&[3], vec![1f32, -5.0, 2.0]).unwrap();
+    let y = Tensor::from_vec(&[3], vec![1f32, 1.0, -3.0]).unwrap();
+    let out = s.run([("x", x), ("y", y)]).unwrap();
+    assert_eq!(&*out["z"].as_tensor().unwrap().as_slice::<f32>().unwrap(), &[2.0, 0.0, 0.0]);
+}
+
+#[test]
+fn if_branches_read_outer_values() {
+    let branch = |op: &str, name: &str| GraphProto {
+        name: name.into(),
+        node: vec![node(op, &["x", "x"], &[&format!("{name}_out")])],
+        output: vec![vi(&format!("{name}_out"), 1, &["2"])],
+        ..Default::default()
+    };
+    let mut if_node = node("If", &["cond"], &["y"]);
+    if_node.attribute = vec![
+        AttributeProto {
+            name: "then_branch".into(),
+            r#type: attr_type::GRAPH,
+            g: Some(Box::new(branch("Add", "then"))),
+            ..Default::default()
+        },
+        AttributeProto {
+            name: "else_branch".into(),
+            r#type: attr_type::GRAPH,
+            g: Some(Box::new(branch("Mul", "else"))),
+            ..Default::default()
+        },
+    ];
+    let bytes = model(
+        GraphProto {
+            name: "if".into(),
+            node: vec![if_node],
+            input: vec![vi("cond", 9, &[]), vi("x", 1, &["2"])],
+            output: vec![vi("y", 1, &["2"])],
+            ..Default::default()
+        },
+        vec![],
+    );
+    let s = Session::builder().load_bytes(&bytes).unwrap();
+    let x = Tensor::from_vec(&[2], vec![3f32, 4.0]).unwrap();
+    for (c, want) in [(true, [6.0f32, 8.0]), (false, [9.0, 16.0])] {
+        let out = s
+            .run([("cond", Tensor::scalar(c)), ("x", x.clone())])
+            .unwrap();
+        assert_eq!(&*out["y"].as_tensor().unwrap().as_slice::<f32>().unwrap(), &want);
+    }
+}
