@@ -18,7 +18,11 @@ fn tensor_type(elem: i32, dims: &[i64]) -> TypeProto {
                 dim: dims
                     .iter()
                     .map(|&d| Dimension {
-                        value: Some(if d < 0 { D::DimParam("n".into()) } else { D::DimValue(d) }),
+                        value: Some(if d < 0 {
+                            D::DimParam("n".into())
+                        } else {
+                            D::DimValue(d)
+                        }),
                         ..Default::default()
                     })
                     .collect(),
@@ -93,7 +97,9 @@ fn random_and_truncated_bytes_are_decode_errors() {
 
 #[test]
 fn unknown_op_names_node_op_domain_and_opset() {
-    let err = load(&one_node("NoSuchOp", "", 17)).err().expect("must fail");
+    let err = load(&one_node("NoSuchOp", "", 17))
+        .err()
+        .expect("must fail");
     let msg = err.to_string();
     assert!(matches!(err, Error::Unsupported { .. }), "{msg}");
     for part in ["the_node", "NoSuchOp", "ai.onnx", "17"] {
@@ -103,7 +109,9 @@ fn unknown_op_names_node_op_domain_and_opset() {
 
 #[test]
 fn unknown_domain_is_unsupported() {
-    let err = load(&one_node("Foo", "com.example", 1)).err().expect("must fail");
+    let err = load(&one_node("Foo", "com.example", 1))
+        .err()
+        .expect("must fail");
     assert!(matches!(err, Error::Unsupported { .. }), "{err}");
     assert!(err.to_string().contains("com.example"), "{err}");
 }
@@ -111,7 +119,10 @@ fn unknown_domain_is_unsupported() {
 #[test]
 fn too_new_opset_is_rejected_at_load() {
     let err = load(&one_node("Relu", "", 999)).err().expect("must fail");
-    assert!(matches!(err, Error::OpsetTooNew { version: 999, .. }), "{err}");
+    assert!(
+        matches!(err, Error::OpsetTooNew { version: 999, .. }),
+        "{err}"
+    );
 }
 
 #[test]
@@ -119,18 +130,33 @@ fn wrong_feeds_are_input_errors() {
     let s = load(&one_node("Identity", "", 17)).expect("Identity loads");
     let x = Tensor::from_vec(&[2, 3], vec![0f32; 6]).unwrap();
     let e = s.run([("nope", x.clone())]).err().expect("wrong name");
-    assert!(matches!(e, Error::Input(_)) && e.to_string().contains("nope"), "{e}");
+    assert!(
+        matches!(e, Error::Input(_)) && e.to_string().contains("nope"),
+        "{e}"
+    );
     let xi = Tensor::from_vec(&[2, 3], vec![0i64; 6]).unwrap();
     let e = s.run([("x", xi)]).err().expect("wrong dtype");
-    assert!(matches!(e, Error::Input(_)) && e.to_string().contains("int64"), "{e}");
+    assert!(
+        matches!(e, Error::Input(_)) && e.to_string().contains("int64"),
+        "{e}"
+    );
     let xr = Tensor::from_vec(&[6], vec![0f32; 6]).unwrap();
     let e = s.run([("x", xr)]).err().expect("wrong rank");
-    assert!(matches!(e, Error::Input(_)) && e.to_string().contains("rank"), "{e}");
+    assert!(
+        matches!(e, Error::Input(_)) && e.to_string().contains("rank"),
+        "{e}"
+    );
     let xd = Tensor::from_vec(&[2, 4], vec![0f32; 8]).unwrap();
     let e = s.run([("x", xd)]).err().expect("wrong fixed dim");
     assert!(matches!(e, Error::Input(_)), "{e}");
-    let e = s.run(Vec::<(String, Tensor)>::new()).err().expect("missing input");
-    assert!(matches!(e, Error::Input(_)) && e.to_string().contains("'x'"), "{e}");
+    let e = s
+        .run(Vec::<(String, Tensor)>::new())
+        .err()
+        .expect("missing input");
+    assert!(
+        matches!(e, Error::Input(_)) && e.to_string().contains("'x'"),
+        "{e}"
+    );
     // the session stays usable after failed runs
     let ok = s.run([("x", x)]).expect("a good run after bad ones");
     assert_eq!(ok["y"].as_tensor().unwrap().shape(), &[2, 3]);
@@ -202,11 +228,17 @@ fn external_data_is_confined_to_the_model_folder() {
     let ok = Session::builder().load(write("ok.onnx", &external("w.bin", Some(16))));
     assert!(ok.is_ok(), "{:?}", ok.err());
     // missing file
-    let e = Session::builder().load(write("missing.onnx", &external("nope.bin", None))).err().unwrap();
+    let e = Session::builder()
+        .load(write("missing.onnx", &external("nope.bin", None)))
+        .err()
+        .unwrap();
     assert!(matches!(e, Error::ExternalData(_)), "{e}");
     // `..` escape, absolute path
     for loc in ["../secret.bin", "/etc/passwd", "sub/../../secret.bin"] {
-        let e = Session::builder().load(write("escape.onnx", &external(loc, None))).err().unwrap();
+        let e = Session::builder()
+            .load(write("escape.onnx", &external(loc, None)))
+            .err()
+            .unwrap();
         assert!(matches!(e, Error::ExternalData(_)), "{loc}: {e}");
     }
     // a symlink that points outside
@@ -215,14 +247,23 @@ fn external_data_is_confined_to_the_model_folder() {
         let link = dir.join("link.bin");
         let _ = std::fs::remove_file(&link);
         std::os::unix::fs::symlink(root.join("secret.bin"), &link).unwrap();
-        let e = Session::builder().load(write("link.onnx", &external("link.bin", None))).err().unwrap();
+        let e = Session::builder()
+            .load(write("link.onnx", &external("link.bin", None)))
+            .err()
+            .unwrap();
         assert!(matches!(e, Error::ExternalData(_)), "symlink: {e}");
     }
     // file shorter than the tensor
-    let e = Session::builder().load(write("short.onnx", &external("short.bin", None))).err().unwrap();
+    let e = Session::builder()
+        .load(write("short.onnx", &external("short.bin", None)))
+        .err()
+        .unwrap();
     assert!(matches!(e, Error::ExternalData(_)), "{e}");
     // from bytes, external data has no folder
-    let e = Session::builder().load_bytes(&external("w.bin", None).encode_to_vec()).err().unwrap();
+    let e = Session::builder()
+        .load_bytes(&external("w.bin", None).encode_to_vec())
+        .err()
+        .unwrap();
     assert!(matches!(e, Error::ExternalData(_)), "{e}");
     let _ = std::fs::remove_dir_all(&root);
 }

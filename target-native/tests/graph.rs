@@ -122,7 +122,13 @@ fn shape_arithmetic_folds_to_a_constant_when_shapes_are_known() {
     }
     bytes = m.encode_to_vec();
     let folded = Session::builder().load_bytes(&bytes).unwrap();
-    let ops: Vec<&str> = folded.core().graph().nodes.iter().map(|n| n.op_type.as_str()).collect();
+    let ops: Vec<&str> = folded
+        .core()
+        .graph()
+        .nodes
+        .iter()
+        .map(|n| n.op_type.as_str())
+        .collect();
     assert_eq!(ops, ["Reshape"], "the shape chain should fold away");
     let plain = Session::builder()
         .optimization(OptLevel::None)
@@ -165,7 +171,10 @@ fn model_local_functions_are_inlined() {
         domain: "local".into(),
         input: vec!["a".into(), "b".into()],
         output: vec!["c".into()],
-        node: vec![node("Add", &["a", "b"], &["t"]), node("Relu", &["t"], &["c"])],
+        node: vec![
+            node("Add", &["a", "b"], &["t"]),
+            node("Relu", &["t"], &["c"]),
+        ],
         opset_import: vec![OperatorSetIdProto {
             domain: String::new(),
             version: 17,
@@ -188,7 +197,10 @@ fn model_local_functions_are_inlined() {
     let x = Tensor::from_vec(&[3], vec![1f32, -5.0, 2.0]).unwrap();
     let y = Tensor::from_vec(&[3], vec![1f32, 1.0, -3.0]).unwrap();
     let out = s.run([("x", x), ("y", y)]).unwrap();
-    assert_eq!(&*out["z"].as_tensor().unwrap().as_slice::<f32>().unwrap(), &[2.0, 0.0, 0.0]);
+    assert_eq!(
+        &*out["z"].as_tensor().unwrap().as_slice::<f32>().unwrap(),
+        &[2.0, 0.0, 0.0]
+    );
 }
 
 #[test]
@@ -230,6 +242,9 @@ fn if_branches_read_outer_values() {
         let out = s
             .run([("cond", Tensor::scalar(c)), ("x", x.clone())])
             .unwrap();
-        assert_eq!(&*out["y"].as_tensor().unwrap().as_slice::<f32>().unwrap(), &want);
+        assert_eq!(
+            &*out["y"].as_tensor().unwrap().as_slice::<f32>().unwrap(),
+            &want
+        );
     }
 }
