@@ -486,8 +486,8 @@ pub fn infer_node(node: &Node, ins: &[TypeInfo], cin: &[Option<&Tensor>]) -> Vec
                             _ => None,
                         });
                     if let (Some(total), Some(known), [u]) = (total, known, unknown.as_slice()) {
-                        if known > 0 {
-                            out[*u] = Dim::Known(total / known);
+                        if let Some(q) = total.checked_div(known) {
+                            out[*u] = Dim::Known(q);
                         }
                     }
                 }
@@ -615,8 +615,7 @@ pub fn infer_node(node: &Node, ins: &[TypeInfo], cin: &[Option<&Tensor>]) -> Vec
             } else {
                 None
             };
-            let dtype = if op == "STFT" { d0 } else { d0 };
-            vec![t(dtype, sh)]
+            vec![t(d0, sh)]
         }
         "Split" => {
             let n = node.outputs.len();

@@ -129,30 +129,29 @@ fn too_new_opset_is_rejected_at_load() {
 fn wrong_feeds_are_input_errors() {
     let s = load(&one_node("Identity", "", 17)).expect("Identity loads");
     let x = Tensor::from_vec(&[2, 3], vec![0f32; 6]).unwrap();
-    let e = s.run([("nope", x.clone())]).err().expect("wrong name");
+    let e = s.run([("nope", x.clone())]).expect_err("wrong name");
     assert!(
         matches!(e, Error::Input(_)) && e.to_string().contains("nope"),
         "{e}"
     );
     let xi = Tensor::from_vec(&[2, 3], vec![0i64; 6]).unwrap();
-    let e = s.run([("x", xi)]).err().expect("wrong dtype");
+    let e = s.run([("x", xi)]).expect_err("wrong dtype");
     assert!(
         matches!(e, Error::Input(_)) && e.to_string().contains("int64"),
         "{e}"
     );
     let xr = Tensor::from_vec(&[6], vec![0f32; 6]).unwrap();
-    let e = s.run([("x", xr)]).err().expect("wrong rank");
+    let e = s.run([("x", xr)]).expect_err("wrong rank");
     assert!(
         matches!(e, Error::Input(_)) && e.to_string().contains("rank"),
         "{e}"
     );
     let xd = Tensor::from_vec(&[2, 4], vec![0f32; 8]).unwrap();
-    let e = s.run([("x", xd)]).err().expect("wrong fixed dim");
+    let e = s.run([("x", xd)]).expect_err("wrong fixed dim");
     assert!(matches!(e, Error::Input(_)), "{e}");
     let e = s
         .run(Vec::<(String, Tensor)>::new())
-        .err()
-        .expect("missing input");
+        .expect_err("missing input");
     assert!(
         matches!(e, Error::Input(_)) && e.to_string().contains("'x'"),
         "{e}"

@@ -990,6 +990,7 @@ fn topk_t<T: RElem>(
 }
 
 #[cfg(test)]
+#[allow(clippy::excessive_precision)] // expected values pasted from numpy
 mod tests {
     //! Expected values come from numpy / the ONNX reference implementation (pasted), or from
     //! closed-form sums.
