@@ -167,6 +167,7 @@ mod tests {
         let want = naive(m, n, k, &a, &b);
         for threads in [1, 2] {
             let cpu = NativeCpu::new(threads).unwrap();
+            // C starts non-zero: beta = 0 must overwrite it, not add to it
             let mut c = vec![1f32; m * n];
             let g = Gemm {
                 m,
@@ -182,8 +183,9 @@ mod tests {
             };
             cpu.sgemm(&g, &a, &bt, &mut c);
             assert_eq!(c, want);
-            // beta = 1 accumulates
-            cpu.sgemm(&g, &a, &bt, &mut c);
+            // beta = 1 accumulates into C
+            let acc = Gemm { beta: 1.0, ..g };
+            cpu.sgemm(&acc, &a, &bt, &mut c);
             let twice: Vec<f32> = want.iter().map(|x| 2.0 * x).collect();
             assert_eq!(c, twice);
         }
