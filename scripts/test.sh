@@ -4,7 +4,10 @@
 # ../shared/toolchain/setup.sh), fetches the real-model corpus and the ONNX node tests into
 # $NXRT_CACHE (default ~/.cache/nxrt, never the repo), then checks formatting and lints, builds
 # core for wasm32v1-none (proof that core has no std), runs every test, and runs the node-test
-# conformance suite against the committed baseline (a case that passed and now fails is an error).
+# conformance suite against the committed baseline (a case that passed and now fails is an error),
+# then builds the wasm package (js/build.sh) and runs its tests: wasm-bindgen tests in Node and
+# headless Chromium, and the npm package's tests (Node, Chromium via playwright-core, the
+# example page, npm pack).
 #
 #   scripts/test.sh            everything
 #   SKIP_SETUP=1 scripts/test.sh   skip the toolchain/corpus set-up (already done)
@@ -27,7 +30,9 @@ if [ "${SKIP_SETUP:-0}" != 1 ]; then
 fi
 [ -f /opt/nxrt-tools/env.sh ] && source /opt/nxrt-tools/env.sh
 rustup component list --installed 2>/dev/null | grep -q clippy || rustup component add clippy rustfmt
-rustup target list --installed | grep -qx wasm32v1-none || rustup target add wasm32v1-none
+for t in wasm32v1-none wasm32-unknown-unknown; do
+  rustup target list --installed | grep -qx "$t" || rustup target add "$t"
+done
 
 step "cargo fmt --check"
 cargo fmt --all -- --check
@@ -39,15 +44,26 @@ step "build (release)"
 cargo build --release -p nxrt -p nxrt-tests
 
 step "clippy -D warnings"
-cargo clippy --release -p nxrt-core -p nxrt -p nxrt-tests --all-targets -- -D warnings
+cargo clippy --release -p nxrt-core -p nxrt -p nxrt-tests -p nxrt-wasm --all-targets -- -D warnings
+cargo clippy -p nxrt-wasm --target wasm32-unknown-unknown --all-targets -- -D warnings
 
 step "unit, API and real-model parity tests"
-NXRT_BIN="$ROOT/target/release/nxrt" cargo test --release -p nxrt-core -p nxrt -p nxrt-tests -- --nocapture
+NXRT_BIN="$ROOT/target/release/nxrt" cargo test --release -p nxrt-core -p nxrt -p nxrt-tests -p nxrt-wasm -- --nocapture
 
 step "README's first command: the embedded model"
 ./target/release/nxrt
 
 step "ONNX backend node tests (native CPU) against tests/conformance/native.json"
 ./target/release/conformance --out "$ROOT/target/conformance-native.json" --baseline tests/conformance/native.json
+
+step "wasm package (js/build.sh: wasm-pack, SIMD128, wasm-opt)"
+bash js/build.sh
+
+step "wasm-bindgen tests in Node and headless Chromium (target-wasm/tests/web.rs)"
+wasm-pack test --node --mode no-install target-wasm
+wasm-pack test --headless --chrome --mode no-install target-wasm --features browser-tests
+
+step "npm package: Node, headless Chromium (corpus vs native), example page, npm pack"
+(cd js && NXRT_BIN="$ROOT/target/release/nxrt" node --test test/)
 
 step "all green in $(( $(date +%s) - T0 ))s"

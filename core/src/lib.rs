@@ -7,6 +7,7 @@
 extern crate alloc;
 
 pub mod dtype;
+pub mod embedded;
 pub mod error;
 pub mod infer;
 pub mod ir;
@@ -17,6 +18,7 @@ pub mod optimize;
 pub mod proto;
 pub mod provider;
 pub mod session;
+pub mod simd;
 pub mod tensor;
 pub mod value;
 

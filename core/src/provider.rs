@@ -225,10 +225,13 @@ pub struct ReferenceCpu;
 
 impl CpuBackend for ReferenceCpu {
     fn name(&self) -> String {
-        String::from("reference")
+        alloc::format!("portable ({})", crate::simd::isa_name())
     }
     fn sgemm(&self, g: &Gemm, a: &[f32], b: &[f32], c: &mut [f32]) {
-        reference_sgemm(g, a, b, c)
+        // the SIMD micro-kernel when the operands' strides allow it, else the checked loop
+        if !crate::simd::sgemm_checked(g, a, b, c) {
+            reference_sgemm(g, a, b, c)
+        }
     }
 }
 

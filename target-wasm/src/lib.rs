@@ -1,10 +1,170 @@
-//! nxrt-wasm: the browser target. For now it re-exports the core so that the core's wasm32
-//! build is exercised; wasm-bindgen exports, SIMD128 kernels and WebGPU arrive in issues 02/05.
-#![no_std]
+//! nxrt-wasm: the browser target. wasm-bindgen exports over the core session, run on core's
+//! kernels (SIMD128 through core's portable SIMD layer when built with `+simd128`).
+//!
+//! The JS package in `js/` wraps these exports in an onnxruntime-web-shaped API
+//! (`InferenceSession`, `Tensor`); nothing here is meant to be called directly by users.
+//!
+//! Natively this crate builds as a plain rlib (its conversion helpers are tested there); the
+//! wasm-bindgen glue only exists on `wasm32`.
+
+use std::sync::Arc;
+
+use nxrt_core::kernels::CpuProvider;
+use nxrt_core::provider::{ExecutionProvider, ReferenceCpu};
+use nxrt_core::{loader, Error, OptLevel, Result, Session, SessionOptions};
 
 pub use nxrt_core as core_api;
 
-/// Version string of this build (kept so the cdylib has a symbol to export).
+/// Version string of this build.
 pub fn version() -> &'static str {
     env!("CARGO_PKG_VERSION")
+}
+
+/// Provider names the browser build knows (`cpu` is an alias of `wasm`).
+pub const PROVIDERS: &[&str] = &["wasm", "cpu"];
+
+/// Parses onnxruntime-web's `graphOptimizationLevel` names.
+pub fn opt_level(name: &str) -> Result<OptLevel> {
+    Ok(match name {
+        "disabled" => OptLevel::None,
+        "basic" => OptLevel::Basic,
+        "extended" | "all" | "layout" => OptLevel::All,
+        other => {
+            return Err(Error::Input(format!(
+                "graphOptimizationLevel '{other}' is not one of disabled, basic, extended, all"
+            )))
+        }
+    })
+}
+
+/// Builds a session from model bytes for the named providers (in preference order).
+pub fn build_session(bytes: &[u8], providers: &[String], opt: OptLevel) -> Result<Session> {
+    for p in providers {
+        if !PROVIDERS.contains(&p.as_str()) {
+            return Err(Error::Provider(format!(
+                "execution provider '{p}' is not available in this build (available: wasm)"
+            )));
+        }
+    }
+    let model = loader::load_model(bytes, &loader::NoExternalData)?;
+    let cpu: Arc<dyn ExecutionProvider> = Arc::new(CpuProvider::new(Arc::new(ReferenceCpu)));
+    Session::new(model, vec![cpu], &SessionOptions { optimization: opt })
+}
+
+#[cfg(target_arch = "wasm32")]
+mod bindings;
+#[cfg(target_arch = "wasm32")]
+pub use bindings::*;
+
+/// onnxruntime-web's name for an element type (`float32`, `int64`, ...), where it has one.
+pub fn js_type_name(dt: nxrt_core::DataType) -> &'static str {
+    use nxrt_core::DataType::*;
+    match dt {
+        Float => "float32",
+        Double => "float64",
+        Float16 => "float16",
+        Bfloat16 => "bfloat16",
+        Int8 => "int8",
+        Uint8 => "uint8",
+        Int16 => "int16",
+        Uint16 => "uint16",
+        Int32 => "int32",
+        Uint32 => "uint32",
+        Int64 => "int64",
+        Uint64 => "uint64",
+        Bool => "bool",
+        String => "string",
+        other => other.name(),
+    }
+}
+
+/// The element type for an onnxruntime-web type name.
+pub fn dtype_from_js(name: &str) -> Result<nxrt_core::DataType> {
+    use nxrt_core::DataType::*;
+    Ok(match name {
+        "float32" => Float,
+        "float64" => Double,
+        "float16" => Float16,
+        "int8" => Int8,
+        "uint8" => Uint8,
+        "int16" => Int16,
+        "uint16" => Uint16,
+        "int32" => Int32,
+        "uint32" => Uint32,
+        "int64" => Int64,
+        "uint64" => Uint64,
+        "bool" => Bool,
+        "string" => String,
+        other => {
+            return Err(Error::Input(format!(
+                "tensor type '{other}' is not supported (float32, float64, float16, int8, uint8, \
+                 int16, uint16, int32, uint32, int64, uint64, bool, string)"
+            )))
+        }
+    })
+}
+
+/// Checks a JS-supplied shape (non-negative integers whose product equals `len`).
+pub fn check_dims(name: &str, dims: &[f64], len: usize) -> Result<Vec<usize>> {
+    let mut shape = Vec::with_capacity(dims.len());
+    for &d in dims {
+        if !(d >= 0.0 && d.fract() == 0.0 && d <= (1u64 << 40) as f64) {
+            return Err(Error::Input(format!(
+                "input '{name}': dims must be non-negative integers, got {dims:?}"
+            )));
+        }
+        shape.push(d as usize);
+    }
+    let n = shape
+        .iter()
+        .try_fold(1usize, |a, &d| a.checked_mul(d))
+        .ok_or_else(|| Error::Input(format!("input '{name}': dims {dims:?} overflow")))?;
+    if n != len {
+        return Err(Error::Input(format!(
+            "input '{name}': data has {len} elements but dims {shape:?} need {n}"
+        )));
+    }
+    Ok(shape)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn type_names_round_trip() {
+        for n in [
+            "float32", "float64", "float16", "int8", "uint8", "int16", "uint16", "int32", "uint32",
+            "int64", "uint64", "bool", "string",
+        ] {
+            assert_eq!(js_type_name(dtype_from_js(n).unwrap()), n);
+        }
+        let e = dtype_from_js("complex64").unwrap_err().to_string();
+        assert!(e.contains("complex64"), "{e}");
+    }
+
+    #[test]
+    fn dims_are_checked_against_the_data() {
+        assert_eq!(check_dims("x", &[2.0, 3.0], 6).unwrap(), vec![2, 3]);
+        assert_eq!(check_dims("x", &[], 1).unwrap(), Vec::<usize>::new());
+        let e = check_dims("x", &[2.0, 3.0], 5).unwrap_err().to_string();
+        assert!(e.contains("'x'") && e.contains("5 elements"), "{e}");
+        assert!(check_dims("x", &[-1.0], 0).is_err());
+        assert!(check_dims("x", &[1.5], 1).is_err());
+        assert!(check_dims("x", &[1e12, 1e12, 1e12], 0).is_err());
+    }
+
+    #[test]
+    fn unknown_providers_are_refused_by_name() {
+        let e = build_session(&[], &["webgpu".into()], OptLevel::Basic)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(e.contains("webgpu"), "{e}");
+        let e = build_session(&[1, 2, 3], &["wasm".into()], OptLevel::Basic)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(!e.is_empty());
+    }
 }

@@ -13,6 +13,7 @@ use crate::dtype::DataType;
 use crate::error::Result;
 use crate::ir::{AttrValue, Node};
 use crate::provider::{Kernel, KernelCx, KernelDef};
+use crate::simd;
 use crate::tensor::{Data, Elem, Tensor};
 use crate::value::Value;
 use crate::{bail, unsupported};
@@ -1107,6 +1108,44 @@ enum Arith {
     Div,
 }
 
+/// Drops leading 1s from a shape.
+fn squeeze_front(s: &[usize]) -> &[usize] {
+    let k = s.iter().take_while(|&&d| d == 1).count();
+    &s[k..]
+}
+
+/// f32 `a op b` through the SIMD layer when one operand repeats over the other's trailing
+/// dims (same shape, scalar, or a bias row) and the output has the larger operand's shape;
+/// `None` where the general broadcasting loop is needed.
+fn arith_f32_simd(a: &Tensor, b: &Tensor, op: Arith) -> Result<Option<Tensor>> {
+    if a.dtype() != DataType::Float || a.is_empty() || b.is_empty() {
+        return Ok(None);
+    }
+    let op = match op {
+        Arith::Add => simd::BinOp::Add,
+        Arith::Sub => simd::BinOp::Sub,
+        Arith::Mul => simd::BinOp::Mul,
+        Arith::Div => simd::BinOp::Div,
+    };
+    let repeats = |big: &Tensor, small: &Tensor| {
+        let s = squeeze_front(small.shape());
+        big.rank() >= small.rank() && big.shape().ends_with(s)
+    };
+    if repeats(a, b) {
+        let (av, bv) = (a.as_slice::<f32>()?, b.as_slice::<f32>()?);
+        let mut out = vec![0f32; av.len()];
+        simd::binary_repeat(op, &av, &bv, &mut out);
+        return Ok(Some(Tensor::from_vec(a.shape(), out)?));
+    }
+    if repeats(b, a) {
+        let (av, bv) = (a.as_slice::<f32>()?, b.as_slice::<f32>()?);
+        let mut out = vec![0f32; bv.len()];
+        simd::binary_repeat_lhs(op, &av, &bv, &mut out);
+        return Ok(Some(Tensor::from_vec(b.shape(), out)?));
+    }
+    Ok(None)
+}
+
 fn arith(a: &Tensor, b: &Tensor, op: Arith) -> Result<Tensor> {
     let name = match op {
         Arith::Add => "Add",
@@ -1115,6 +1154,9 @@ fn arith(a: &Tensor, b: &Tensor, op: Arith) -> Result<Tensor> {
         Arith::Div => "Div",
     };
     same_type(name, a, b)?;
+    if let Some(t) = arith_f32_simd(a, b, op)? {
+        return Ok(t);
+    }
     num_dispatch!(a.dtype(), T => match op {
         Arith::Add => bcast2::<T, T, T>(a, b, |x, y| x.add_(*y)),
         Arith::Sub => bcast2::<T, T, T>(a, b, |x, y| x.sub_(*y)),
@@ -1538,7 +1580,18 @@ unary_real!(build_asinh, "Asinh", |v: R| v.asinh_());
 unary_real!(build_acosh, "Acosh", |v: R| v.acosh_());
 unary_real!(build_atanh, "Atanh", |v: R| v.atanh_());
 unary_real!(build_tanh, "Tanh", |v: R| v.tanh_());
-unary_real!(build_sigmoid, "Sigmoid", |v: R| sigmoid(v));
+fn build_sigmoid(_: &Node) -> Result<Box<dyn Kernel>> {
+    kernel(|inputs| {
+        let x = tensor_in(inputs, 0)?;
+        if x.dtype() == DataType::Float {
+            let xv = x.as_slice::<f32>()?;
+            let mut out = vec![0f32; xv.len()];
+            simd::sigmoid(&xv, &mut out);
+            return out1(Tensor::from_vec(x.shape(), out)?);
+        }
+        out1(float_map!(x, "Sigmoid", |v: R| sigmoid(v))?)
+    })
+}
 unary_real!(build_erf, "Erf", |v: R| v.erf_());
 unary_real!(build_floor, "Floor", |v: R| v.floor_());
 unary_real!(build_ceil, "Ceil", |v: R| v.ceil_());
@@ -1568,6 +1621,12 @@ unary_num!(build_sign, "Sign", sign_);
 fn build_relu(_: &Node) -> Result<Box<dyn Kernel>> {
     kernel(|inputs| {
         let x = tensor_in(inputs, 0)?;
+        if x.dtype() == DataType::Float {
+            let xv = x.as_slice::<f32>()?;
+            let mut out = vec![0f32; xv.len()];
+            simd::relu(&xv, &mut out);
+            return out1(Tensor::from_vec(x.shape(), out)?);
+        }
         out1(
             num_dispatch!(x.dtype(), T => map1::<T, T>(x, |&v| if v < T::zero() { T::zero() } else { v }),
             else Err(bad_type("Relu", x.dtype())))?,

@@ -50,11 +50,20 @@ trait Real: Float + AddAssign + SubAssign + MulAssign + Neg<Output = Self> {
     fn load(t: &Tensor) -> Result<Cow<'_, [Self]>>;
     /// A tensor of element type `dt` (any float type) from values in this type.
     fn store(dt: DataType, shape: &[usize], v: Vec<Self>) -> Result<Tensor>;
+    /// Softmax of one contiguous row through the SIMD layer; `false` where this type has no
+    /// fast path (the caller then runs the generic loop).
+    fn softmax_row_simd(_x: &[Self], _y: &mut [Self]) -> bool {
+        false
+    }
 }
 
 impl Real for f32 {
     const ZERO: f32 = 0.0;
     const ONE: f32 = 1.0;
+    fn softmax_row_simd(x: &[f32], y: &mut [f32]) -> bool {
+        crate::simd::softmax_row(x, y);
+        true
+    }
     #[inline(always)]
     fn exp_nonpos(self) -> f32 {
         exp_nonpos_f32(self)
@@ -414,6 +423,9 @@ fn soft_apply<R: Real>(
         for (k, y) in run.chunks_mut(unit).enumerate() {
             let x = &xs[(first + k) * unit..][..unit];
             if inner == 1 {
+                if kind == SoftKind::Softmax && R::softmax_row_simd(x, y) {
+                    continue;
+                }
                 soft_row(x, y, kind);
             } else {
                 soft_cols(x, y, n, inner, kind);

@@ -1,0 +1,84 @@
+//! The fallback vector: four f32 lanes in plain Rust. The compiler maps it onto the baseline
+//! SIMD of the target (SSE2 on x86-64, NEON on aarch64) where it can.
+
+use super::VF32;
+
+/// Four f32 lanes without intrinsics.
+#[derive(Clone, Copy, Debug)]
+pub struct Portable(pub [f32; 4]);
+
+#[inline(always)]
+fn zip(a: Portable, b: Portable, f: impl Fn(f32, f32) -> f32) -> Portable {
+    Portable([
+        f(a.0[0], b.0[0]),
+        f(a.0[1], b.0[1]),
+        f(a.0[2], b.0[2]),
+        f(a.0[3], b.0[3]),
+    ])
+}
+
+#[inline(always)]
+fn each(a: Portable, f: impl Fn(f32) -> f32) -> Portable {
+    Portable([f(a.0[0]), f(a.0[1]), f(a.0[2]), f(a.0[3])])
+}
+
+impl VF32 for Portable {
+    const LANES: usize = 4;
+    #[inline(always)]
+    fn splat(v: f32) -> Self {
+        Portable([v; 4])
+    }
+    #[inline(always)]
+    fn load(s: &[f32]) -> Self {
+        Portable([s[0], s[1], s[2], s[3]])
+    }
+    #[inline(always)]
+    fn store(self, d: &mut [f32]) {
+        d[..4].copy_from_slice(&self.0);
+    }
+    #[inline(always)]
+    fn add(self, o: Self) -> Self {
+        zip(self, o, |a, b| a + b)
+    }
+    #[inline(always)]
+    fn sub(self, o: Self) -> Self {
+        zip(self, o, |a, b| a - b)
+    }
+    #[inline(always)]
+    fn mul(self, o: Self) -> Self {
+        zip(self, o, |a, b| a * b)
+    }
+    #[inline(always)]
+    fn div(self, o: Self) -> Self {
+        zip(self, o, |a, b| a / b)
+    }
+    #[inline(always)]
+    fn fma(self, b: Self, c: Self) -> Self {
+        self.mul(b).add(c)
+    }
+    #[inline(always)]
+    fn max(self, o: Self) -> Self {
+        zip(self, o, |a, b| if a.is_nan() || a >= b { a } else { b })
+    }
+    #[inline(always)]
+    fn min(self, o: Self) -> Self {
+        zip(self, o, |a, b| if a.is_nan() || a <= b { a } else { b })
+    }
+    #[inline(always)]
+    fn round(self) -> Self {
+        each(self, libm::rintf)
+    }
+    #[inline(always)]
+    fn pow2i(self) -> Self {
+        each(self, |n| f32::from_bits(((n as i32 + 127) as u32) << 23))
+    }
+    #[inline(always)]
+    fn hsum(self) -> f32 {
+        (self.0[0] + self.0[2]) + (self.0[1] + self.0[3])
+    }
+    #[inline(always)]
+    fn hmax(self) -> f32 {
+        let m = |a: f32, b: f32| if a.is_nan() || a >= b { a } else { b };
+        m(m(self.0[0], self.0[2]), m(self.0[1], self.0[3]))
+    }
+}

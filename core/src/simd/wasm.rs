@@ -1,0 +1,83 @@
+//! wasm SIMD128: four f32 lanes in a `v128`.
+
+use super::VF32;
+use core::arch::wasm32::*;
+
+/// Four f32 lanes in one wasm `v128`.
+#[derive(Clone, Copy)]
+pub struct V128(v128);
+
+impl VF32 for V128 {
+    const LANES: usize = 4;
+    #[inline(always)]
+    fn splat(v: f32) -> Self {
+        V128(f32x4_splat(v))
+    }
+    #[inline(always)]
+    fn load(s: &[f32]) -> Self {
+        let s = &s[..4];
+        // SAFETY: `s` has 4 floats (16 bytes); v128_load has no alignment requirement.
+        V128(unsafe { v128_load(s.as_ptr() as *const v128) })
+    }
+    #[inline(always)]
+    fn store(self, d: &mut [f32]) {
+        let d = &mut d[..4];
+        // SAFETY: `d` has room for 4 floats; unaligned stores are allowed.
+        unsafe { v128_store(d.as_mut_ptr() as *mut v128, self.0) }
+    }
+    #[inline(always)]
+    fn add(self, o: Self) -> Self {
+        V128(f32x4_add(self.0, o.0))
+    }
+    #[inline(always)]
+    fn sub(self, o: Self) -> Self {
+        V128(f32x4_sub(self.0, o.0))
+    }
+    #[inline(always)]
+    fn mul(self, o: Self) -> Self {
+        V128(f32x4_mul(self.0, o.0))
+    }
+    #[inline(always)]
+    fn div(self, o: Self) -> Self {
+        V128(f32x4_div(self.0, o.0))
+    }
+    #[inline(always)]
+    fn fma(self, b: Self, c: Self) -> Self {
+        // relaxed-simd's madd is not in every browser yet: multiply, then add
+        V128(f32x4_add(f32x4_mul(self.0, b.0), c.0))
+    }
+    #[inline(always)]
+    fn max(self, o: Self) -> Self {
+        // pmax(a, b) = a < b ? b : a, so a NaN in self is kept
+        V128(f32x4_pmax(self.0, o.0))
+    }
+    #[inline(always)]
+    fn min(self, o: Self) -> Self {
+        // pmin(a, b) = b < a ? b : a
+        V128(f32x4_pmin(self.0, o.0))
+    }
+    #[inline(always)]
+    fn round(self) -> Self {
+        V128(f32x4_nearest(self.0))
+    }
+    #[inline(always)]
+    fn pow2i(self) -> Self {
+        let n = i32x4_trunc_sat_f32x4(self.0);
+        V128(i32x4_shl(i32x4_add(n, i32x4_splat(127)), 23))
+    }
+    #[inline(always)]
+    fn hsum(self) -> f32 {
+        let v = self.0;
+        (f32x4_extract_lane::<0>(v) + f32x4_extract_lane::<2>(v))
+            + (f32x4_extract_lane::<1>(v) + f32x4_extract_lane::<3>(v))
+    }
+    #[inline(always)]
+    fn hmax(self) -> f32 {
+        let v = self.0;
+        let m = |a: f32, b: f32| if a.is_nan() || a >= b { a } else { b };
+        m(
+            m(f32x4_extract_lane::<0>(v), f32x4_extract_lane::<2>(v)),
+            m(f32x4_extract_lane::<1>(v), f32x4_extract_lane::<3>(v)),
+        )
+    }
+}

@@ -1,0 +1,130 @@
+//! x86-64 AVX2 + FMA: eight f32 lanes in a `__m256`, detected at run time through CPUID
+//! (no `std` needed, so core keeps its `no_std`).
+
+use super::VF32;
+use core::arch::x86_64::*;
+use core::sync::atomic::{AtomicU8, Ordering};
+
+static DETECTED: AtomicU8 = AtomicU8::new(0); // 0 unknown, 1 no, 2 yes
+
+fn detect() -> bool {
+    // SAFETY: CPUID exists on every x86-64 CPU; XGETBV is only executed once CPUID reports
+    // OSXSAVE.
+    unsafe {
+        let l1 = __cpuid(1);
+        let osxsave = l1.ecx & (1 << 27) != 0;
+        let avx = l1.ecx & (1 << 28) != 0;
+        let fma = l1.ecx & (1 << 12) != 0;
+        if !(osxsave && avx && fma) || __get_cpuid_max(0).0 < 7 {
+            return false;
+        }
+        // the OS must save XMM and YMM state
+        if _xgetbv(0) & 0b110 != 0b110 {
+            return false;
+        }
+        __cpuid_count(7, 0).ebx & (1 << 5) != 0
+    }
+}
+
+/// Whether the AVX2+FMA instantiation may run here.
+#[inline]
+pub fn avx2_fma() -> bool {
+    match DETECTED.load(Ordering::Relaxed) {
+        2 => true,
+        1 => false,
+        _ => {
+            let yes = detect();
+            DETECTED.store(if yes { 2 } else { 1 }, Ordering::Relaxed);
+            yes
+        }
+    }
+}
+
+/// Eight f32 lanes in one AVX register. Only constructed inside `avx2,fma` code.
+#[derive(Clone, Copy)]
+pub struct Avx2(__m256);
+
+// SAFETY (for every `unsafe` below): these methods are only reached from functions compiled
+// with `#[target_feature(enable = "avx2,fma")]` after `avx2_fma()` returned true; loads and
+// stores go through slices of at least 8 floats, and AVX loads/stores have no alignment needs.
+impl VF32 for Avx2 {
+    const LANES: usize = 8;
+    #[inline(always)]
+    fn splat(v: f32) -> Self {
+        Avx2(unsafe { _mm256_set1_ps(v) })
+    }
+    #[inline(always)]
+    fn load(s: &[f32]) -> Self {
+        let s = &s[..8];
+        Avx2(unsafe { _mm256_loadu_ps(s.as_ptr()) })
+    }
+    #[inline(always)]
+    fn store(self, d: &mut [f32]) {
+        let d = &mut d[..8];
+        unsafe { _mm256_storeu_ps(d.as_mut_ptr(), self.0) }
+    }
+    #[inline(always)]
+    fn add(self, o: Self) -> Self {
+        Avx2(unsafe { _mm256_add_ps(self.0, o.0) })
+    }
+    #[inline(always)]
+    fn sub(self, o: Self) -> Self {
+        Avx2(unsafe { _mm256_sub_ps(self.0, o.0) })
+    }
+    #[inline(always)]
+    fn mul(self, o: Self) -> Self {
+        Avx2(unsafe { _mm256_mul_ps(self.0, o.0) })
+    }
+    #[inline(always)]
+    fn div(self, o: Self) -> Self {
+        Avx2(unsafe { _mm256_div_ps(self.0, o.0) })
+    }
+    #[inline(always)]
+    fn fma(self, b: Self, c: Self) -> Self {
+        Avx2(unsafe { _mm256_fmadd_ps(self.0, b.0, c.0) })
+    }
+    #[inline(always)]
+    fn max(self, o: Self) -> Self {
+        // MAXPS returns its second operand when either is NaN: put self second
+        Avx2(unsafe { _mm256_max_ps(o.0, self.0) })
+    }
+    #[inline(always)]
+    fn min(self, o: Self) -> Self {
+        Avx2(unsafe { _mm256_min_ps(o.0, self.0) })
+    }
+    #[inline(always)]
+    fn round(self) -> Self {
+        Avx2(unsafe {
+            _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(self.0)
+        })
+    }
+    #[inline(always)]
+    fn pow2i(self) -> Self {
+        unsafe {
+            let n = _mm256_cvtps_epi32(self.0);
+            let e = _mm256_slli_epi32::<23>(_mm256_add_epi32(n, _mm256_set1_epi32(127)));
+            Avx2(_mm256_castsi256_ps(e))
+        }
+    }
+    #[inline(always)]
+    fn hsum(self) -> f32 {
+        unsafe {
+            let lo = _mm256_castps256_ps128(self.0);
+            let hi = _mm256_extractf128_ps::<1>(self.0);
+            let s = _mm_add_ps(lo, hi);
+            let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+            let s = _mm_add_ss(s, _mm_shuffle_ps::<0b01>(s, s));
+            _mm_cvtss_f32(s)
+        }
+    }
+    #[inline(always)]
+    fn hmax(self) -> f32 {
+        let mut b = [0f32; 8];
+        self.store(&mut b);
+        let m = |a: f32, b: f32| if a.is_nan() || a >= b { a } else { b };
+        m(
+            m(m(b[0], b[4]), m(b[1], b[5])),
+            m(m(b[2], b[6]), m(b[3], b[7])),
+        )
+    }
+}

@@ -1,0 +1,67 @@
+// Types for the `nxrt` npm package (an onnxruntime-web-shaped API).
+
+export type TensorType =
+  | 'float32' | 'float64' | 'float16' | 'int8' | 'uint8' | 'int16' | 'uint16'
+  | 'int32' | 'uint32' | 'int64' | 'uint64' | 'bool' | 'string';
+
+export type TensorData =
+  | Float32Array | Float64Array | Int8Array | Uint8Array | Int16Array | Uint16Array
+  | Int32Array | Uint32Array | BigInt64Array | BigUint64Array | string[];
+
+export declare class Tensor {
+  /** `float16` data is a Uint16Array of IEEE half bits; `bool` data a Uint8Array of 0/1. */
+  constructor(type: TensorType, data: TensorData | readonly number[] | readonly bigint[], dims?: readonly number[]);
+  constructor(data: TensorData | readonly number[] | readonly boolean[], dims?: readonly number[]);
+  readonly type: TensorType;
+  readonly data: TensorData;
+  readonly dims: readonly number[];
+  readonly size: number;
+  readonly location: 'cpu' | 'none';
+  readonly cpuData: TensorData;
+  getData(): Promise<TensorData>;
+  dispose(): void;
+}
+
+export interface ValueMetadata {
+  name: string;
+  isTensor: boolean;
+  type: string;
+  /** Numbers for fixed dims, strings for symbolic ones, null where unknown. */
+  shape?: (number | string | null)[] | null;
+}
+
+/** An output: a Tensor, or for ai.onnx.ml models an array of values or a Map. */
+export type OnnxValue = Tensor | OnnxValue[] | Map<number | bigint | string, number | OnnxValue> | null;
+
+export interface SessionOptions {
+  /** Providers in preference order: 'wasm' (alias 'cpu'). Default ['wasm']. */
+  executionProviders?: (string | { name: string })[];
+  graphOptimizationLevel?: 'disabled' | 'basic' | 'extended' | 'all';
+}
+
+export declare class InferenceSession {
+  static create(model: string | URL | ArrayBuffer | Uint8Array, options?: SessionOptions): Promise<InferenceSession>;
+  readonly inputNames: readonly string[];
+  readonly outputNames: readonly string[];
+  readonly inputMetadata: readonly ValueMetadata[];
+  readonly outputMetadata: readonly ValueMetadata[];
+  /** Which provider runs how many nodes, and how many copies the partition needs. */
+  readonly partition: string;
+  run(feeds: Record<string, Tensor>, fetches?: readonly string[]): Promise<Record<string, OnnxValue>>;
+  release(): Promise<void>;
+}
+
+export declare const env: { wasm: { wasmPaths?: string | URL; numThreads: 1 } };
+export declare function runtimeInfo(): Promise<{ version: string; simd: string; threads: number }>;
+export declare function wasmMemoryBytes(): number;
+/** The small CNN built into nxrt (input `image` float32 [batch,1,16,16], output `probs` [batch,10]). */
+export declare function embeddedModel(): Promise<Uint8Array>;
+declare const _default: {
+  InferenceSession: typeof InferenceSession;
+  Tensor: typeof Tensor;
+  env: typeof env;
+  runtimeInfo: typeof runtimeInfo;
+  wasmMemoryBytes: typeof wasmMemoryBytes;
+  embeddedModel: typeof embeddedModel;
+};
+export default _default;

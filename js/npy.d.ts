@@ -1,0 +1,5 @@
+export declare function parseNpy(bytes: Uint8Array | ArrayBuffer): {
+  type: string;
+  data: Float32Array | Float64Array | Int8Array | Uint8Array | Int16Array | Uint16Array | Int32Array | Uint32Array | BigInt64Array | BigUint64Array | string[];
+  dims: number[];
+};

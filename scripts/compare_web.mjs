@@ -1,0 +1,101 @@
+// nxrt vs onnxruntime-web (wasm execution provider, 1 thread) on the public corpus, in one
+// headless Chromium page, interleaved: for each model, R rounds of (nxrt x K runs, ORT x K
+// runs) after a warm-up; prints a markdown table of medians and the nxrt/ORT ratio, plus both
+// runtimes' wasm sizes (raw and gzip -9).
+//
+//   node scripts/compare_web.mjs [--rounds R] [--runs K] [--models a,b,...]
+//
+// Needs the wasm build (bash js/build.sh), the corpus, and onnxruntime-web from npm
+// (installed into $NXRT_CACHE/ortweb on first use; pinned by ORT_WEB_VERSION, default 1.30.0).
+
+import { execFileSync } from 'node:child_process';
+import { existsSync, mkdirSync, readFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { gzipSync } from 'node:zlib';
+import { CACHE, CORPUS, REPO, corpusCases, corpusModels } from '../js/test/corpus.mjs';
+import { launchChromium, serve } from '../js/test/server.mjs';
+
+const args = process.argv.slice(2);
+const opt = (n, d) => (args.includes(n) ? args[args.indexOf(n) + 1] : d);
+const ROUNDS = Number(opt('--rounds', 5));
+const RUNS = Number(opt('--runs', 10));
+const VERSION = process.env.ORT_WEB_VERSION ?? '1.30.0';
+
+const ortDir = join(CACHE, 'ortweb');
+const ortDist = join(ortDir, 'node_modules', 'onnxruntime-web', 'dist');
+const pinned = join(ortDir, 'node_modules', 'onnxruntime-web', 'package.json');
+if (!existsSync(pinned) || JSON.parse(readFileSync(pinned, 'utf8')).version !== VERSION) {
+  mkdirSync(ortDir, { recursive: true });
+  console.error(`installing onnxruntime-web@${VERSION} into ${ortDir}`);
+  execFileSync('npm', ['install', '--no-audit', '--no-fund', '--prefix', ortDir, `onnxruntime-web@${VERSION}`], { stdio: 'inherit' });
+}
+const nxWasm = join(REPO, 'js', 'wasm', 'nxrt_wasm_bg.wasm');
+if (!existsSync(nxWasm)) throw new Error('no wasm build: run bash js/build.sh');
+
+const median = (xs) => {
+  const s = [...xs].sort((a, b) => a - b);
+  const m = s.length >> 1;
+  return s.length % 2 ? s[m] : (s[m - 1] + s[m]) / 2;
+};
+const size = (f) => {
+  const b = readFileSync(f);
+  return { raw: b.length, gz: gzipSync(b, { level: 9 }).length };
+};
+const mb = (n) => (n / 1e6).toFixed(2);
+
+const models = opt('--models') ? opt('--models').split(',') : corpusModels();
+const srv = await serve({ '/': join(REPO, 'js', 'bench'), '/nxrt/': join(REPO, 'js'), '/ort/': ortDist, '/corpus/': CORPUS });
+const browser = await launchChromium();
+const rows = [];
+try {
+  for (const model of models) {
+    // a fresh page per model, so neither runtime inherits the other's heap
+    const page = await browser.newPage();
+    page.on('pageerror', (e) => console.error(`${model}: page error ${e.message}`));
+    await page.goto(`${srv.url}/compare.html`);
+    await page.waitForFunction(() => window.ready === true, null, { timeout: 60000 });
+    const c = corpusCases(model)[0];
+    const res = { model, nxrt: [], ort: [], err: {} };
+    for (const which of ['nxrt', 'ort']) {
+      try {
+        await page.evaluate(([w, m, d, i]) => window.load(w, m, d, i), [which, model, c.case, c.io.inputs]);
+        await page.evaluate(([w]) => window.time(w, 3), [which]); // warm-up
+      } catch (e) {
+        res.err[which] = e.message.split('\n')[0].slice(0, 120);
+      }
+    }
+    for (let r = 0; r < ROUNDS; r++) {
+      for (const which of ['nxrt', 'ort']) {
+        if (res.err[which]) continue;
+        res[which].push(...(await page.evaluate(([w, n]) => window.time(w, n), [which, RUNS])));
+      }
+    }
+    await page.evaluate(() => window.unload());
+    await page.close();
+    rows.push(res);
+    const fmt = (w) => (res.err[w] ? `error` : median(res[w]).toFixed(3));
+    console.error(`${model}: nxrt ${fmt('nxrt')} ms, ort-web ${fmt('ort')} ms`);
+  }
+} finally {
+  await browser.close();
+  srv.close();
+}
+
+const info = execFileSync('chromium', ['--version'], { encoding: 'utf8' }).trim();
+console.log(`\nnxrt (wasm, SIMD128, 1 thread) vs onnxruntime-web ${VERSION} (wasm EP, 1 thread), ${info}, headless;`);
+console.log(`median ms per run over ${ROUNDS} interleaved rounds x ${RUNS} runs each (after 3 warm-up runs), first reference case's inputs.\n`);
+console.log('| model | nxrt ms | ORT-web ms | nxrt/ORT |');
+console.log('|---|---:|---:|---:|');
+for (const r of rows) {
+  const a = r.err.nxrt ? null : median(r.nxrt);
+  const b = r.err.ort ? null : median(r.ort);
+  const cell = (v, w) => (v === null ? `error: ${r.err[w]}` : v.toFixed(3));
+  console.log(`| ${r.model} | ${cell(a, 'nxrt')} | ${cell(b, 'ort')} | ${a !== null && b !== null ? (a / b).toFixed(2) : '-'} |`);
+}
+const n = size(nxWasm);
+const o = size(join(ortDist, 'ort-wasm-simd-threaded.wasm'));
+console.log('\n| wasm file | raw MB | gzip -9 MB |');
+console.log('|---|---:|---:|');
+console.log(`| nxrt \`nxrt_wasm_bg.wasm\` | ${mb(n.raw)} | ${mb(n.gz)} |`);
+console.log(`| onnxruntime-web \`ort-wasm-simd-threaded.wasm\` | ${mb(o.raw)} | ${mb(o.gz)} |`);
+console.log(`| ratio nxrt/ORT | ${(n.raw / o.raw).toFixed(2)} | ${(n.gz / o.gz).toFixed(2)} |`);

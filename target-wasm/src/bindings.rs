@@ -1,0 +1,383 @@
+//! The wasm-bindgen exports. Values cross the boundary as plain JS objects
+//! (`{name, type, data, dims}` for tensors); `js/` turns them into `Tensor`s.
+//!
+//! Every entry point returns `Result<_, JsError>`, so a bad model or bad feed rejects with the
+//! runtime's message. A panic (a bug, never a bad input) traps the instance; its message is
+//! kept by the panic hook and read back by the JS wrapper through `lastPanic()`.
+
+use std::cell::RefCell;
+use std::rc::Rc;
+
+use js_sys::{Array, BigInt64Array, BigUint64Array, Float32Array, Float64Array, Int16Array};
+use js_sys::{Int32Array, Int8Array, Map, Object, Reflect, Uint16Array, Uint32Array, Uint8Array};
+use wasm_bindgen::prelude::*;
+use wasm_bindgen::JsCast;
+
+use half::f16;
+use nxrt_core::value::MapValue;
+use nxrt_core::{DataType, Dim, Error, Tensor, TypeInfo, Value};
+
+use crate::{build_session, check_dims, dtype_from_js, js_type_name, opt_level};
+
+thread_local! {
+    static LAST_PANIC: RefCell<Option<String>> = const { RefCell::new(None) };
+}
+
+#[wasm_bindgen(start)]
+pub fn start() {
+    std::panic::set_hook(Box::new(|info| {
+        let msg = info.to_string();
+        LAST_PANIC.with(|p| *p.borrow_mut() = Some(msg));
+    }));
+}
+
+/// The message of the last panic (an internal error), if one happened.
+#[wasm_bindgen(js_name = lastPanic)]
+pub fn last_panic() -> Option<String> {
+    LAST_PANIC.with(|p| p.borrow().clone())
+}
+
+/// The version of this build.
+#[wasm_bindgen(js_name = version)]
+pub fn js_version() -> String {
+    crate::version().to_string()
+}
+
+/// The small CNN built into nxrt (input `image` float[batch,1,16,16], output `probs`
+/// float[batch,10]): a model to try the API with, no download needed.
+#[wasm_bindgen(js_name = embeddedModel)]
+pub fn embedded_model() -> Vec<u8> {
+    nxrt_core::embedded::tiny_cnn()
+}
+
+/// The SIMD instruction set the kernels run on (`simd128` or `portable`).
+#[wasm_bindgen(js_name = simdIsa)]
+pub fn simd_isa() -> String {
+    nxrt_core::simd::isa_name().to_string()
+}
+
+fn js_err(e: Error) -> JsError {
+    JsError::new(&e.to_string())
+}
+
+fn input_err(msg: String) -> JsError {
+    JsError::new(&msg)
+}
+
+fn set(o: &Object, k: &str, v: &JsValue) {
+    let _ = Reflect::set(o, &JsValue::from_str(k), v);
+}
+
+fn get(o: &JsValue, k: &str) -> JsValue {
+    Reflect::get(o, &JsValue::from_str(k)).unwrap_or(JsValue::UNDEFINED)
+}
+
+fn type_json(ty: &TypeInfo) -> JsValue {
+    let o = Object::new();
+    match ty {
+        TypeInfo::Tensor { dtype, shape } => {
+            set(&o, "isTensor", &JsValue::TRUE);
+            set(
+                &o,
+                "type",
+                &JsValue::from_str(dtype.map_or("unknown", js_type_name)),
+            );
+            match shape {
+                Some(dims) => {
+                    let a = Array::new();
+                    for d in dims {
+                        a.push(&match d {
+                            Dim::Known(n) => JsValue::from_f64(*n as f64),
+                            Dim::Sym(s) => JsValue::from_str(s),
+                            Dim::Unknown => JsValue::NULL,
+                        });
+                    }
+                    set(&o, "shape", &a);
+                }
+                None => set(&o, "shape", &JsValue::NULL),
+            }
+        }
+        other => {
+            set(&o, "isTensor", &JsValue::FALSE);
+            set(&o, "type", &JsValue::from_str(&other.to_string()));
+        }
+    }
+    o.into()
+}
+
+/// A loaded model. `run` clones the `Rc` into its future, so a run in flight keeps the session
+/// alive even if JS calls `free()` meanwhile.
+#[wasm_bindgen]
+pub struct WasmSession {
+    inner: Rc<nxrt_core::Session>,
+}
+
+#[wasm_bindgen]
+impl WasmSession {
+    /// Loads a model: `providers` in preference order, `opt` an onnxruntime-web
+    /// `graphOptimizationLevel` name.
+    #[wasm_bindgen(constructor)]
+    pub fn new(bytes: &[u8], providers: Vec<String>, opt: String) -> Result<WasmSession, JsError> {
+        let level = opt_level(&opt).map_err(js_err)?;
+        let s = build_session(bytes, &providers, level).map_err(js_err)?;
+        Ok(WasmSession { inner: Rc::new(s) })
+    }
+
+    #[wasm_bindgen(getter, js_name = inputNames)]
+    pub fn input_names(&self) -> Vec<String> {
+        self.inner.inputs().into_iter().map(|i| i.name).collect()
+    }
+
+    #[wasm_bindgen(getter, js_name = outputNames)]
+    pub fn output_names(&self) -> Vec<String> {
+        self.inner.outputs().into_iter().map(|i| i.name).collect()
+    }
+
+    /// `[{name, isTensor, type, shape}]` for the graph inputs.
+    #[wasm_bindgen(getter, js_name = inputMetadata)]
+    pub fn input_metadata(&self) -> Array {
+        let a = Array::new();
+        for io in self.inner.inputs() {
+            let o: Object = type_json(&io.ty).unchecked_into();
+            set(&o, "name", &JsValue::from_str(&io.name));
+            a.push(&o);
+        }
+        a
+    }
+
+    #[wasm_bindgen(getter, js_name = outputMetadata)]
+    pub fn output_metadata(&self) -> Array {
+        let a = Array::new();
+        for io in self.inner.outputs() {
+            let o: Object = type_json(&io.ty).unchecked_into();
+            set(&o, "name", &JsValue::from_str(&io.name));
+            a.push(&o);
+        }
+        a
+    }
+
+    /// Which provider runs how many nodes, and the copies between them.
+    #[wasm_bindgen(js_name = partition)]
+    pub fn partition(&self) -> String {
+        let r = self.inner.partition();
+        let mut s = String::new();
+        for (p, n) in &r.nodes_per_provider {
+            s.push_str(&format!("{p}: {n} nodes; "));
+        }
+        s.push_str(&format!("{} copies", r.copies));
+        s
+    }
+
+    /// Runs the model. `feeds` is an array of `{name, type, data, dims}`; resolves to an array
+    /// of output objects in graph order.
+    pub fn run(&self, feeds: Array) -> Result<js_sys::Promise, JsError> {
+        let mut values = Vec::with_capacity(feeds.length() as usize);
+        for f in feeds.iter() {
+            let name = get(&f, "name")
+                .as_string()
+                .ok_or_else(|| input_err("every feed needs a string 'name'".into()))?;
+            let t = feed_tensor(&name, &f)?;
+            values.push((name, Value::Tensor(t)));
+        }
+        let inner = self.inner.clone();
+        Ok(wasm_bindgen_futures::future_to_promise(async move {
+            let outs = inner
+                .run_async(values)
+                .await
+                .map_err(|e| JsValue::from(js_err(e)))?;
+            let a = Array::new();
+            for (name, v) in outs {
+                let o = value_js(&v).map_err(|e| JsValue::from(js_err(e)))?;
+                set(&o, "name", &JsValue::from_str(&name));
+                a.push(&o);
+            }
+            Ok(a.into())
+        }))
+    }
+}
+
+macro_rules! typed_in {
+    ($arr:ty, $data:expr, $name:expr, $ty:expr) => {
+        $data
+            .dyn_ref::<$arr>()
+            .ok_or_else(|| {
+                input_err(format!(
+                    "input '{}': type '{}' needs a {} as data",
+                    $name,
+                    $ty,
+                    stringify!($arr)
+                ))
+            })?
+            .to_vec()
+    };
+}
+
+fn feed_tensor(name: &str, f: &JsValue) -> Result<Tensor, JsError> {
+    let ty = get(f, "type")
+        .as_string()
+        .ok_or_else(|| input_err(format!("input '{name}': missing 'type'")))?;
+    let dt = dtype_from_js(&ty).map_err(js_err)?;
+    let data = get(f, "data");
+    let dims_js = get(f, "dims");
+    let dims: Vec<f64> = Array::from(&dims_js)
+        .iter()
+        .map(|d| d.as_f64().unwrap_or(f64::NAN))
+        .collect();
+    if !Array::is_array(&dims_js) {
+        return Err(input_err(format!(
+            "input '{name}': 'dims' must be an array"
+        )));
+    }
+    fn make<T: nxrt_core::Elem>(name: &str, dims: &[f64], v: Vec<T>) -> Result<Tensor, JsError> {
+        let shape = check_dims(name, dims, v.len()).map_err(js_err)?;
+        Tensor::from_vec(&shape, v).map_err(js_err)
+    }
+    match dt {
+        DataType::Float => make(name, &dims, typed_in!(Float32Array, data, name, ty)),
+        DataType::Double => make(name, &dims, typed_in!(Float64Array, data, name, ty)),
+        DataType::Float16 => {
+            let bits: Vec<u16> = typed_in!(Uint16Array, data, name, ty);
+            make(name, &dims, bits.into_iter().map(f16::from_bits).collect())
+        }
+        DataType::Int8 => make(name, &dims, typed_in!(Int8Array, data, name, ty)),
+        DataType::Uint8 => make(name, &dims, typed_in!(Uint8Array, data, name, ty)),
+        DataType::Int16 => make(name, &dims, typed_in!(Int16Array, data, name, ty)),
+        DataType::Uint16 => make(name, &dims, typed_in!(Uint16Array, data, name, ty)),
+        DataType::Int32 => make(name, &dims, typed_in!(Int32Array, data, name, ty)),
+        DataType::Uint32 => make(name, &dims, typed_in!(Uint32Array, data, name, ty)),
+        DataType::Int64 => make(name, &dims, typed_in!(BigInt64Array, data, name, ty)),
+        DataType::Uint64 => make(name, &dims, typed_in!(BigUint64Array, data, name, ty)),
+        DataType::Bool => {
+            let v: Vec<u8> = typed_in!(Uint8Array, data, name, ty);
+            make(name, &dims, v.into_iter().map(|b| b != 0).collect())
+        }
+        DataType::String => {
+            if !Array::is_array(&data) {
+                return Err(input_err(format!(
+                    "input '{name}': type 'string' needs an array of strings as data"
+                )));
+            }
+            let mut v = Vec::new();
+            for s in Array::from(&data).iter() {
+                v.push(s.as_string().ok_or_else(|| {
+                    input_err(format!("input '{name}': string tensor holds a non-string"))
+                })?);
+            }
+            make(name, &dims, v)
+        }
+        other => Err(input_err(format!(
+            "input '{name}': type {other} cannot be fed from JS"
+        ))),
+    }
+}
+
+fn tensor_js(t: &Tensor) -> nxrt_core::Result<Object> {
+    let o = Object::new();
+    set(&o, "type", &JsValue::from_str(js_type_name(t.dtype())));
+    let dims = Array::new();
+    for &d in t.shape() {
+        dims.push(&JsValue::from_f64(d as f64));
+    }
+    set(&o, "dims", &dims);
+    let data: JsValue = match t.dtype() {
+        DataType::Float => Float32Array::from(&t.as_slice::<f32>()?[..]).into(),
+        DataType::Double => Float64Array::from(&t.as_slice::<f64>()?[..]).into(),
+        DataType::Float16 => {
+            let v: Vec<u16> = t.as_slice::<f16>()?.iter().map(|x| x.to_bits()).collect();
+            Uint16Array::from(&v[..]).into()
+        }
+        DataType::Bfloat16 => {
+            // bfloat16 has no JS array type: hand out float32 values, labelled as such
+            set(&o, "type", &JsValue::from_str("float32"));
+            Float32Array::from(&t.to_f32_vec()?[..]).into()
+        }
+        DataType::Int8 => Int8Array::from(&t.as_slice::<i8>()?[..]).into(),
+        DataType::Uint8 => Uint8Array::from(&t.as_slice::<u8>()?[..]).into(),
+        DataType::Int16 => Int16Array::from(&t.as_slice::<i16>()?[..]).into(),
+        DataType::Uint16 => Uint16Array::from(&t.as_slice::<u16>()?[..]).into(),
+        DataType::Int32 => Int32Array::from(&t.as_slice::<i32>()?[..]).into(),
+        DataType::Uint32 => Uint32Array::from(&t.as_slice::<u32>()?[..]).into(),
+        DataType::Int64 => BigInt64Array::from(&t.as_slice::<i64>()?[..]).into(),
+        DataType::Uint64 => BigUint64Array::from(&t.as_slice::<u64>()?[..]).into(),
+        DataType::Bool => {
+            let v: Vec<u8> = t.as_slice::<bool>()?.iter().map(|&b| b as u8).collect();
+            Uint8Array::from(&v[..]).into()
+        }
+        DataType::String => {
+            let a = Array::new();
+            for s in t.as_slice::<String>()?.iter() {
+                a.push(&JsValue::from_str(s));
+            }
+            a.into()
+        }
+        other => {
+            return Err(Error::Unsupported {
+                ctx: Default::default(),
+                detail: format!("output of type {other} cannot be handed to JS"),
+            })
+        }
+    };
+    set(&o, "data", &data);
+    Ok(o)
+}
+
+/// A map key as JS: int64 keys become numbers when exact, else BigInt; strings stay strings.
+fn map_js(m: &MapValue) -> nxrt_core::Result<Object> {
+    let out = Map::new();
+    let keys: Vec<JsValue> = match m.keys.dtype() {
+        DataType::String => m
+            .keys
+            .as_slice::<String>()?
+            .iter()
+            .map(|s| JsValue::from_str(s))
+            .collect(),
+        _ => m
+            .keys
+            .to_i64_vec()?
+            .into_iter()
+            .map(|k| {
+                if k.unsigned_abs() < (1u64 << 53) {
+                    JsValue::from_f64(k as f64)
+                } else {
+                    js_sys::BigInt::from(k).into()
+                }
+            })
+            .collect(),
+    };
+    for (k, v) in keys.iter().zip(&m.values) {
+        out.set(k, &value_js(v)?.into());
+    }
+    let o = Object::new();
+    set(&o, "kind", &JsValue::from_str("map"));
+    set(&o, "map", &out);
+    Ok(o)
+}
+
+fn value_js(v: &Value) -> nxrt_core::Result<Object> {
+    Ok(match v {
+        Value::Tensor(t) => {
+            let o = tensor_js(t)?;
+            set(&o, "kind", &JsValue::from_str("tensor"));
+            o
+        }
+        Value::Sequence { items, .. } => {
+            let a = Array::new();
+            for it in items {
+                a.push(&value_js(it)?.into());
+            }
+            let o = Object::new();
+            set(&o, "kind", &JsValue::from_str("sequence"));
+            set(&o, "items", &a);
+            o
+        }
+        Value::Map(m) => map_js(m)?,
+        Value::Optional { value, .. } => match value {
+            Some(v) => value_js(v)?,
+            None => {
+                let o = Object::new();
+                set(&o, "kind", &JsValue::from_str("none"));
+                o
+            }
+        },
+    })
+}
