@@ -17,7 +17,7 @@ wasm-pack build target-wasm --mode no-install --target web --weak-refs --no-pack
   --no-opt --profile "$PROFILE" --out-dir ../js/wasm
 WASM="$HERE/wasm/nxrt_wasm_bg.wasm"
 if command -v wasm-opt >/dev/null; then
-  wasm-opt -O3 --enable-simd --enable-bulk-memory --enable-nontrapping-float-to-int \
+  wasm-opt -O3 --strip-debug --strip-producers --enable-simd --enable-bulk-memory --enable-nontrapping-float-to-int \
     --enable-sign-ext --enable-mutable-globals --enable-reference-types --enable-multivalue \
     "$WASM" -o "$WASM.opt"
   mv "$WASM.opt" "$WASM"

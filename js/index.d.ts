@@ -51,8 +51,9 @@ export declare class InferenceSession {
   release(): Promise<void>;
 }
 
-export declare const env: { wasm: { wasmPaths?: string | URL; numThreads: 1 } };
-export declare function runtimeInfo(): Promise<{ version: string; simd: string; threads: number }>;
+export declare const env: { wasm: { wasmPaths?: string | URL; numThreads: number } };
+/** `note` says when a setting could not be honoured (e.g. numThreads > 1). */
+export declare function runtimeInfo(): Promise<{ version: string; simd: string; threads: number; note: string | null }>;
 export declare function wasmMemoryBytes(): number;
 /** The small CNN built into nxrt (input `image` float32 [batch,1,16,16], output `probs` [batch,10]). */
 export declare function embeddedModel(): Promise<Uint8Array>;

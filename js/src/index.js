@@ -16,8 +16,20 @@ let exportsObj = null;
 const isNode =
   typeof process !== 'undefined' && process.versions != null && process.versions.node != null;
 
-/** Where the .wasm file is fetched from; override with `env.wasm.wasmPaths` before first use. */
+/**
+ * Settings, shaped like onnxruntime-web's `ort.env`. `wasm.wasmPaths`: a folder URL to fetch
+ * `nxrt_wasm_bg.wasm` from (before first use). `wasm.numThreads`: this build runs on one
+ * thread; asking for more is reported once on the console and in `runtimeInfo()`, never
+ * silently dropped.
+ */
 export const env = { wasm: { wasmPaths: undefined, numThreads: 1 } };
+let warnedThreads = false;
+
+function threadNote() {
+  const n = env.wasm.numThreads;
+  if (n === undefined || n === 0 || n === 1) return null;
+  return `env.wasm.numThreads = ${n} requested, but nxrt's wasm build runs on 1 thread`;
+}
 
 async function ensureWasm() {
   if (!loading) {
@@ -47,7 +59,7 @@ export function wasmMemoryBytes() {
 /** Runtime facts: version and the SIMD instruction set the kernels use. */
 export async function runtimeInfo() {
   await ensureWasm();
-  return { version: wasm.version(), simd: wasm.simdIsa(), threads: 1 };
+  return { version: wasm.version(), simd: wasm.simdIsa(), threads: 1, note: threadNote() };
 }
 
 /**
@@ -230,6 +242,11 @@ export class InferenceSession {
    */
   static async create(src, options = {}) {
     await ensureWasm();
+    const note = threadNote();
+    if (note && !warnedThreads) {
+      warnedThreads = true;
+      console.warn(`nxrt: ${note}`);
+    }
     const bytes = await modelBytes(src);
     const providers = providerNames(options.executionProviders);
     const level = options.graphOptimizationLevel ?? 'all';

@@ -114,3 +114,22 @@ test('creating and releasing a session 50 times does not grow wasm memory', asyn
   assert.ok(sizes[4] > 0);
   assert.equal(sizes[49], sizes[4], `wasm memory grew after warm-up: ${sizes.join(',')}`);
 });
+
+test('asking for threads is reported, not silently dropped', async () => {
+  const { env } = await import('../src/index.js');
+  const warnings = [];
+  const orig = console.warn;
+  console.warn = (m) => warnings.push(String(m));
+  env.wasm.numThreads = 4;
+  try {
+    const s = await InferenceSession.create(MUL);
+    await s.release();
+    assert.match((await runtimeInfo()).note, /numThreads = 4.*1 thread/);
+    assert.equal(warnings.length, 1);
+    assert.match(warnings[0], /numThreads = 4/);
+  } finally {
+    console.warn = orig;
+    env.wasm.numThreads = 1;
+  }
+  assert.equal((await runtimeInfo()).note, null);
+});

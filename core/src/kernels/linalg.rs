@@ -236,6 +236,26 @@ fn broadcast_index_map(from: &[usize], to: &[usize]) -> Vec<usize> {
 
 // ----------------------------------------------------------------------------- MatMul
 
+/// One GEMM per batch: `out[b] = A[a_off[b]..] · B[b_off[b]..]` (C blocks of `m*n`), batches
+/// spread over the backend's threads.
+fn gemm_batches<T: Num>(
+    cx: &KernelCx<'_>,
+    g: &Gemm,
+    a: &[T],
+    a_off: &[usize],
+    b: &[T],
+    b_off: &[usize],
+    out: &mut [T],
+) {
+    let mn = g.m * g.n;
+    if mn == 0 {
+        return;
+    }
+    crate::kernels::nn::par_chunks_mut(cx.cpu, out, mn, &|bi, c| {
+        T::gemm(cx, g, &a[a_off[bi]..], &b[b_off[bi]..], c)
+    });
+}
+
 /// Numpy `matmul` of two tensors of element type `T`.
 pub(crate) fn matmul_t<T: Num>(cx: &KernelCx<'_>, a: &Tensor, b: &Tensor) -> Result<Tensor> {
     let (ra, rb) = (a.rank(), b.rank());
@@ -317,11 +337,9 @@ pub(crate) fn matmul_t<T: Num>(cx: &KernelCx<'_>, a: &Tensor, b: &Tensor) -> Res
         alpha: 1.0,
         beta: 0.0,
     };
-    for (bi, c) in out.chunks_mut(m * n).enumerate() {
-        let aoff = ia[bi] * m * k;
-        let boff = ib[bi] * k * n;
-        T::gemm(cx, &g, &ad[aoff..aoff + m * k], &bd[boff..boff + k * n], c);
-    }
+    let ao: Vec<usize> = ia.iter().map(|&i| i * m * k).collect();
+    let bo: Vec<usize> = ib.iter().map(|&i| i * k * n).collect();
+    gemm_batches(cx, &g, &ad, &ao, &bd, &bo, &mut out);
     Tensor::from_vec(&out_shape, out)
 }
 
@@ -791,15 +809,9 @@ fn contract_pair<T: Num>(
             alpha: 1.0,
             beta: 0.0,
         };
-        for (bi, c) in data.chunks_mut(m * n).enumerate() {
-            T::gemm(
-                cx,
-                &g,
-                &lp.data[bi * m * k..(bi + 1) * m * k],
-                &rp.data[bi * k * n..(bi + 1) * k * n],
-                c,
-            );
-        }
+        let ao: Vec<usize> = (0..nb).map(|i| i * m * k).collect();
+        let bo: Vec<usize> = (0..nb).map(|i| i * k * n).collect();
+        gemm_batches(cx, &g, &lp.data, &ao, &rp.data, &bo, &mut data);
     }
     Opnd {
         data,

@@ -31,8 +31,9 @@ pub(crate) const KERNELS: &[KernelDef] = &[
 /// Most spatial dimensions the kernels here handle (decoded on the stack).
 const MAX_SPATIAL: usize = 8;
 
-/// Elements of one im2col / col2im tile (bounds scratch memory; 8 MiB of f32).
-const COL_BUDGET: usize = 1 << 21;
+/// Elements of one im2col / col2im tile: small enough to stay in a core's L2 cache between
+/// the im2col pass and the GEMM that reads it (512 KiB of f32).
+const COL_BUDGET: usize = 1 << 17;
 
 // ----------------------------------------------------------------------------- parallel helper
 
@@ -547,44 +548,77 @@ fn conv_depthwise<T: Num>(
         )
     };
     let c = cs.c;
-    // Valid output column range and input offset of every kernel column.
-    let cols: Vec<(usize, usize, isize)> = (0..kw)
-        .map(|kj| {
-            let off = (kj * dw) as isize - pw;
-            let (lo, hi) = valid_range(0, ow, sw, off, iw);
-            (lo, hi, off)
-        })
-        .collect();
+    let (ph, pw) = (ph.max(0) as usize, pw.max(0) as usize);
+    if oh == 0 || ow == 0 {
+        return;
+    }
+    // The zero-padded input plane, split into sh×sw stride phases so that every kernel tap
+    // reads one phase plane at a constant offset: out[i][j] += w * phase[i + qh][j + qw].
+    let pad_h = (ph + ih).max((oh - 1) * sh + (kh - 1) * dh + 1);
+    let pad_w = (pw + iw).max((ow - 1) * sw + (kw - 1) * dw + 1);
+    let (hp, wp) = (pad_h.div_ceil(sh), pad_w.div_ceil(sw));
     par_chunks_mut(cpu, y, oh * ow, &|pi, out| {
         let ch = pi % c;
         let xp = &x[pi * ih * iw..(pi + 1) * ih * iw];
         let wk = &w[ch * kh * kw..(ch + 1) * kh * kw];
-        out.fill(bias.map_or(T::ZERO, |b| b[ch]));
-        for (oi, orow) in out.chunks_mut(ow).enumerate() {
-            for ki in 0..kh {
-                let ii = (oi * sh + ki * dh) as isize - ph;
-                if ii < 0 || ii >= ih as isize {
+        let mut phases = vec![T::ZERO; sh * sw * hp * wp];
+        for (i, xrow) in xp.chunks_exact(iw).enumerate() {
+            let pi_ = i + ph;
+            let (rh, qi) = (pi_ % sh, pi_ / sh);
+            for rw in 0..sw {
+                // Input columns j with (j + pw) % sw == rw, i.e. j = j0, j0 + sw, ...
+                let j0 = (rw + sw - pw % sw) % sw;
+                if j0 >= iw {
                     continue;
                 }
-                let xrow = &xp[ii as usize * iw..(ii as usize + 1) * iw];
-                for (kj, &(lo, hi, off)) in cols.iter().enumerate() {
-                    if lo >= hi {
-                        continue;
-                    }
-                    let wv = wk[ki * kw + kj];
-                    let start = ((lo * sw) as isize + off) as usize;
-                    let o = &mut orow[lo..hi];
-                    if sw == 1 {
-                        for (ov, &xv) in o.iter_mut().zip(&xrow[start..start + (hi - lo)]) {
-                            *ov = ov.add(wv.mul(xv));
-                        }
-                    } else {
-                        for (ov, &xv) in o.iter_mut().zip(xrow[start..].iter().step_by(sw)) {
-                            *ov = ov.add(wv.mul(xv));
-                        }
+                let q0 = (j0 + pw) / sw;
+                let base = (rh * sw + rw) * hp * wp + qi * wp + q0;
+                let n = (iw - j0).div_ceil(sw);
+                let dst = &mut phases[base..base + n];
+                if sw == 1 {
+                    dst.copy_from_slice(xrow);
+                } else {
+                    for (d, &v) in dst.iter_mut().zip(xrow[j0..].iter().step_by(sw)) {
+                        *d = v;
                     }
                 }
             }
+        }
+        // Every tap reads its phase plane at a constant offset from the (wp-wide) output
+        // position; accumulate LANES outputs at a time over all taps in registers.
+        const LANES: usize = 16;
+        let taps: Vec<(T, usize)> = (0..kh * kw)
+            .map(|t| {
+                let (ki, kj) = (t / kw, t % kw);
+                let (rh, qh) = ((ki * dh) % sh, (ki * dh) / sh);
+                let (rw, qw) = ((kj * dw) % sw, (kj * dw) / sw);
+                (wk[t], (rh * sw + rw) * hp * wp + qh * wp + qw)
+            })
+            .collect();
+        let bias_v = bias.map_or(T::ZERO, |b| b[ch]);
+        let span = (oh - 1) * wp + ow;
+        let mut acc = vec![T::ZERO; span];
+        let mut idx = 0;
+        while idx + LANES <= span {
+            let mut a = [bias_v; LANES];
+            for &(wv, src) in &taps {
+                let v = &phases[src + idx..src + idx + LANES];
+                for l in 0..LANES {
+                    a[l] = a[l].add(wv.mul(v[l]));
+                }
+            }
+            acc[idx..idx + LANES].copy_from_slice(&a);
+            idx += LANES;
+        }
+        for (i, o) in acc.iter_mut().enumerate().skip(idx) {
+            let mut a = bias_v;
+            for &(wv, src) in &taps {
+                a = a.add(wv.mul(phases[src + i]));
+            }
+            *o = a;
+        }
+        for (orow, arow) in out.chunks_exact_mut(ow).zip(acc.chunks(wp)) {
+            orow.copy_from_slice(&arow[..ow]);
         }
     });
 }
@@ -624,11 +658,7 @@ fn conv_compute<T: Num>(
     let beta = if bias.is_some() { 1.0 } else { 0.0 };
     let pointwise =
         kk == 1 && g.s.iter().all(|&s| s == 1) && g.pb.iter().all(|&p| p == 0) && g.out == g.inp;
-    let tile = if pointwise {
-        out_plane
-    } else {
-        (COL_BUDGET / kdim).clamp(1, out_plane)
-    };
+    let tile = (COL_BUDGET / kdim).clamp(1, out_plane);
     let mut col = if pointwise {
         Vec::new()
     } else {
@@ -640,19 +670,26 @@ fn conv_compute<T: Num>(
             let wg = &w[gi * mg * kdim..(gi + 1) * mg * kdim];
             let yg = &mut y[(ni * m + gi * mg) * out_plane..(ni * m + (gi + 1) * mg) * out_plane];
             if pointwise {
-                let gm = Gemm {
-                    m: mg,
-                    n: out_plane,
-                    k: cg,
-                    a_rs: kdim as isize,
-                    a_cs: 1,
-                    b_rs: in_plane as isize,
-                    b_cs: 1,
-                    ldc: out_plane,
-                    alpha: 1.0,
-                    beta,
-                };
-                T::gemm(cx, &gm, wg, xg, yg);
+                // X is already the [C/group, positions] matrix; tile the positions.
+                let pt = (COL_BUDGET / cg).clamp(1, out_plane);
+                let mut p0 = 0;
+                while p0 < out_plane {
+                    let nc = pt.min(out_plane - p0);
+                    let gm = Gemm {
+                        m: mg,
+                        n: nc,
+                        k: cg,
+                        a_rs: kdim as isize,
+                        a_cs: 1,
+                        b_rs: in_plane as isize,
+                        b_cs: 1,
+                        ldc: out_plane,
+                        alpha: 1.0,
+                        beta,
+                    };
+                    T::gemm(cx, &gm, wg, &xg[p0..], &mut yg[p0..]);
+                    p0 += nc;
+                }
                 continue;
             }
             let mut p0 = 0;
@@ -985,11 +1022,20 @@ fn conv_transpose_shape(
         };
         match target {
             Some(t) => {
-                let total = natural - t;
+                // A requested extent up to stride-1 beyond the natural one pads the end (as
+                // onnxruntime does); more than that cannot come from this input.
+                if natural - t <= -(s[j] as isize) {
+                    bail!(
+                        "ConvTranspose: output extent {t} is unreachable from input extent {} on axis {}",
+                        inp[j],
+                        j + 2
+                    );
+                }
+                let total = (natural - t).max(0);
                 let begin = if a.sp.auto_pad == AutoPad::SameUpper {
-                    total.div_euclid(2)
+                    total / 2
                 } else {
-                    total - total.div_euclid(2)
+                    total - total / 2
                 };
                 out[j] = t as usize;
                 pb[j] = begin;
@@ -1172,6 +1218,10 @@ struct PoolPlan {
     out: [usize; 3],
     d: [usize; 3],
     wins: [Vec<Win>; 3],
+    /// Stride of the last axis, and per kernel tap of the last axis: the valid output range
+    /// and the input offset (input = output*stride + offset).
+    s2: usize,
+    cols: Vec<(usize, usize, isize)>,
 }
 
 fn pool_plan(g: &Geom, pe: &[isize]) -> Result<PoolPlan> {
@@ -1193,6 +1243,8 @@ fn pool_plan(g: &Geom, pe: &[isize]) -> Result<PoolPlan> {
             Vec::new(),
             Vec::new(),
         ],
+        s2: 1,
+        cols: Vec::new(),
     };
     p.wins[1] = p.wins[0].clone();
     p.wins[2] = p.wins[0].clone();
@@ -1221,7 +1273,71 @@ fn pool_plan(g: &Geom, pe: &[isize]) -> Result<PoolPlan> {
             })
             .collect();
     }
+    let last = nd - 1;
+    p.s2 = g.s[last];
+    p.cols = (0..g.k[last])
+        .map(|t| {
+            let off = (t * g.d[last]) as isize - g.pb[last];
+            let (lo, hi) = valid_range(0, g.out[last], g.s[last], off, g.inp[last]);
+            (lo, hi, off)
+        })
+        .collect();
     Ok(p)
+}
+
+/// Row-wise pooling of one plane: every output folds `op` over its taps starting from
+/// `init` (vectorised along the last axis), then `fin(acc, taps inside the input, taps
+/// inside input + padding)` finishes it.
+#[inline(always)]
+fn pool_rows<T: Copy>(
+    p: &PoolPlan,
+    xp: &[T],
+    out: &mut [T],
+    init: T,
+    op: impl Fn(T, T) -> T + Copy,
+    fin: impl Fn(T, usize, usize) -> T,
+) {
+    let (i1, i2, o2, s2) = (p.inp[1], p.inp[2], p.out[2], p.s2);
+    if out.is_empty() {
+        return;
+    }
+    let mut orows = out.chunks_mut(o2);
+    for w0 in &p.wins[0] {
+        for w1 in &p.wins[1] {
+            let Some(orow) = orows.next() else {
+                return;
+            };
+            orow.fill(init);
+            for a in w0.lo..w0.hi {
+                let x0 = (w0.base + (a * p.d[0]) as isize) as usize;
+                for b in w1.lo..w1.hi {
+                    let x1 = (w1.base + (b * p.d[1]) as isize) as usize;
+                    let xrow = &xp[(x0 * i1 + x1) * i2..(x0 * i1 + x1 + 1) * i2];
+                    for &(lo, hi, off) in &p.cols {
+                        if lo >= hi {
+                            continue;
+                        }
+                        let start = ((lo * s2) as isize + off) as usize;
+                        let o = &mut orow[lo..hi];
+                        if s2 == 1 {
+                            for (ov, &xv) in o.iter_mut().zip(&xrow[start..start + (hi - lo)]) {
+                                *ov = op(*ov, xv);
+                            }
+                        } else {
+                            for (ov, &xv) in o.iter_mut().zip(xrow[start..].iter().step_by(s2)) {
+                                *ov = op(*ov, xv);
+                            }
+                        }
+                    }
+                }
+            }
+            let rows_in = (w0.hi - w0.lo) * (w1.hi - w1.lo);
+            let rows_pad = w0.padded * w1.padded;
+            for (ov, w2) in orow.iter_mut().zip(&p.wins[2]) {
+                *ov = fin(*ov, rows_in * (w2.hi - w2.lo), rows_pad * w2.padded);
+            }
+        }
+    }
 }
 
 /// One pooling window: its taps per axis.
@@ -1231,11 +1347,6 @@ struct Window<'a> {
 }
 
 impl Window<'_> {
-    /// Taps inside input + explicit padding (the count_include_pad divisor).
-    #[inline]
-    fn padded(&self) -> usize {
-        self.w[0].padded * self.w[1].padded * self.w[2].padded
-    }
     /// Calls `g` with the plane index of every tap inside the input.
     #[inline(always)]
     fn taps(&self, mut g: impl FnMut(usize)) {
@@ -1310,6 +1421,21 @@ fn max_pool_t<T: MaxElem>(
 ) -> (Vec<T>, Vec<i64>) {
     let in_plane = p.inp.iter().product::<usize>();
     let out_plane = p.out.iter().product::<usize>();
+    if !want_idx {
+        let mut y = vec![T::LOWEST; planes * out_plane];
+        par_chunks_mut(cpu, &mut y, out_plane.max(1), &|pi, out| {
+            let xp = &x[pi * in_plane..(pi + 1) * in_plane];
+            pool_rows(
+                p,
+                xp,
+                out,
+                T::LOWEST,
+                |a, v| if v > a { v } else { a },
+                |a, _, _| a,
+            );
+        });
+        return (y, Vec::new());
+    }
     let mut y: Vec<(T, i64)> = vec![(T::LOWEST, -1); planes * out_plane];
     let (i1, i2) = (p.inp[1], p.inp[2]);
     par_chunks_mut(cpu, &mut y, out_plane.max(1), &|pi, out| {
@@ -1355,34 +1481,40 @@ fn avg_lp_pool_t<T: Num>(
     par_chunks_mut(cpu, &mut y, out_plane.max(1), &|pi, out| {
         let xp = &x[pi * in_plane..(pi + 1) * in_plane];
         match kind {
-            PoolKind::Avg { include_pad } => for_each_window(p, out, |o, win| {
-                let mut s = T::ZERO;
-                let mut n = 0usize;
-                win.taps(|i| {
-                    s = s.add(xp[i]);
-                    n += 1;
-                });
-                let div = if include_pad { win.padded() } else { n };
-                *o = if div == 0 {
-                    T::ZERO
-                } else {
-                    T::from_f64(s.to_f64() / div as f64)
-                };
-            }),
-            PoolKind::Lp { p: pw } => for_each_window(p, out, |o, win| {
-                let mut s = 0f64;
-                if pw == 2.0 {
-                    win.taps(|i| {
-                        let v = xp[i].to_f64();
-                        s += v * v;
-                    });
-                    *o = T::from_f64(libm::sqrt(s));
-                } else {
-                    let pe = pw as f64;
-                    win.taps(|i| s += libm::pow(libm::fabs(xp[i].to_f64()), pe));
-                    *o = T::from_f64(libm::pow(s, 1.0 / pe));
-                }
-            }),
+            PoolKind::Avg { include_pad } => pool_rows(
+                p,
+                xp,
+                out,
+                T::ZERO,
+                |a, x| a.add(x),
+                |s, n, padded| {
+                    let div = if include_pad { padded } else { n };
+                    if div == 0 {
+                        T::ZERO
+                    } else {
+                        T::from_f64(s.to_f64() / div as f64)
+                    }
+                },
+            ),
+            PoolKind::Lp { p: 2.0 } => pool_rows(
+                p,
+                xp,
+                out,
+                T::ZERO,
+                |a, x| a.add(x.mul(x)),
+                |s, _, _| T::from_f64(libm::sqrt(s.to_f64())),
+            ),
+            PoolKind::Lp { p: pw } => {
+                let pe = pw as f64;
+                pool_rows(
+                    p,
+                    xp,
+                    out,
+                    T::ZERO,
+                    |a, x| T::from_f64(a.to_f64() + libm::pow(libm::fabs(x.to_f64()), pe)),
+                    |s, _, _| T::from_f64(libm::pow(s.to_f64(), 1.0 / pe)),
+                )
+            }
             PoolKind::Max => {}
         }
     });
@@ -1723,7 +1855,7 @@ pub(crate) mod test_util {
 
     use crate::error::Result;
     use crate::ir::{AttrValue, Node};
-    use crate::provider::{reference_sgemm, CpuBackend, Gemm, KernelCx, Lookup};
+    use crate::provider::{CpuBackend, Gemm, KernelCx, Lookup};
     use crate::tensor::Tensor;
     use crate::value::Value;
 
@@ -1735,7 +1867,8 @@ pub(crate) mod test_util {
             String::from("test-threads")
         }
         fn sgemm(&self, g: &Gemm, a: &[f32], b: &[f32], c: &mut [f32]) {
-            reference_sgemm(g, a, b, c)
+            // the sequential backend's SGEMM, so the two runs differ only in threading
+            crate::provider::ReferenceCpu.sgemm(g, a, b, c)
         }
         fn parallel_for(&self, n: usize, f: &(dyn Fn(usize) + Sync)) {
             std::thread::scope(|s| {
@@ -2728,6 +2861,313 @@ mod tests {
                 19184, -14906, -18532, -4062, 55190, 60648, 14138, 13528, 116864, 110044, 97592,
                 71580, 163056, 142668, 124584, 49932, 57842, 51196, 77318, 37796
             ]
+        );
+    }
+    #[test]
+    fn conv_depthwise_stride3_dilation2() {
+        let ys = run(
+            &node(
+                "Conv",
+                11,
+                vec![
+                    ("group", AttrValue::Int(2)),
+                    ("strides", ints(&[3, 2])),
+                    ("dilations", ints(&[2, 3])),
+                    ("pads", ints(&[2, 1, 0, 3])),
+                ],
+                1,
+            ),
+            &[
+                Some(t32(&[1, 2, 11, 10], seq(220, 7, 11, 0.25))),
+                Some(t32(&[2, 1, 3, 2], seq(12, 5, 13, 0.125))),
+                Some(t32(&[2], seq(2, 3, 7, 0.5))),
+            ],
+        )
+        .unwrap();
+        assert_eq!(ys[0].shape(), &[1, 2, 3, 6]);
+        close(
+            &ys[0].to_f32_vec().unwrap(),
+            &[
+                0.21875, -0.9375, 0.8125, 0.15625, -0.5625, 1.3125, 0.375, 0.90625, -0.875, -0.25,
+                -0.25, 1.34375, -0.40625, 1.0, 0.25, -0.5, -0.40625, 1.1875, 1.59375, 1.25,
+                0.53125, 1.875, 1.3125, 1.34375, 2.625, 1.1875, 2.15625, 2.4375, 0.96875, 1.09375,
+                0.84375, 0.25, 2.25, 2.53125, 0.78125, 0.90625,
+            ],
+            1e-5,
+        );
+    }
+
+    #[test]
+    fn conv_channel_multiplier() {
+        let ys = run(
+            &node(
+                "Conv",
+                11,
+                vec![("group", AttrValue::Int(2)), ("pads", ints(&[1, 1, 1, 1]))],
+                1,
+            ),
+            &[
+                Some(t32(&[1, 2, 4, 5], seq(40, 7, 11, 0.25))),
+                Some(t32(&[4, 1, 3, 3], seq(36, 5, 13, 0.125))),
+                Some(t32(&[4], seq(4, 3, 7, 0.5))),
+            ],
+        )
+        .unwrap();
+        assert_eq!(ys[0].shape(), &[1, 4, 4, 5]);
+        close(
+            &ys[0].to_f32_vec().unwrap(),
+            &[
+                -0.625, -0.375, 0.84375, -0.6875, -0.375, -0.0625, -1.1875, 1.59375, -0.09375,
+                -0.59375, 2.0, -1.375, 0.375, 1.4375, -0.71875, 1.0, -0.875, -0.5625, 0.78125,
+                -0.5, 1.5, 1.28125, 2.53125, 1.03125, 1.0, 1.25, 1.40625, 1.1875, 0.96875, 0.8125,
+                1.0625, 1.6875, 0.4375, 2.96875, 2.09375, 0.8125, 2.375, 1.09375, 0.84375, 2.625,
+                -2.125, 0.9375, -1.21875, -0.96875, -0.25, -0.875, -0.59375, 1.0, -1.53125,
+                0.21875, 1.28125, -1.5625, -0.3125, -0.78125, 0.0625, -0.90625, -1.125, 0.375, 0.5,
+                -0.46875, 2.25, -0.75, 2.03125, 0.6875, 0.5625, 1.96875, -0.1875, 0.46875, 1.46875,
+                -0.4375, 1.0625, 1.375, -0.375, 2.6875, -0.4375, 1.125, 2.4375, -0.5, 1.71875,
+                0.4375,
+            ],
+            1e-5,
+        );
+    }
+
+    #[test]
+    fn max_pool_ceil_dilated_rows() {
+        let ys = run(
+            &node(
+                "MaxPool",
+                12,
+                vec![
+                    ("kernel_shape", ints(&[3, 2])),
+                    ("strides", ints(&[2, 3])),
+                    ("dilations", ints(&[1, 2])),
+                    ("pads", ints(&[1, 0, 1, 1])),
+                    ("ceil_mode", AttrValue::Int(1)),
+                ],
+                1,
+            ),
+            &[Some(t32(&[1, 2, 7, 9], seq(126, 7, 11, 0.25)))],
+        )
+        .unwrap();
+        assert_eq!(ys[0].shape(), &[1, 2, 4, 3]);
+        close(
+            &ys[0].to_f32_vec().unwrap(),
+            &[
+                0.25, 1.25, 1.0, 0.75, 1.25, 1.0, 1.25, 1.0, 0.75, 1.25, 1.0, 0.75, 0.5, 0.25,
+                1.25, 1.0, 0.75, 1.25, 1.0, 1.25, 1.0, 0.75, 1.25, 1.0,
+            ],
+            1e-5,
+        );
+    }
+
+    #[test]
+    fn avg_pool_1d_stride_ceil() {
+        let ys = run(
+            &node(
+                "AveragePool",
+                19,
+                vec![
+                    ("kernel_shape", ints(&[3])),
+                    ("strides", ints(&[2])),
+                    ("pads", ints(&[1, 1])),
+                    ("ceil_mode", AttrValue::Int(1)),
+                ],
+                1,
+            ),
+            &[Some(t32(&[1, 2, 8], seq(16, 7, 11, 0.25)))],
+        )
+        .unwrap();
+        assert_eq!(ys[0].shape(), &[1, 2, 5]);
+        close(
+            &ys[0].to_f32_vec().unwrap(),
+            &[
+                0.375,
+                0.25,
+                0.083333336,
+                -0.083333336,
+                0.75,
+                -0.75,
+                -0.41666666,
+                0.33333334,
+                0.16666667,
+                1.0,
+            ],
+            1e-5,
+        );
+    }
+    #[test]
+    fn conv_multi_tile_im2col() {
+        let ys = run(
+            &node("Conv", 11, vec![("pads", ints(&[1, 1, 1, 1]))], 1),
+            &[
+                Some(t32(&[1, 16, 40, 45], seq(28800, 7, 11, 0.25))),
+                Some(t32(&[3, 16, 3, 3], seq(432, 5, 13, 0.125))),
+            ],
+        )
+        .unwrap();
+        assert_eq!(ys[0].shape(), &[1, 3, 40, 45]);
+        let y = ys[0].to_f32_vec().unwrap();
+        let sum: f64 = y.iter().map(|&v| v as f64).sum();
+        let sq: f64 = y.iter().map(|&v| (v as f64) * (v as f64)).sum();
+        assert!((sum - -6.5).abs() < 1e-3 * (1.0 + 6.5), "sum {sum}");
+        assert!(
+            (sq - 95075.96484375).abs() < 1e-4 * 95075.96484375,
+            "sq {sq}"
+        );
+        let at = [
+            0, 1, 44, 45, 909, 910, 911, 1799, 1800, 2709, 2710, 3600, 5399,
+        ];
+        let want = [
+            -1.46875, 2.46875, -2.03125, -0.28125, -1.96875, -1.59375, 1.1875, -0.4375, -0.09375,
+            1.1875, 0.9375, 2.09375, 2.8125,
+        ];
+        for (i, w) in at.iter().zip(want) {
+            assert!(
+                (y[*i] - w).abs() < 1e-4 * (1.0 + w.abs()),
+                "at {i}: {} vs {w}",
+                y[*i]
+            );
+        }
+    }
+
+    #[test]
+    fn conv_multi_tile_pointwise() {
+        let ys = run(
+            &node("Conv", 11, vec![], 1),
+            &[
+                Some(t32(&[1, 200, 30, 30], seq(180000, 7, 11, 0.25))),
+                Some(t32(&[5, 200, 1, 1], seq(1000, 5, 13, 0.125))),
+            ],
+        )
+        .unwrap();
+        assert_eq!(ys[0].shape(), &[1, 5, 30, 30]);
+        let y = ys[0].to_f32_vec().unwrap();
+        let sum: f64 = y.iter().map(|&v| v as f64).sum();
+        let sq: f64 = y.iter().map(|&v| (v as f64) * (v as f64)).sum();
+        assert!((sum - 1.40625).abs() < 1e-3 * (1.0 + 1.40625), "sum {sum}");
+        assert!(
+            (sq - 9039.2900390625).abs() < 1e-4 * 9039.2900390625,
+            "sq {sq}"
+        );
+        let at = [0, 654, 655, 656, 899, 1309, 1310, 4499];
+        let want = [
+            -0.375, -1.65625, -0.46875, 2.09375, 0.53125, -0.53125, -1.03125, 0.34375,
+        ];
+        for (i, w) in at.iter().zip(want) {
+            assert!(
+                (y[*i] - w).abs() < 1e-4 * (1.0 + w.abs()),
+                "at {i}: {} vs {w}",
+                y[*i]
+            );
+        }
+    }
+
+    #[test]
+    fn conv_transpose_multi_tile() {
+        let ys = run(
+            &node(
+                "ConvTranspose",
+                11,
+                vec![("strides", ints(&[2, 2])), ("pads", ints(&[1, 1, 0, 0]))],
+                1,
+            ),
+            &[
+                Some(t32(&[1, 8, 40, 45], seq(14400, 7, 11, 0.25))),
+                Some(t32(&[8, 16, 3, 3], seq(1152, 5, 13, 0.125))),
+            ],
+        )
+        .unwrap();
+        assert_eq!(ys[0].shape(), &[1, 16, 80, 90]);
+        let y = ys[0].to_f32_vec().unwrap();
+        let sum: f64 = y.iter().map(|&v| v as f64).sum();
+        let sq: f64 = y.iter().map(|&v| (v as f64) * (v as f64)).sum();
+        assert!((sum - -3.09375).abs() < 1e-3 * (1.0 + 3.09375), "sum {sum}");
+        assert!(
+            (sq - 240007.2548828125).abs() < 1e-4 * 240007.2548828125,
+            "sq {sq}"
+        );
+        let at = [0, 1, 90, 91, 1819, 1820, 1821, 3640, 7000, 20000];
+        let want = [
+            0.78125, -0.15625, -0.25, -2.21875, 0.375, -1.5625, -0.03125, -0.46875, 0.34375, 0.875,
+        ];
+        for (i, w) in at.iter().zip(want) {
+            assert!(
+                (y[*i] - w).abs() < 1e-4 * (1.0 + w.abs()),
+                "at {i}: {} vs {w}",
+                y[*i]
+            );
+        }
+    }
+    #[test]
+    fn conv_transpose_output_shape_beyond_natural() {
+        let ys = run(
+            &node(
+                "ConvTranspose",
+                11,
+                vec![("strides", ints(&[2, 2])), ("output_shape", ints(&[8, 7]))],
+                1,
+            ),
+            &[
+                Some(t32(&[1, 1, 3, 3], seq(9, 7, 11, 0.25))),
+                Some(t32(&[1, 2, 3, 3], seq(18, 5, 13, 0.125))),
+            ],
+        )
+        .unwrap();
+        assert_eq!(ys[0].shape(), &[1, 2, 8, 7]);
+        close(
+            &ys[0].to_f32_vec().unwrap(),
+            &[
+                0.1875, -0.125, -0.09375, 0.3125, -1.03125, 0.0625, -0.1875, 0.0625, -0.25,
+                0.09375, 0.625, -0.65625, 0.125, -0.125, 0.21875, -0.5625, 0.46875, 1.1875,
+                -1.03125, 0.1875, -0.0625, 0.09375, -0.375, 0.25, 0.5, -0.5, 0.0, 0.0, 0.28125,
+                -0.8125, 0.78125, 0.9375, -0.71875, -0.0625, 0.1875, 0.125, -0.5, 0.40625, 0.375,
+                -0.34375, -0.125, 0.125, -0.125, -0.75, 0.34375, 0.5625, -0.21875, -0.1875, 0.0625,
+                0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, -0.1875, 0.3125, 0.46875, -0.78125, 0.09375,
+                -0.15625, 0.0, -0.3125, 0.1875, 0.65625, -0.46875, 0.46875, -0.09375, 0.0625,
+                0.09375, 0.53125, -0.8125, -0.78125, 0.4375, -0.03125, 0.125, -0.46875, 0.28125,
+                0.4375, -0.375, 0.25, 0.0, 0.0, 0.1875, 0.71875, -0.84375, -0.59375, 0.40625,
+                0.15625, 0.0, -0.625, 0.375, 0.21875, -0.28125, 0.03125, 0.09375, -0.0625, 0.75,
+                0.125, -1.0625, -0.09375, 0.5625, 0.03125, -0.125, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0,
+                0.0,
+            ],
+            1e-5,
+        );
+    }
+
+    #[test]
+    fn conv_transpose_3d_dilated() {
+        let ys = run(
+            &node(
+                "ConvTranspose",
+                11,
+                vec![
+                    ("strides", ints(&[1, 2, 2])),
+                    ("dilations", ints(&[2, 1, 1])),
+                    ("pads", ints(&[1, 0, 1, 0, 1, 0])),
+                ],
+                1,
+            ),
+            &[
+                Some(t32(&[1, 2, 3, 2, 3], seq(36, 7, 11, 0.25))),
+                Some(t32(&[2, 1, 2, 3, 2], seq(24, 5, 13, 0.125))),
+            ],
+        )
+        .unwrap();
+        assert_eq!(ys[0].shape(), &[1, 1, 4, 4, 5]);
+        close(
+            &ys[0].to_f32_vec().unwrap(),
+            &[
+                -0.34375, -0.75, 0.46875, 0.71875, -0.4375, -0.0625, -0.75, 0.46875, 0.4375,
+                -0.71875, 0.3125, -0.34375, -0.25, 0.40625, 0.21875, 0.15625, -0.625, 0.6875,
+                0.5625, -0.5, 0.125, -0.59375, 1.4375, 1.25, -0.34375, -0.34375, -1.0, 1.4375,
+                -0.3125, 0.125, -1.28125, 0.5625, -0.375, -1.15625, 1.21875, -0.15625, -0.3125,
+                -0.4375, 1.75, -0.375, -0.71875, 0.46875, 0.46875, -0.53125, -0.0625, -0.4375,
+                -0.75, 0.46875, 0.8125, -0.34375, -1.09375, -0.1875, 0.71875, 0.09375, -0.90625,
+                -0.46875, -0.875, 0.4375, 0.6875, -0.375, 0.90625, 0.65625, 0.03125, -0.34375,
+                -0.5, 0.53125, -1.0, 0.40625, 0.5625, -0.40625, 0.84375, -1.25, 0.9375, 0.40625,
+                -1.03125, 0.5, 0.9375, -0.3125, 0.4375, -0.4375,
+            ],
+            1e-5,
         );
     }
 }

@@ -307,6 +307,9 @@ pub fn sgemm<V: VF32>(g: &Gemm, a: &[f32], b: &[f32], c: &mut [f32]) {
     if k == 0 || g.alpha == 0.0 {
         return;
     }
+    if m < SMALL_M && sgemm_few_rows::<V>(g, a, b, c) {
+        return;
+    }
     let nr = 2 * V::LANES;
     let kc_max = KC.min(k);
     let nc_max = NC.min(n).div_ceil(nr) * nr;
@@ -372,6 +375,116 @@ pub fn sgemm<V: VF32>(g: &Gemm, a: &[f32], b: &[f32], c: &mut [f32]) {
         }
         jc += nc;
     }
+}
+
+/// Below this many rows, packing B costs about as much as the product itself (GEMV-like
+/// products: RNN steps, decode steps, batch-1 Gemm), so [`sgemm_few_rows`] runs unpacked.
+const SMALL_M: usize = 4;
+
+/// `C += alpha*A*B` without packing, for a few rows of A: B row-major (axpy over blocks of C
+/// held in registers) or B column-major with A's rows contiguous (dot products, four columns
+/// at a time). Returns `false` for other layouts.
+#[inline(always)]
+fn sgemm_few_rows<V: VF32>(g: &Gemm, a: &[f32], b: &[f32], c: &mut [f32]) -> bool {
+    let (m, n, k) = (g.m, g.n, g.k);
+    let l = V::LANES;
+    let (a_rs, a_cs, b_rs, b_cs) = (
+        g.a_rs as usize,
+        g.a_cs as usize,
+        g.b_rs as usize,
+        g.b_cs as usize,
+    );
+    if g.b_cs == 1 {
+        for i in 0..m {
+            let crow = &mut c[i * g.ldc..i * g.ldc + n];
+            let arow = |p: usize| g.alpha * a[i * a_rs + p * a_cs];
+            let mut j = 0;
+            while j + 4 * l <= n {
+                let mut acc = [
+                    V::load(&crow[j..]),
+                    V::load(&crow[j + l..]),
+                    V::load(&crow[j + 2 * l..]),
+                    V::load(&crow[j + 3 * l..]),
+                ];
+                for p in 0..k {
+                    let av = V::splat(arow(p));
+                    let brow = &b[p * b_rs + j..p * b_rs + j + 4 * l];
+                    for (q, x) in acc.iter_mut().enumerate() {
+                        *x = av.fma(V::load(&brow[q * l..]), *x);
+                    }
+                }
+                for (q, x) in acc.iter().enumerate() {
+                    x.store(&mut crow[j + q * l..]);
+                }
+                j += 4 * l;
+            }
+            while j + l <= n {
+                let mut x = V::load(&crow[j..]);
+                for p in 0..k {
+                    x = V::splat(arow(p)).fma(V::load(&b[p * b_rs + j..]), x);
+                }
+                x.store(&mut crow[j..]);
+                j += l;
+            }
+            for (jj, cv) in crow.iter_mut().enumerate().skip(j) {
+                let mut s = 0.0;
+                for p in 0..k {
+                    s += arow(p) * b[p * b_rs + jj];
+                }
+                *cv += s;
+            }
+        }
+        return true;
+    }
+    if g.b_rs == 1 && g.a_cs == 1 {
+        for i in 0..m {
+            let arow = &a[i * a_rs..i * a_rs + k];
+            let crow = &mut c[i * g.ldc..i * g.ldc + n];
+            let mut j = 0;
+            while j + 4 <= n {
+                let cols: [&[f32]; 4] =
+                    core::array::from_fn(|q| &b[(j + q) * b_cs..(j + q) * b_cs + k]);
+                let d = dot4::<V>(arow, cols);
+                for q in 0..4 {
+                    crow[j + q] += g.alpha * d[q];
+                }
+                j += 4;
+            }
+            while j < n {
+                let col = &b[j * b_cs..j * b_cs + k];
+                crow[j] += g.alpha * dot4::<V>(arow, [col, col, col, col])[0];
+                j += 1;
+            }
+        }
+        return true;
+    }
+    false
+}
+
+/// Four dot products of `x` with `ys[q]` (all of `x`'s length), sharing the loads of `x`.
+#[inline(always)]
+fn dot4<V: VF32>(x: &[f32], ys: [&[f32]; 4]) -> [f32; 4] {
+    let l = V::LANES;
+    let k = x.len();
+    let z = V::splat(0.0);
+    let mut acc = [z; 4];
+    let mut p = 0;
+    while p + l <= k {
+        let xv = V::load(&x[p..]);
+        for q in 0..4 {
+            acc[q] = xv.fma(V::load(&ys[q][p..]), acc[q]);
+        }
+        p += l;
+    }
+    let mut out = [0f32; 4];
+    for q in 0..4 {
+        let mut s = acc[q].hsum();
+        for pp in p..k {
+            s += x[pp] * ys[q][pp];
+        }
+        out[q] = s;
+    }
+    out
 }
 
 /// Accumulates an `h x w` tile (h <= MR, w <= 2 lanes) of `A_panel · B_panel` into C.

@@ -160,6 +160,7 @@ fn sgemm_matches_reference_across_blocking_edges() {
         (4, 16, 8),
         (65, 33, 300),
         (3, 2100, 7),
+        (2, 70, 300),
         (70, 9, 1),
     ];
     for &(m, n, k) in &shapes {
