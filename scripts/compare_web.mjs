@@ -60,7 +60,7 @@ try {
     for (const which of ['nxrt', 'ort']) {
       try {
         await page.evaluate(([w, m, d, i]) => window.load(w, m, d, i), [which, model, c.case, c.io.inputs]);
-        const warm = await page.evaluate(([w]) => window.time(w, 3), [which]); // warm-up
+        const warm = await page.evaluate(([w]) => window.time(w, 3, 5), [which]); // warm-up: 3 x 5 runs
         fastest = Math.min(fastest, median(warm));
       } catch (e) {
         res.err[which] = e.message.split('\n')[0].slice(0, 120);
@@ -87,7 +87,7 @@ try {
 
 const info = execFileSync('chromium', ['--version'], { encoding: 'utf8' }).trim();
 console.log(`\nnxrt (wasm, SIMD128, 1 thread) vs onnxruntime-web ${VERSION} (wasm EP, 1 thread), ${info}, headless;`);
-console.log(`median ms per run over ${ROUNDS} interleaved rounds x ${RUNS} samples each (after 3 warm-up runs; a sample is one run, or the mean of a batch of runs where a run takes under 5 ms), first reference case's inputs.\n`);
+console.log(`median ms per run over ${ROUNDS} interleaved rounds x ${RUNS} samples each (after 15 warm-up runs; a sample is one run, or the mean of a batch of runs where a run takes under 5 ms), first reference case's inputs.\n`);
 console.log('| model | nxrt ms | ORT-web ms | nxrt/ORT | runs per sample |');
 console.log('|---|---:|---:|---:|---:|');
 for (const r of rows) {

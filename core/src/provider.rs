@@ -235,6 +235,46 @@ impl CpuBackend for ReferenceCpu {
     }
 }
 
+/// Applies `beta` to C's `m x n` block (`beta = 0` overwrites, so NaNs in C do not leak).
+pub fn scale_c(g: &Gemm, c: &mut [f32]) {
+    for i in 0..g.m {
+        let row = &mut c[i * g.ldc..i * g.ldc + g.n];
+        if g.beta == 0.0 {
+            row.fill(0.0);
+        } else if g.beta != 1.0 {
+            row.iter_mut().for_each(|x| *x *= g.beta);
+        }
+    }
+}
+
+/// Whether every element a [`Gemm`] touches lies inside slices of these lengths, with
+/// non-negative strides (what an unchecked or SIMD SGEMM needs before it starts).
+pub fn gemm_fits(g: &Gemm, a_len: usize, b_len: usize, c_len: usize) -> bool {
+    fn last(rows: usize, cols: usize, rs: isize, cs: isize) -> Option<usize> {
+        if rs < 0 || cs < 0 {
+            return None;
+        }
+        if rows == 0 || cols == 0 {
+            return Some(0);
+        }
+        (rows - 1)
+            .checked_mul(rs as usize)?
+            .checked_add((cols - 1).checked_mul(cs as usize)?)
+    }
+    let (m, n, k) = (g.m, g.n, g.k);
+    if m == 0 || n == 0 {
+        return true;
+    }
+    let fits = |x: Option<usize>, len: usize| x.is_some_and(|x| k == 0 || x < len);
+    fits(last(m, k, g.a_rs, g.a_cs), a_len)
+        && fits(last(k, n, g.b_rs, g.b_cs), b_len)
+        && g.ldc >= n
+        && (m - 1)
+            .checked_mul(g.ldc)
+            .and_then(|x| x.checked_add(n))
+            .is_some_and(|x| x <= c_len)
+}
+
 /// A cache-blocked portable SGEMM (packs B panels row-major, inner loop over contiguous C rows
 /// so the compiler vectorises it).
 pub fn reference_sgemm(g: &Gemm, a: &[f32], b: &[f32], c: &mut [f32]) {
@@ -242,14 +282,7 @@ pub fn reference_sgemm(g: &Gemm, a: &[f32], b: &[f32], c: &mut [f32]) {
     if m == 0 || n == 0 {
         return;
     }
-    for i in 0..m {
-        let row = &mut c[i * g.ldc..i * g.ldc + n];
-        if g.beta == 0.0 {
-            row.iter_mut().for_each(|x| *x = 0.0);
-        } else if g.beta != 1.0 {
-            row.iter_mut().for_each(|x| *x *= g.beta);
-        }
-    }
+    scale_c(g, c);
     if k == 0 {
         return;
     }

@@ -1,7 +1,7 @@
 //! The native CPU backend: SGEMM from the `gemm` crate (runtime ISA dispatch: AVX2/FMA,
 //! AVX-512, NEON) and rayon threads for `parallel_for`.
 
-use nxrt_core::provider::{reference_sgemm, CpuBackend, Gemm};
+use nxrt_core::provider::{gemm_fits, reference_sgemm, CpuBackend, Gemm};
 use nxrt_core::{Error, Result};
 use rayon::prelude::*;
 
@@ -53,19 +53,6 @@ impl NativeCpu {
     }
 }
 
-/// Largest element index a strided m×k (or k×n) operand touches, if strides are non-negative.
-fn max_index(rows: usize, cols: usize, rs: isize, cs: isize) -> Option<usize> {
-    if rs < 0 || cs < 0 {
-        return None;
-    }
-    if rows == 0 || cols == 0 {
-        return Some(0);
-    }
-    (rows - 1)
-        .checked_mul(rs as usize)?
-        .checked_add((cols - 1).checked_mul(cs as usize)?)
-}
-
 impl CpuBackend for NativeCpu {
     fn name(&self) -> String {
         format!("{} x{}", Self::isa(), self.threads)
@@ -76,14 +63,7 @@ impl CpuBackend for NativeCpu {
         if m == 0 || n == 0 {
             return;
         }
-        let a_ok = max_index(m, k, g.a_rs, g.a_cs).is_some_and(|x| k == 0 || x < a.len());
-        let b_ok = max_index(k, n, g.b_rs, g.b_cs).is_some_and(|x| k == 0 || x < b.len());
-        let c_ok = (m - 1)
-            .checked_mul(g.ldc)
-            .and_then(|x| x.checked_add(n))
-            .is_some_and(|x| x <= c.len())
-            && g.ldc >= n;
-        if !(a_ok && b_ok && c_ok) || k == 0 {
+        if !gemm_fits(g, a.len(), b.len(), c.len()) || k == 0 {
             // Negative strides or an empty reduction: the portable path handles them (and
             // bounds-checks every access).
             return reference_sgemm(g, a, b, c);

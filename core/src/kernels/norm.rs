@@ -55,6 +55,18 @@ trait Real: Float + AddAssign + SubAssign + MulAssign + Neg<Output = Self> {
     fn softmax_row_simd(_x: &[Self], _y: &mut [Self]) -> bool {
         false
     }
+    /// `y = (x - mean) * inv_std * scale (+ bias)` over one row through the SIMD layer;
+    /// `false` where this type has no fast path.
+    fn normalize_row_simd(
+        _x: &[Self],
+        _mean: Self,
+        _inv_std: Self,
+        _scale: &[Self],
+        _bias: Option<&[Self]>,
+        _y: &mut [Self],
+    ) -> bool {
+        false
+    }
 }
 
 impl Real for f32 {
@@ -62,6 +74,17 @@ impl Real for f32 {
     const ONE: f32 = 1.0;
     fn softmax_row_simd(x: &[f32], y: &mut [f32]) -> bool {
         crate::simd::softmax_row(x, y);
+        true
+    }
+    fn normalize_row_simd(
+        x: &[f32],
+        mean: f32,
+        inv_std: f32,
+        scale: &[f32],
+        bias: Option<&[f32]>,
+        y: &mut [f32],
+    ) -> bool {
+        crate::simd::normalize_row(x, mean, inv_std, scale, bias, y);
         true
     }
     #[inline(always)]
@@ -772,6 +795,9 @@ fn build_layer_norm(node: &Node) -> Result<Box<dyn Kernel>> {
                             stats[2 * i + 1].store((inv as f32).to_bits(), Ordering::Relaxed);
                         }
                         let (m, iv) = (R::from_f64(mu), R::from_f64(inv));
+                        if R::normalize_row_simd(xr, m, iv, &sc, bs.as_deref(), y) {
+                            continue;
+                        }
                         match &bs {
                             Some(b) => {
                                 for j in 0..n {

@@ -618,6 +618,23 @@ fn reduce(x: &Tensor, op: Op, axes: Option<&[i64]>, keepdims: bool, noop: bool) 
     if dt == DataType::Bool && !matches!(op, Op::Max | Op::Min) {
         return Err(bad_type(op.name(), dt));
     }
+    // f32 sums and means over contiguous rows: the SIMD layer's vector sum
+    if dt == DataType::Float && inner == 1 && rr > 0 && matches!(op, Op::Sum | Op::Mean) {
+        let s = xt.as_slice::<f32>()?;
+        let v: Vec<f32> = s
+            .chunks_exact(rr)
+            .take(outer)
+            .map(|row| {
+                let t = crate::simd::sum(row);
+                if op == Op::Mean {
+                    t / rr as f32
+                } else {
+                    t
+                }
+            })
+            .collect();
+        return Tensor::from_vec(&out_shape, v);
+    }
     dispatch_red!(dt, T => {
         let s = xt.as_slice::<T>()?;
         let v: Vec<T> = if op == Op::LogSumExp && !dt.is_float() {

@@ -294,16 +294,7 @@ pub fn sgemm<V: VF32>(g: &Gemm, a: &[f32], b: &[f32], c: &mut [f32]) {
     if m == 0 || n == 0 {
         return;
     }
-    for i in 0..m {
-        let row = &mut c[i * g.ldc..i * g.ldc + n];
-        if g.beta == 0.0 {
-            row.fill(0.0);
-        } else if g.beta != 1.0 {
-            for x in row.iter_mut() {
-                *x *= g.beta;
-            }
-        }
-    }
+    crate::provider::scale_c(g, c);
     if k == 0 || g.alpha == 0.0 {
         return;
     }

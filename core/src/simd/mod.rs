@@ -172,30 +172,8 @@ dispatch!(
 /// Like [`sgemm_unchecked`] but checks every stride and bound first; returns `false` (and does
 /// nothing) when the operands do not fit, so the caller can take a bounds-checked path.
 pub fn sgemm_checked(g: &Gemm, a: &[f32], b: &[f32], c: &mut [f32]) -> bool {
-    fn last(rows: usize, cols: usize, rs: isize, cs: isize) -> Option<usize> {
-        if rs < 0 || cs < 0 {
-            return None;
-        }
-        if rows == 0 || cols == 0 {
-            return Some(0);
-        }
-        (rows - 1)
-            .checked_mul(rs as usize)?
-            .checked_add((cols - 1).checked_mul(cs as usize)?)
-    }
-    let (m, n, k) = (g.m, g.n, g.k);
-    if m == 0 || n == 0 {
-        return true;
-    }
-    let fits = |x: Option<usize>, len: usize| x.is_some_and(|x| k == 0 || x < len);
-    let ok = fits(last(m, k, g.a_rs, g.a_cs), a.len())
-        && fits(last(k, n, g.b_rs, g.b_cs), b.len())
-        && g.ldc >= n
-        && (m - 1)
-            .checked_mul(g.ldc)
-            .and_then(|x| x.checked_add(n))
-            .is_some_and(|x| x <= c.len());
-    if ok {
+    let ok = crate::provider::gemm_fits(g, a.len(), b.len(), c.len());
+    if ok && g.m > 0 && g.n > 0 {
         sgemm_unchecked(g, a, b, c);
     }
     ok
