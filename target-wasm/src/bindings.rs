@@ -219,15 +219,16 @@ fn feed_tensor(name: &str, f: &JsValue) -> Result<Tensor, JsError> {
     let dt = dtype_from_js(&ty).map_err(js_err)?;
     let data = get(f, "data");
     let dims_js = get(f, "dims");
-    let dims: Vec<f64> = Array::from(&dims_js)
-        .iter()
-        .map(|d| d.as_f64().unwrap_or(f64::NAN))
-        .collect();
+    // checked before Array::from, which would throw a raw TypeError on `undefined`
     if !Array::is_array(&dims_js) {
         return Err(input_err(format!(
             "input '{name}': 'dims' must be an array"
         )));
     }
+    let dims: Vec<f64> = Array::from(&dims_js)
+        .iter()
+        .map(|d| d.as_f64().unwrap_or(f64::NAN))
+        .collect();
     fn make<T: nxrt_core::Elem>(name: &str, dims: &[f64], v: Vec<T>) -> Result<Tensor, JsError> {
         let shape = check_dims(name, dims, v.len()).map_err(js_err)?;
         Tensor::from_vec(&shape, v).map_err(js_err)

@@ -163,6 +163,11 @@ async fn bad_models_and_feeds_are_errors_not_traps() {
     let feeds = Array::new();
     feeds.push(&feed("image", &[1.0; 10], &[1, 1, 16, 16]));
     assert!(s.run(feeds).is_err(), "10 floats for 256 elements");
+    let no_dims = feed("image", &[0.5; 256], &[1, 1, 16, 16]);
+    Reflect::delete_property(no_dims.unchecked_ref::<Object>(), &"dims".into()).unwrap();
+    let feeds = Array::new();
+    feeds.push(&no_dims);
+    assert!(s.run(feeds).is_err(), "a feed without dims");
     let feeds = Array::new();
     feeds.push(&feed("image", &[0.5; 256], &[1, 1, 16, 16]));
     let ok = JsFuture::from(s.run(feeds).map_err(JsValue::from).unwrap()).await;
