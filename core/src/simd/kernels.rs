@@ -174,12 +174,10 @@ pub fn sum<V: VF32>(x: &[f32]) -> f32 {
     s
 }
 
+/// Maximum of the row's non-NaN values (a NaN may or may not win, by ISA); one pass.
 #[inline(always)]
-pub fn max<V: VF32>(x: &[f32]) -> f32 {
+fn max_lanes<V: VF32>(x: &[f32]) -> f32 {
     let l = V::LANES;
-    if x.is_empty() {
-        return f32::NEG_INFINITY;
-    }
     let mut m = f32::NEG_INFINITY;
     let mut i = 0;
     if x.len() >= l {
@@ -192,19 +190,25 @@ pub fn max<V: VF32>(x: &[f32]) -> f32 {
         m = acc.hmax();
     }
     for &v in &x[i..] {
-        if v.is_nan() || v > m {
+        if v > m {
             m = v;
         }
-    }
-    if x.iter().any(|v| v.is_nan()) {
-        return f32::NAN;
     }
     m
 }
 
 #[inline(always)]
+pub fn max<V: VF32>(x: &[f32]) -> f32 {
+    if x.iter().any(|v| v.is_nan()) {
+        return f32::NAN;
+    }
+    max_lanes::<V>(x)
+}
+
+#[inline(always)]
 pub fn softmax_row<V: VF32>(x: &[f32], y: &mut [f32]) {
-    let m = max::<V>(x);
+    // no NaN pass needed: a NaN in x makes its exp, and so the sum and every output, NaN
+    let m = max_lanes::<V>(x);
     let l = V::LANES;
     let n = x.len().min(y.len());
     let mv = V::splat(m);

@@ -236,3 +236,16 @@ fn sgemm_checked_refuses_out_of_bounds_operands() {
     assert!(sgemm_checked(&g, &[1.0; 4], &[1.0; 4], &mut c));
     assert_eq!(c, [2.0; 4]);
 }
+
+#[test]
+fn softmax_of_a_row_with_nan_is_all_nan() {
+    for n in [3usize, 9, 40] {
+        for pos in [0, n / 2, n - 1] {
+            let mut x = data(n, 11);
+            x[pos] = f32::NAN;
+            let mut y = alloc::vec![0f32; n];
+            softmax_row(&x, &mut y);
+            assert!(y.iter().all(|v| v.is_nan()), "n={n} NaN at {pos}: {y:?}");
+        }
+    }
+}
