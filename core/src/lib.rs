@@ -6,6 +6,7 @@
 
 extern crate alloc;
 
+pub mod arena;
 pub mod dtype;
 pub mod embedded;
 pub mod error;
@@ -15,6 +16,8 @@ pub mod kernels;
 pub mod loader;
 pub mod npy;
 pub mod optimize;
+pub mod planner;
+pub mod profile;
 pub mod proto;
 pub mod provider;
 pub mod session;

@@ -106,9 +106,7 @@ pub fn fold_constants(g: &mut Graph, cpu: &dyn ExecutionProvider) -> Result<usiz
             .map(|i| i.and_then(|id| consts[id].as_ref()))
             .collect();
         let in_bytes: usize = inputs.iter().flatten().map(|v| v.byte_size()).sum();
-        let cx = KernelCx {
-            cpu: cpu.cpu_backend(),
-        };
+        let cx = KernelCx::new(cpu.cpu_backend());
         let Ok(outs) = kernel.compute(&cx, &inputs) else {
             continue; // errors surface at run time, with context
         };

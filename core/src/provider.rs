@@ -53,9 +53,12 @@ pub trait CpuBackend: Send + Sync {
     }
 }
 
-/// What a kernel sees of its environment while computing.
+/// What a kernel sees of its environment while computing: the CPU primitives, and (in a planned
+/// run) where its outputs go. Build one with [`KernelCx::new`]; ask it for output memory with
+/// [`KernelCx::output`].
 pub struct KernelCx<'a> {
     pub cpu: &'a dyn CpuBackend,
+    pub(crate) mem: Option<crate::arena::StepMem<'a>>,
 }
 
 /// A compiled operator instance (attributes parsed, ready to run).

@@ -7,15 +7,19 @@ use alloc::sync::Arc;
 use alloc::vec;
 use alloc::vec::Vec;
 
+use crate::arena::{arena_dtype, HostArena, StepMem};
 use crate::dtype::DataType;
 use crate::error::{Error, Result};
 use crate::infer;
 use crate::ir::{Graph, Node, ValueId};
 use crate::loader::Model;
 use crate::optimize;
+use crate::planner::{self, Activation, InPlace, MemoryPlan, MemoryPlanStats, PlanRequest, Region};
+use crate::profile::{self, Clock, Phase, PhaseProfile, RawSpan};
 use crate::provider::{BoxFuture, ExecutionProvider, Kernel, KernelCx, Support};
 use crate::tensor::{Location, Tensor};
 use crate::value::{Dim, TypeInfo, Value};
+use core::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
 /// How much graph optimisation to apply at load.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -29,10 +33,28 @@ pub enum OptLevel {
     All,
 }
 
+/// How a session executes its graph.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum ExecMode {
+    /// Node by node: each output is allocated as its kernel makes it and freed after its last
+    /// reader.
+    Eager,
+    /// From a plan compiled once per set of input shapes (the first run with new shapes records
+    /// every activation's size, the planner places them in one arena per provider with views and
+    /// in-place results sharing memory) and re-used while the shapes stay the same.
+    #[default]
+    Planned,
+}
+
 /// Options that shape a session.
 #[derive(Clone, Debug, Default)]
 pub struct SessionOptions {
     pub optimization: OptLevel,
+    pub mode: ExecMode,
+    /// Phase-profile this session whatever the process gate says.
+    pub phase_profile: bool,
+    /// The target's monotonic clock in nanoseconds (profiling reads 0 without one).
+    pub clock: Option<Clock>,
 }
 
 /// A public description of a graph input or output.
@@ -84,6 +106,8 @@ enum StepKind {
 struct Step {
     node: usize,
     kind: StepKind,
+    /// Op types whose kernel may write output 0 over a dying input (see `IN_PLACE_OPS`).
+    in_place_ok: bool,
     /// Values (by id) this step may drop after it runs: their last reader.
     frees: Vec<ValueId>,
     /// Inputs to move to the step's provider first: (value, target provider).
@@ -94,8 +118,85 @@ struct Step {
 struct Plan {
     graph: Arc<Graph>,
     steps: Vec<Step>,
+    /// Per value: the last step that reads it (`None`: a graph output, or never read).
+    last_use: Vec<Option<usize>>,
+    /// Per value: whether it is a graph output.
+    is_output: Vec<bool>,
     /// For subgraphs: (local id, id in the enclosing graph) of each captured value.
     captures: Vec<(ValueId, ValueId)>,
+}
+
+/// Ops whose kernels implement [`KernelCx::output_in_place`] for output 0.
+const IN_PLACE_OPS: &[&str] = &["Relu", "Sigmoid", "Add", "Sub", "Mul", "Div"];
+
+/// Plans kept per session (one per recent set of input shapes).
+const PLAN_CACHE: usize = 4;
+
+/// A memory plan for one set of input shapes, with the arena it runs from.
+struct RunPlan {
+    sig: Vec<Option<Vec<usize>>>,
+    mem: MemoryPlan,
+    /// Per step, per node output: its planned region and element type.
+    step_outs: Vec<Vec<Option<(Region, DataType)>>>,
+    arena: spin::Mutex<Option<Arc<HostArena>>>,
+}
+
+/// What a recording run observes for the planner.
+struct Recording {
+    req: PlanRequest,
+    dtypes: Vec<Option<DataType>>,
+    heap_values: usize,
+    heap_bytes: usize,
+}
+
+/// Per-run context of the top-level graph (subgraphs run with the default).
+#[derive(Default)]
+struct RunCx<'r> {
+    arena: Option<(&'r Arc<HostArena>, &'r RunPlan)>,
+    rec: Option<&'r mut Recording>,
+    spans: Option<&'r mut Vec<RawSpan>>,
+}
+
+/// What the phase profiler has kept for a session.
+#[derive(Default)]
+struct ProfileLog {
+    /// (run number, span); run 0 holds load-time spans.
+    spans: Vec<(u32, RawSpan)>,
+    runs: u32,
+    /// Per phase of the runs: (total ns, calls).
+    phases: Vec<(Phase, u64, u64)>,
+    /// Load-time phases: (total ns, calls).
+    load_phases: Vec<(Phase, u64, u64)>,
+    /// Per top-level node: (calls, total ns).
+    nodes: Vec<(u64, u64)>,
+}
+
+impl ProfileLog {
+    fn add(&mut self, run: u32, sp: RawSpan) {
+        let phases = if run == 0 {
+            &mut self.load_phases
+        } else {
+            &mut self.phases
+        };
+        match phases.iter_mut().find(|p| p.0 == sp.phase) {
+            Some(p) => {
+                p.1 += sp.dur_ns;
+                p.2 += 1;
+            }
+            None => phases.push((sp.phase, sp.dur_ns, 1)),
+        }
+        if sp.phase == Phase::Kernel {
+            let i = sp.what as usize;
+            if i >= self.nodes.len() {
+                self.nodes.resize(i + 1, (0, 0));
+            }
+            self.nodes[i].0 += 1;
+            self.nodes[i].1 += sp.dur_ns;
+        }
+        if self.spans.len() < profile::MAX_SPANS {
+            self.spans.push((run, sp));
+        }
+    }
 }
 
 /// A loaded, compiled model ready to run.
@@ -104,6 +205,15 @@ pub struct Session {
     providers: Vec<Arc<dyn ExecutionProvider>>,
     plan: Plan,
     report: PartitionReport,
+    mode: ExecMode,
+    phase_profile: bool,
+    clock: Clock,
+    plans: spin::Mutex<Vec<Arc<RunPlan>>>,
+    plan_misses: AtomicU32,
+    runs: AtomicU64,
+    plans_built: AtomicUsize,
+    last_stats: spin::Mutex<Option<MemoryPlanStats>>,
+    log: spin::Mutex<ProfileLog>,
 }
 
 /// Model metadata kept after load.
@@ -156,6 +266,9 @@ impl Session {
                 "a session needs at least one provider".into(),
             ));
         }
+        let clock = opts.clock.unwrap_or(profile::no_clock);
+        let profiling = opts.phase_profile || profile::exec_phase_profile_enabled();
+        let t0 = clock();
         infer::infer_graph(&mut model.graph, &[])?;
         if opts.optimization != OptLevel::None {
             let cpu = providers
@@ -169,7 +282,20 @@ impl Session {
         }
         let mut report = PartitionReport::default();
         let graph = Arc::new(model.graph);
+        let t1 = clock();
         let plan = compile(&graph, &providers, &mut report, None)?;
+        let t2 = clock();
+        let mut log = ProfileLog::default();
+        if profiling {
+            let span = |phase, a: u64, b: u64| RawSpan {
+                phase,
+                what: u32::MAX,
+                start_ns: a,
+                dur_ns: b.saturating_sub(a),
+            };
+            log.add(0, span(Phase::Optimise, t0, t1));
+            log.add(0, span(Phase::Plan, t1, t2));
+        }
         let meta = ModelMeta {
             ir_version: model.ir_version,
             producer: model.producer,
@@ -181,6 +307,15 @@ impl Session {
                 providers,
                 plan,
                 report: report.clone(),
+                mode: opts.mode,
+                phase_profile: opts.phase_profile,
+                clock,
+                plans: spin::Mutex::new(Vec::new()),
+                plan_misses: AtomicU32::new(0),
+                runs: AtomicU64::new(0),
+                plans_built: AtomicUsize::new(0),
+                last_stats: spin::Mutex::new(None),
+                log: spin::Mutex::new(log),
             },
             report,
         ))
@@ -269,22 +404,326 @@ impl Session {
         Ok(env)
     }
 
+    /// Whether this session records a phase profile now (its option or the process gate).
+    #[inline]
+    pub fn profiling(&self) -> bool {
+        cfg!(feature = "profiling") && (self.phase_profile || profile::exec_phase_profile_enabled())
+    }
+
+    /// The execution mode chosen at load.
+    pub fn mode(&self) -> ExecMode {
+        self.mode
+    }
+
+    /// The clock profiling reads.
+    pub fn clock(&self) -> Clock {
+        self.clock
+    }
+
+    /// Adds a load-time span measured by the target (reading and decoding the file happen
+    /// before core sees the model). Kept only while profiling is on.
+    pub fn record_phase(&self, phase: Phase, start_ns: u64, dur_ns: u64) {
+        if self.profiling() {
+            self.log.lock().add(
+                0,
+                RawSpan {
+                    phase,
+                    what: u32::MAX,
+                    start_ns,
+                    dur_ns,
+                },
+            );
+        }
+    }
+
+    /// The phase profile so far (`None` when nothing was profiled).
+    pub fn phase_profile(&self) -> Option<PhaseProfile> {
+        let log = self.log.lock();
+        if log.spans.is_empty() && log.runs == 0 {
+            return None;
+        }
+        let g = &self.plan.graph;
+        let op_name = |n: &Node| {
+            if n.domain.is_empty() {
+                n.op_type.clone()
+            } else {
+                alloc::format!("{}:{}", n.domain, n.op_type)
+            }
+        };
+        let spans = log
+            .spans
+            .iter()
+            .map(|(run, sp)| {
+                let (name, op) = match sp.phase {
+                    Phase::Kernel => g
+                        .nodes
+                        .get(sp.what as usize)
+                        .map(|n| (n.name.clone(), op_name(n)))
+                        .unwrap_or_default(),
+                    Phase::Copy => (
+                        g.values
+                            .get(sp.what as usize)
+                            .map(|v| v.name.clone())
+                            .unwrap_or_default(),
+                        String::new(),
+                    ),
+                    _ => (String::new(), String::new()),
+                };
+                profile::Span {
+                    phase: sp.phase,
+                    name,
+                    op,
+                    start_ns: sp.start_ns,
+                    dur_ns: sp.dur_ns,
+                    run: *run,
+                }
+            })
+            .collect();
+        let mut by_node: Vec<profile::NodeStat> = log
+            .nodes
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.0 > 0)
+            .map(|(i, s)| profile::NodeStat {
+                node: g.nodes[i].name.clone(),
+                op: op_name(&g.nodes[i]),
+                calls: s.0,
+                total_ns: s.1,
+            })
+            .collect();
+        let mut by_op: Vec<profile::OpStat> = Vec::new();
+        for n in &by_node {
+            match by_op.iter_mut().find(|o| o.op == n.op) {
+                Some(o) => {
+                    o.calls += n.calls;
+                    o.total_ns += n.total_ns;
+                }
+                None => by_op.push(profile::OpStat {
+                    op: n.op.clone(),
+                    calls: n.calls,
+                    total_ns: n.total_ns,
+                }),
+            }
+        }
+        by_op.sort_by_key(|o| core::cmp::Reverse(o.total_ns));
+        by_node.sort_by_key(|n| core::cmp::Reverse(n.total_ns));
+        let order = [
+            Phase::Load,
+            Phase::Optimise,
+            Phase::Plan,
+            Phase::Bind,
+            Phase::Kernel,
+            Phase::Copy,
+            Phase::Readback,
+            Phase::Run,
+        ];
+        let pick = |v: &[(Phase, u64, u64)]| -> Vec<(Phase, u64, u64)> {
+            order
+                .iter()
+                .filter_map(|p| v.iter().find(|q| q.0 == *p).copied())
+                .collect()
+        };
+        Some(PhaseProfile {
+            spans,
+            runs: log.runs,
+            phase_ns: pick(&log.phases),
+            load_ns: pick(&log.load_phases),
+            by_op,
+            by_node,
+        })
+    }
+
+    /// Forgets every profiled span and aggregate (load-time spans included).
+    pub fn reset_phase_profile(&self) {
+        *self.log.lock() = ProfileLog::default();
+    }
+
+    /// The figures of the most recent memory plan: the one a planned run built for new input
+    /// shapes, or the one an eager run re-planned while the planner's diagnostics are on.
+    pub fn activation_memory_plan_stats(&self) -> Option<MemoryPlanStats> {
+        *self.last_stats.lock()
+    }
+
+    /// How many memory plans this session has built (planned-mode misses plus eager re-plans).
+    pub fn memory_plans_built(&self) -> usize {
+        self.plans_built.load(Ordering::Relaxed)
+    }
+
     /// Runs the model: feeds by name, outputs in graph order (read back to the host).
     pub fn run_async<'a>(
         &'a self,
         feeds: Vec<(String, Value)>,
     ) -> BoxFuture<'a, Result<Vec<(String, Value)>>> {
         Box::pin(async move {
+            let profiling = self.profiling();
+            let clock = self.clock;
+            let mut spans: Vec<RawSpan> = Vec::new();
+            let t_run = if profiling { clock() } else { 0 };
             let env = self.bind_inputs(feeds)?;
-            let outs = self.run_plan(&self.plan, env).await?;
+            if profiling {
+                spans.push(span_since(clock, Phase::Bind, u32::MAX, t_run));
+            }
+            let run_no = self.runs.fetch_add(1, Ordering::Relaxed) + 1;
+            let outs = match self.mode {
+                ExecMode::Planned => {
+                    self.run_planned(env, if profiling { Some(&mut spans) } else { None }, run_no)
+                        .await?
+                }
+                ExecMode::Eager => {
+                    if profile::activation_memory_plan_enabled() {
+                        // the planner's diagnostics: re-plan this run to report its figures
+                        let mut rec = Recording::new(self.plan.graph.values.len());
+                        let cx = RunCx {
+                            rec: Some(&mut rec),
+                            spans: if profiling { Some(&mut spans) } else { None },
+                            ..Default::default()
+                        };
+                        let outs = self.run_plan(&self.plan, env, cx).await?;
+                        let t = if profiling { clock() } else { 0 };
+                        let rp = self.build_run_plan(Vec::new(), rec);
+                        if profiling {
+                            spans.push(span_since(clock, Phase::Plan, u32::MAX, t));
+                        }
+                        *self.last_stats.lock() = Some(rp.mem.stats);
+                        outs
+                    } else {
+                        let cx = RunCx {
+                            spans: if profiling { Some(&mut spans) } else { None },
+                            ..Default::default()
+                        };
+                        self.run_plan(&self.plan, env, cx).await?
+                    }
+                }
+            };
             let g = &self.plan.graph;
+            let t_rb = if profiling { clock() } else { 0 };
             let mut named = Vec::with_capacity(outs.len());
             for (v, &id) in outs.into_iter().zip(&g.outputs) {
                 let v = self.to_host(v).await?;
                 named.push((g.values[id].name.clone(), v));
             }
+            if profiling {
+                spans.push(span_since(clock, Phase::Readback, u32::MAX, t_rb));
+                spans.push(span_since(clock, Phase::Run, u32::MAX, t_run));
+                let mut log = self.log.lock();
+                log.runs += 1;
+                let run = run_no.min(u32::MAX as u64) as u32;
+                for sp in spans {
+                    log.add(run, sp);
+                }
+            }
             Ok(named)
         })
+    }
+
+    /// A planned run: re-uses the plan for these input shapes, or records this run to build one.
+    async fn run_planned(
+        &self,
+        env: Vec<Option<Value>>,
+        spans: Option<&mut Vec<RawSpan>>,
+        run_no: u64,
+    ) -> Result<Vec<Value>> {
+        let g = &*self.plan.graph;
+        let sig: Vec<Option<Vec<usize>>> = g
+            .inputs
+            .iter()
+            .map(|&i| match &env[i] {
+                Some(Value::Tensor(t)) => Some(t.shape().to_vec()),
+                _ => None,
+            })
+            .collect();
+        let hit = {
+            let plans = self.plans.lock();
+            plans.iter().find(|p| p.sig == sig).cloned()
+        };
+        if let Some(rp) = hit {
+            self.plan_misses.store(0, Ordering::Relaxed);
+            let taken = rp.arena.lock().take();
+            let arena = match taken {
+                Some(a) if Arc::strong_count(&a) == 1 => a,
+                _ => HostArena::new(rp.mem.stats.arena_bytes)?,
+            };
+            let cx = RunCx {
+                arena: Some((&arena, &rp)),
+                spans,
+                ..Default::default()
+            };
+            let outs = self.run_plan(&self.plan, env, cx).await?;
+            *rp.arena.lock() = Some(arena);
+            return Ok(outs);
+        }
+        // Shapes change every run (a decoder's growing cache, say): after a few misses in a
+        // row, plan only every 16th run instead of paying to record each one.
+        let misses = self.plan_misses.fetch_add(1, Ordering::Relaxed);
+        if misses >= 3 && run_no % 16 != 0 {
+            let cx = RunCx {
+                spans,
+                ..Default::default()
+            };
+            return self.run_plan(&self.plan, env, cx).await;
+        }
+        let mut rec = Recording::new(g.values.len());
+        let mut spans = spans;
+        let outs = {
+            let cx = RunCx {
+                rec: Some(&mut rec),
+                spans: spans.as_deref_mut(),
+                ..Default::default()
+            };
+            self.run_plan(&self.plan, env, cx).await?
+        };
+        let t = self.clock_if(spans.is_some());
+        let rp = self.build_run_plan(sig, rec);
+        if let Some(sp) = spans {
+            sp.push(span_since(self.clock, Phase::Plan, u32::MAX, t));
+        }
+        *self.last_stats.lock() = Some(rp.mem.stats);
+        let mut plans = self.plans.lock();
+        if plans.len() >= PLAN_CACHE {
+            plans.remove(0);
+        }
+        plans.push(Arc::new(rp));
+        Ok(outs)
+    }
+
+    fn clock_if(&self, on: bool) -> u64 {
+        if on {
+            (self.clock)()
+        } else {
+            0
+        }
+    }
+
+    /// Turns a recording into a memory plan (the arena is allocated at its first use).
+    fn build_run_plan(&self, sig: Vec<Option<Vec<usize>>>, mut rec: Recording) -> RunPlan {
+        self.plans_built.fetch_add(1, Ordering::Relaxed);
+        let plan = &self.plan;
+        for (v, a) in rec.req.values.iter_mut().enumerate() {
+            if let Some(a) = a {
+                a.last = plan.last_use[v].unwrap_or(a.def).max(a.def);
+            }
+        }
+        let mut mem = planner::plan(&rec.req, plan.steps.len());
+        mem.stats.heap_values = rec.heap_values;
+        mem.stats.heap_bytes = rec.heap_bytes;
+        let g = &*plan.graph;
+        let step_outs = plan
+            .steps
+            .iter()
+            .map(|st| {
+                g.nodes[st.node]
+                    .outputs
+                    .iter()
+                    .map(|o| o.and_then(|id| Some((mem.regions[id]?, rec.dtypes[id]?))))
+                    .collect()
+            })
+            .collect();
+        RunPlan {
+            sig,
+            mem,
+            step_outs,
+            arena: spin::Mutex::new(None),
+        }
     }
 
     fn to_host<'a>(&'a self, v: Value) -> BoxFuture<'a, Result<Value>> {
@@ -308,13 +747,16 @@ impl Session {
         &'a self,
         plan: &'a Plan,
         mut env: Vec<Option<Value>>,
+        mut rc: RunCx<'a>,
     ) -> BoxFuture<'a, Result<Vec<Value>>> {
         Box::pin(async move {
             let g = &*plan.graph;
-            for step in &plan.steps {
+            let clock = self.clock;
+            for (si, step) in plan.steps.iter().enumerate() {
                 let node = &g.nodes[step.node];
                 for &(vid, p) in &step.copies {
                     if let Some(Value::Tensor(t)) = &env[vid] {
+                        let t0 = if rc.spans.is_some() { clock() } else { 0 };
                         let prov = &self.providers[p];
                         let moved = if prov.location() == Location::Host {
                             self.to_host(Value::Tensor(t.clone())).await?
@@ -322,9 +764,13 @@ impl Session {
                             Value::Tensor(prov.upload(t)?)
                         };
                         env[vid] = Some(moved);
+                        if let Some(sp) = rc.spans.as_deref_mut() {
+                            sp.push(span_since(clock, Phase::Copy, vid as u32, t0));
+                        }
                     }
                 }
-                let outs = {
+                let t0 = if rc.spans.is_some() { clock() } else { 0 };
+                let mut outs = {
                     let inputs: Vec<Option<&Value>> = node
                         .inputs
                         .iter()
@@ -342,8 +788,15 @@ impl Session {
                     }
                     match &step.kind {
                         StepKind::Kernel { provider, kernel } => {
+                            let mem = rc.arena.map(|(arena, rp)| StepMem {
+                                arena,
+                                outs: &rp.step_outs[si],
+                                in_place: rp.mem.in_place[si],
+                                taken: AtomicU64::new(0),
+                            });
                             let cx = KernelCx {
                                 cpu: self.providers[*provider].cpu_backend(),
+                                mem,
                             };
                             kernel
                                 .compute(&cx, &inputs)
@@ -363,7 +816,7 @@ impl Session {
                                 .map_err(|e| e.in_node(&node.ctx()))?;
                             let branch = if cond != 0 { then_branch } else { else_branch };
                             let sub_env = self.capture_env(branch, node, &env, &[])?;
-                            self.run_plan(branch, sub_env).await?
+                            self.run_plan(branch, sub_env, RunCx::default()).await?
                         }
                         StepKind::Loop { body } => {
                             let inputs: Vec<Option<Value>> =
@@ -380,6 +833,9 @@ impl Session {
                         }
                     }
                 };
+                if let Some(sp) = rc.spans.as_deref_mut() {
+                    sp.push(span_since(clock, Phase::Kernel, step.node as u32, t0));
+                }
                 if outs.len()
                     < node
                         .outputs
@@ -396,6 +852,16 @@ impl Session {
                         ),
                     ));
                 }
+                if let Some((arena, rp)) = rc.arena {
+                    // outputs in the arena must sit exactly where the plan put them
+                    for (k, v) in outs.iter_mut().enumerate() {
+                        let planned = rp.step_outs[si].get(k).copied().flatten().map(|p| p.0);
+                        settle(v, arena, planned)?;
+                    }
+                }
+                if let Some(rec) = rc.rec.as_deref_mut() {
+                    rec.observe(plan, si, step, &env, &outs, &self.providers);
+                }
                 for (slot, v) in node.outputs.iter().zip(outs) {
                     if let Some(id) = slot {
                         env[*id] = Some(v);
@@ -407,12 +873,16 @@ impl Session {
             }
             let mut outs = Vec::with_capacity(g.outputs.len());
             for &id in &g.outputs {
-                outs.push(env[id].clone().ok_or_else(|| {
+                let mut v = env[id].clone().ok_or_else(|| {
                     Error::InvalidModel(alloc::format!(
                         "graph output '{}' was never computed",
                         g.values[id].name
                     ))
-                })?);
+                })?;
+                if let Some((arena, _)) = rc.arena {
+                    settle(&mut v, arena, None)?;
+                }
+                outs.push(v);
             }
             Ok(outs)
         })
@@ -489,7 +959,7 @@ impl Session {
             body_in.push(Value::Tensor(Tensor::scalar(cond)));
             body_in.extend(carried.iter().cloned());
             let env = self.capture_env(body, node, outer, &body_in)?;
-            let outs = self.run_plan(body, env).await?;
+            let outs = self.run_plan(body, env, RunCx::default()).await?;
             if outs.len() != 1 + n_carried + n_scan {
                 return Err(Error::node(
                     &ctx,
@@ -575,7 +1045,7 @@ impl Session {
                 body_in.push(Value::Tensor(s.reshape(&shape)?));
             }
             let env = self.capture_env(body, node, outer, &body_in)?;
-            let res = self.run_plan(body, env).await?;
+            let res = self.run_plan(body, env, RunCx::default()).await?;
             let mut it = res.into_iter();
             for s in state.iter_mut() {
                 *s = it
@@ -804,9 +1274,11 @@ fn compile(
         for o in node.outputs.iter().flatten() {
             loc[*o] = Some(target);
         }
+        let in_place_ok = node.domain.is_empty() && IN_PLACE_OPS.contains(&node.op_type.as_str());
         steps.push(Step {
             node: ni,
             kind,
+            in_place_ok,
             frees: Vec::new(),
             copies,
         });
@@ -831,8 +1303,18 @@ fn compile(
             last[*id] = Some(si);
         }
     }
+    let mut is_output = vec![false; g.values.len()];
     for &o in &g.outputs {
         last[o] = None;
+        is_output[o] = true;
+    }
+    // outputs nobody reads die where they are made
+    for (si, node) in g.nodes.iter().enumerate() {
+        for o in node.outputs.iter().flatten() {
+            if last[*o].is_none() && !is_output[*o] {
+                last[*o] = Some(si);
+            }
+        }
     }
     for (id, l) in last.iter().enumerate() {
         if let Some(si) = l {
@@ -842,6 +1324,8 @@ fn compile(
     Ok(Plan {
         graph: graph.clone(),
         steps,
+        last_use: last,
+        is_output,
         captures,
     })
 }
@@ -868,5 +1352,135 @@ fn unsupported(node: &Node, reason: String) -> Unsupported {
         },
         opset: node.opset,
         reason,
+    }
+}
+
+/// A span from `t0` to now.
+#[inline]
+fn span_since(clock: Clock, phase: Phase, what: u32, t0: u64) -> RawSpan {
+    RawSpan {
+        phase,
+        what,
+        start_ns: t0,
+        dur_ns: clock().saturating_sub(t0),
+    }
+}
+
+/// Leaves `v` as is when it is on the heap or exactly at `planned` in `arena`; otherwise copies
+/// every arena tensor in it out to the heap (a kernel returned some other view of the arena,
+/// or the value must outlive the run).
+fn settle(v: &mut Value, arena: &Arc<HostArena>, planned: Option<Region>) -> Result<()> {
+    match v {
+        Value::Tensor(t) => {
+            if let Some(r) = t.arena_region() {
+                let ok = planned.is_some_and(|p| r.is(arena, p)) && t.is_whole_storage();
+                if !ok {
+                    *t = t.detach_arena()?;
+                }
+            }
+            Ok(())
+        }
+        Value::Sequence { items, .. } => {
+            for it in items {
+                settle(it, arena, None)?;
+            }
+            Ok(())
+        }
+        Value::Map(m) => {
+            if m.keys.arena_region().is_some() {
+                m.keys = m.keys.detach_arena()?;
+            }
+            for it in &mut m.values {
+                settle(it, arena, None)?;
+            }
+            Ok(())
+        }
+        Value::Optional { value, .. } => match value {
+            Some(b) => settle(b, arena, None),
+            None => Ok(()),
+        },
+    }
+}
+
+impl Recording {
+    fn new(values: usize) -> Recording {
+        Recording {
+            req: PlanRequest {
+                values: vec![None; values],
+                views: Vec::new(),
+                in_place: Vec::new(),
+            },
+            dtypes: vec![None; values],
+            heap_values: 0,
+            heap_bytes: 0,
+        }
+    }
+
+    /// Notes the sizes of a step's outputs, which of them view an input, and whether output 0
+    /// could overwrite an input.
+    fn observe(
+        &mut self,
+        plan: &Plan,
+        si: usize,
+        step: &Step,
+        env: &[Option<Value>],
+        outs: &[Value],
+        providers: &[Arc<dyn ExecutionProvider>],
+    ) {
+        let g = &*plan.graph;
+        let node = &g.nodes[step.node];
+        let on_host = match &step.kind {
+            StepKind::Kernel { provider, .. } => providers[*provider].location() == Location::Host,
+            _ => false,
+        };
+        for (k, (slot, v)) in node.outputs.iter().zip(outs).enumerate() {
+            let Some(id) = *slot else { continue };
+            let Value::Tensor(t) = v else {
+                self.heap_values += 1;
+                self.heap_bytes += v.byte_size();
+                continue;
+            };
+            let plannable = on_host
+                && !plan.is_output[id]
+                && arena_dtype(t.dtype())
+                && t.is_whole_storage()
+                && !t.is_empty();
+            if !plannable {
+                self.heap_values += 1;
+                self.heap_bytes += t.byte_size();
+                continue;
+            }
+            let bytes = t.byte_size();
+            self.dtypes[id] = Some(t.dtype());
+            self.req.values[id] = Some(Activation {
+                bytes,
+                def: si,
+                last: si,
+            });
+            let operands: Vec<usize> = node.inputs.iter().flatten().copied().collect();
+            for (j, inp) in node.inputs.iter().enumerate() {
+                let Some(iid) = *inp else { continue };
+                let Some(Value::Tensor(ti)) = &env[iid] else {
+                    continue;
+                };
+                if ti.shares_storage(t) && ti.is_whole_storage() && ti.byte_size() == bytes {
+                    self.req.views.push((id, iid));
+                } else if k == 0
+                    && j < 2
+                    && step.in_place_ok
+                    && ti.dtype() == t.dtype()
+                    && ti.byte_size() == bytes
+                    && ti.shape() == t.shape()
+                {
+                    self.req.in_place.push(InPlace {
+                        step: si,
+                        output: id,
+                        input_index: j,
+                        input: iid,
+                        operands: operands.clone(),
+                    });
+                }
+            }
+        }
     }
 }

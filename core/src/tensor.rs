@@ -166,6 +166,8 @@ pub trait DeviceBuffer: Send + Sync + fmt::Debug {
 #[derive(Clone, Debug)]
 pub enum Buffer {
     Host(Arc<Data>),
+    /// A region of a planned run's host arena (see [`crate::arena`]); numeric types only.
+    Arena(crate::arena::ArenaRegion),
     Device {
         provider: u16,
         buf: Arc<dyn DeviceBuffer>,
@@ -324,7 +326,7 @@ impl Tensor {
     }
     pub fn location(&self) -> Location {
         match &self.buf {
-            Buffer::Host(_) => Location::Host,
+            Buffer::Host(_) | Buffer::Arena(_) => Location::Host,
             Buffer::Device { provider, .. } => Location::Device(*provider),
         }
     }
@@ -342,6 +344,7 @@ impl Tensor {
     pub fn shares_storage(&self, other: &Tensor) -> bool {
         match (&self.buf, &other.buf) {
             (Buffer::Host(a), Buffer::Host(b)) => Arc::ptr_eq(a, b),
+            (Buffer::Arena(a), Buffer::Arena(b)) => a.overlaps(b),
             (Buffer::Device { buf: a, .. }, Buffer::Device { buf: b, .. }) => {
                 core::ptr::addr_eq(Arc::as_ptr(a), Arc::as_ptr(b))
             }
@@ -371,7 +374,61 @@ impl Tensor {
     fn is_full_contiguous(&self) -> bool {
         self.offset == 0
             && self.is_contiguous()
-            && self.host_data().map(data_len) == Some(self.len())
+            && match &self.buf {
+                Buffer::Host(d) => data_len(d) == self.len(),
+                Buffer::Arena(r) => Some(r.bytes()) == self.dtype.storage_bytes(self.len()),
+                Buffer::Device { .. } => false,
+            }
+    }
+
+    /// A tensor in a planned run's arena (built by the executor and [`crate::arena::OutBuf`]).
+    pub(crate) fn from_arena(
+        dtype: DataType,
+        shape: Vec<usize>,
+        region: crate::arena::ArenaRegion,
+    ) -> Tensor {
+        let strides = contiguous_strides(&shape);
+        Tensor {
+            dtype,
+            shape,
+            strides,
+            offset: 0,
+            buf: Buffer::Arena(region),
+        }
+    }
+
+    /// The arena region this tensor views, if it lives in a planned run's arena.
+    pub fn arena_region(&self) -> Option<&crate::arena::ArenaRegion> {
+        match &self.buf {
+            Buffer::Arena(r) => Some(r),
+            _ => None,
+        }
+    }
+
+    /// True when this tensor is exactly the whole of its storage, contiguous and unsliced.
+    pub fn is_whole_storage(&self) -> bool {
+        self.is_full_contiguous()
+    }
+
+    /// The same tensor with its elements copied out of the arena into heap storage (a plain
+    /// clone when it is not in an arena). Outputs leave a planned run this way.
+    pub fn detach_arena(&self) -> Result<Tensor> {
+        let Buffer::Arena(r) = &self.buf else {
+            return Ok(self.clone());
+        };
+        let data = crate::arena::region_to_data(r, self.dtype)?;
+        let t = Tensor {
+            dtype: self.dtype,
+            shape: self.shape.clone(),
+            strides: self.strides.clone(),
+            offset: self.offset,
+            buf: Buffer::Host(Arc::new(data)),
+        };
+        if t.is_full_contiguous() {
+            Ok(t)
+        } else {
+            t.contiguous()
+        }
     }
 
     fn require_host(&self) -> Result<&Data> {
@@ -385,6 +442,14 @@ impl Tensor {
 
     /// The elements in row-major order: borrowed when contiguous, gathered otherwise.
     pub fn as_slice<T: Elem>(&self) -> Result<Cow<'_, [T]>> {
+        if let Buffer::Arena(r) = &self.buf {
+            let s = r.elems::<T>(self.dtype)?;
+            return Ok(if self.is_contiguous() {
+                Cow::Borrowed(&s[self.offset..self.offset + self.len()])
+            } else {
+                Cow::Owned(gather_strided(s, &self.shape, &self.strides, self.offset))
+            });
+        }
         let d = self.require_host()?;
         let s = T::slice(d).ok_or_else(|| {
             Error::Other(alloc::format!(
@@ -456,6 +521,9 @@ impl Tensor {
     pub fn contiguous(&self) -> Result<Tensor> {
         if self.is_contiguous() {
             return Ok(self.clone());
+        }
+        if let Buffer::Arena(_) = &self.buf {
+            return self.detach_arena();
         }
         let d = self.require_host()?;
         macro_rules! g {
@@ -597,7 +665,7 @@ impl Tensor {
 
     /// Element values converted to f32 (for float and integer types).
     pub fn to_f32_vec(&self) -> Result<Vec<f32>> {
-        let t = self.contiguous()?;
+        let t = self.detach_arena()?.contiguous()?;
         let d = t.require_host()?;
         let r = t.offset..t.offset + t.len();
         Ok(match d {
@@ -625,7 +693,7 @@ impl Tensor {
 
     /// Element values converted to i64 (integer and bool types; floats truncate).
     pub fn to_i64_vec(&self) -> Result<Vec<i64>> {
-        let t = self.contiguous()?;
+        let t = self.detach_arena()?.contiguous()?;
         let d = t.require_host()?;
         let r = t.offset..t.offset + t.len();
         Ok(match d {

@@ -17,7 +17,14 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-pub use nxrt_core::session::{IoInfo, PartitionReport};
+pub use nxrt_core::planner::MemoryPlanStats;
+pub use nxrt_core::profile::{
+    activation_memory_plan_enabled, disable_activation_memory_plan_for_process,
+    disable_exec_phase_profile_for_process, enable_activation_memory_plan_for_process,
+    enable_exec_phase_profile_for_process, exec_phase_profile_enabled, GateGuard, Phase,
+    PhaseProfile,
+};
+pub use nxrt_core::session::{ExecMode, IoInfo, PartitionReport};
 pub use nxrt_core::{npy, DataType, Dim, Error, OptLevel, Result, Tensor, TypeInfo, Value};
 
 pub mod cpu;
@@ -30,6 +37,51 @@ use nxrt_core::session::SessionOptions;
 
 /// Provider names this build knows.
 pub const PROVIDERS: &[&str] = &["cpu"];
+
+/// Nanoseconds since the first call (the clock the phase profiler reads).
+pub fn now_ns() -> u64 {
+    static START: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    START.get_or_init(Instant::now).elapsed().as_nanos() as u64
+}
+
+/// Reads the profiling environment once per process: `NXRT_EXEC_PHASE_PROFILE=1` turns on the
+/// phase profiler and the planner's diagnostics, `NXRT_ACTIVATION_MEMORY_PLAN=1` the planner's
+/// diagnostics only. Recorded as the environment path, apart from the API path.
+pub fn read_profiling_env() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let on = |k: &str| std::env::var(k).is_ok_and(|v| !v.is_empty() && v != "0");
+        nxrt_core::profile::apply_environment(
+            on("NXRT_EXEC_PHASE_PROFILE"),
+            on("NXRT_ACTIVATION_MEMORY_PLAN"),
+        );
+    });
+}
+
+/// The process's peak resident memory in bytes (`None` where the OS does not say).
+pub fn peak_rss_bytes() -> Option<u64> {
+    #[cfg(target_os = "linux")]
+    {
+        let s = std::fs::read_to_string("/proc/self/status").ok()?;
+        let line = s.lines().find(|l| l.starts_with("VmHWM:"))?;
+        let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+        Some(kb * 1024)
+    }
+    #[cfg(all(unix, not(target_os = "linux")))]
+    {
+        // SAFETY: getrusage fills the struct we pass.
+        let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+        if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) } != 0 {
+            return None;
+        }
+        // bytes on macOS
+        Some(ru.ru_maxrss as u64)
+    }
+    #[cfg(not(unix))]
+    {
+        None
+    }
+}
 
 /// Reads external-data files, confined to the model's folder (symlinks resolved).
 pub struct FolderData {
@@ -85,6 +137,8 @@ pub struct SessionBuilder {
     threads: usize,
     providers: Vec<String>,
     optimization: OptLevel,
+    mode: ExecMode,
+    phase_profile: bool,
 }
 
 impl Default for SessionBuilder {
@@ -93,6 +147,8 @@ impl Default for SessionBuilder {
             threads: 1,
             providers: vec!["cpu".into()],
             optimization: OptLevel::Basic,
+            mode: ExecMode::Planned,
+            phase_profile: false,
         }
     }
 }
@@ -111,6 +167,26 @@ impl SessionBuilder {
     pub fn optimization(mut self, level: OptLevel) -> Self {
         self.optimization = level;
         self
+    }
+    /// Eager or planned execution (default planned).
+    pub fn mode(mut self, mode: ExecMode) -> Self {
+        self.mode = mode;
+        self
+    }
+    /// Phase-profile this session (the profiler only; the planner's diagnostics keep their
+    /// own gate).
+    pub fn phase_profile(mut self, on: bool) -> Self {
+        self.phase_profile = on;
+        self
+    }
+
+    fn options(&self) -> SessionOptions {
+        SessionOptions {
+            optimization: self.optimization,
+            mode: self.mode,
+            phase_profile: self.phase_profile,
+            clock: Some(now_ns),
+        }
     }
 
     fn provider_list(&self) -> Result<(Vec<Arc<dyn ExecutionProvider>>, usize)> {
@@ -141,6 +217,7 @@ impl SessionBuilder {
     pub fn load(&self, path: impl AsRef<Path>) -> Result<Session> {
         let path = path.as_ref();
         let t0 = Instant::now();
+        let t0_ns = now_ns();
         let bytes = std::fs::read(path)
             .map_err(|e| Error::Io(format!("cannot read {}: {e}", path.display())))?;
         let dir = path
@@ -148,21 +225,28 @@ impl SessionBuilder {
             .filter(|p| !p.as_os_str().is_empty())
             .unwrap_or(Path::new("."));
         let ext = FolderData::new(dir)?;
-        self.finish(&bytes, &ext, t0)
+        self.finish(&bytes, &ext, t0, t0_ns)
     }
 
     /// Loads a model from bytes (external data is an error).
     pub fn load_bytes(&self, bytes: &[u8]) -> Result<Session> {
-        self.finish(bytes, &loader::NoExternalData, Instant::now())
+        self.finish(bytes, &loader::NoExternalData, Instant::now(), now_ns())
     }
 
-    fn finish(&self, bytes: &[u8], ext: &dyn ExternalDataSource, t0: Instant) -> Result<Session> {
+    fn finish(
+        &self,
+        bytes: &[u8],
+        ext: &dyn ExternalDataSource,
+        t0: Instant,
+        t0_ns: u64,
+    ) -> Result<Session> {
+        read_profiling_env();
         let (providers, threads) = self.provider_list()?;
         let model = loader::load_model(bytes, ext)?;
-        let opts = SessionOptions {
-            optimization: self.optimization,
-        };
+        let t_loaded = now_ns();
+        let opts = self.options();
         let inner = nxrt_core::Session::new(model, providers, &opts)?;
+        inner.record_phase(Phase::Load, t0_ns, t_loaded.saturating_sub(t0_ns));
         Ok(Session {
             inner,
             load_time: t0.elapsed(),
@@ -182,13 +266,7 @@ impl SessionBuilder {
         let ext = FolderData::new(dir)?;
         let (providers, _) = self.provider_list()?;
         let model = loader::load_model(&bytes, &ext)?;
-        nxrt_core::Session::analyze(
-            model,
-            providers,
-            &SessionOptions {
-                optimization: self.optimization,
-            },
-        )
+        nxrt_core::Session::analyze(model, providers, &self.options())
     }
 }
 
@@ -251,6 +329,24 @@ impl Session {
     }
     pub fn core(&self) -> &nxrt_core::Session {
         &self.inner
+    }
+    /// The phase profile so far (`None` when profiling was never on for this session).
+    pub fn phase_profile(&self) -> Option<PhaseProfile> {
+        self.inner.phase_profile()
+    }
+    pub fn reset_phase_profile(&self) {
+        self.inner.reset_phase_profile()
+    }
+    /// Figures of the latest activation memory plan (see [`nxrt_core::Session`]).
+    pub fn activation_memory_plan_stats(&self) -> Option<MemoryPlanStats> {
+        self.inner.activation_memory_plan_stats()
+    }
+    /// Memory plans built so far (planned-mode shape misses plus eager diagnostic re-plans).
+    pub fn memory_plans_built(&self) -> usize {
+        self.inner.memory_plans_built()
+    }
+    pub fn mode(&self) -> ExecMode {
+        self.inner.mode()
     }
 
     /// Runs with named inputs (tensors, or any [`Value`]).

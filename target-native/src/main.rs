@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use clap::{Args, Parser, Subcommand};
-use nxrt::{DataType, Dim, Error, Session, SessionBuilder, Tensor, TypeInfo, Value};
+use nxrt::{DataType, Dim, Error, ExecMode, Session, SessionBuilder, Tensor, TypeInfo, Value};
 use nxrt_core::loader;
 use serde_json::json;
 
@@ -48,6 +48,15 @@ struct Common {
     /// Seed for generated inputs.
     #[arg(long, default_value_t = 0)]
     seed: u64,
+    /// Execution mode: `planned` (memory plan per input shapes, run from one arena) or `eager`.
+    #[arg(long, default_value = "planned")]
+    mode: String,
+    /// Profile phases and kernels (the profiler only); prints a table to stderr.
+    #[arg(long)]
+    phase_profile: bool,
+    /// With --phase-profile: also write the spans as Chrome-trace JSON (opens in Perfetto).
+    #[arg(long, value_name = "FILE")]
+    trace: Option<PathBuf>,
 }
 
 #[derive(Args)]
@@ -58,6 +67,14 @@ struct RunArgs {
     /// Write every output to DIR/<name>.npy (or .pb for types .npy cannot hold).
     #[arg(long)]
     output_dir: Option<PathBuf>,
+    /// Print the activation memory plan (planned peak, sum of activations, reuse) and the
+    /// process's peak resident memory.
+    #[arg(long)]
+    memory_report: bool,
+    /// Run this many times (the first planned run records sizes and builds the memory plan;
+    /// later ones run from the arena); outputs and time are the last run's.
+    #[arg(long, default_value_t = 1)]
+    runs: usize,
 }
 
 #[derive(Args)]
@@ -99,8 +116,13 @@ fn main() -> ExitCode {
                 provider: "cpu".into(),
                 threads: 1,
                 seed: 0,
+                mode: "planned".into(),
+                phase_profile: false,
+                trace: None,
             },
             output_dir: None,
+            memory_report: false,
+            runs: 1,
         }),
         Some(Cmd::Run(a)) => run(a),
         Some(Cmd::Bench(a)) => bench(a),
@@ -115,10 +137,42 @@ fn main() -> ExitCode {
     }
 }
 
-fn builder(c: &Common) -> SessionBuilder {
-    Session::builder()
+fn builder(c: &Common) -> Result<SessionBuilder, Error> {
+    let mode = match c.mode.as_str() {
+        "planned" => ExecMode::Planned,
+        "eager" => ExecMode::Eager,
+        other => {
+            return Err(Error::Input(format!(
+                "--mode {other}: expected 'planned' or 'eager'"
+            )))
+        }
+    };
+    Ok(Session::builder()
         .threads(c.threads)
         .providers(&[c.provider.as_str()])
+        .mode(mode)
+        .phase_profile(c.phase_profile || c.trace.is_some()))
+}
+
+/// Prints the phase profile to stderr and writes the trace, when asked for.
+fn report_profile(session: &Session, c: &Common) -> Result<(), Error> {
+    if !(c.phase_profile || c.trace.is_some()) {
+        return Ok(());
+    }
+    let Some(p) = session.phase_profile() else {
+        return Ok(());
+    };
+    eprint!("{}", p.table(15));
+    if let Some(path) = &c.trace {
+        std::fs::write(path, p.chrome_trace())
+            .map_err(|e| Error::Io(format!("{}: {e}", path.display())))?;
+        eprintln!("trace: wrote {} ({} spans)", path.display(), p.spans.len());
+    }
+    Ok(())
+}
+
+fn mib(b: u64) -> String {
+    format!("{:.2} MiB", b as f64 / (1024.0 * 1024.0))
 }
 
 fn split_kv<'a>(s: &'a str, what: &str) -> Result<(&'a str, &'a str), Error> {
@@ -326,14 +380,21 @@ fn summarize(v: &Value) -> String {
 
 fn run(a: RunArgs) -> Result<(), Error> {
     let c = &a.common;
+    if a.memory_report && c.mode == "eager" {
+        // an eager run reports its plan only through the planner's own diagnostics gate
+        nxrt::enable_activation_memory_plan_for_process();
+    }
     let (session, label) = match &a.model {
-        Some(p) => (builder(c).load(p)?, p.display().to_string()),
+        Some(p) => (builder(c)?.load(p)?, p.display().to_string()),
         None => (
-            builder(c).load_bytes(&nxrt::embedded::tiny_cnn())?,
+            builder(c)?.load_bytes(&nxrt::embedded::tiny_cnn())?,
             "embedded tiny_cnn (16x16 image -> 10 classes)".to_string(),
         ),
     };
     let feeds = feeds_for(&session, c)?;
+    for _ in 1..a.runs {
+        session.run(feeds.clone())?;
+    }
     let t0 = Instant::now();
     let outs = session.run(feeds)?;
     let ms = t0.elapsed().as_secs_f64() * 1e3;
@@ -356,15 +417,55 @@ fn run(a: RunArgs) -> Result<(), Error> {
             println!("  wrote {}", p.display());
         }
     }
+    if a.memory_report {
+        match session.activation_memory_plan_stats() {
+            Some(s) => {
+                println!(
+                    "memory plan ({} mode): planned peak {} (arena), sum of activations {}, reuse {:.2}x, live peak {}",
+                    c.mode,
+                    mib(s.arena_bytes as u64),
+                    mib(s.activation_bytes as u64),
+                    s.reuse_ratio,
+                    mib(s.live_peak_bytes as u64)
+                );
+                println!(
+                    "  {} activations planned ({} views, {} in place), {} left on the heap ({})",
+                    s.planned_values,
+                    s.views,
+                    s.in_place,
+                    s.heap_values,
+                    mib(s.heap_bytes as u64)
+                );
+            }
+            None => println!("memory plan: none (no plan was built)"),
+        }
+        match nxrt::peak_rss_bytes() {
+            Some(b) => println!("peak resident memory: {}", mib(b)),
+            None => println!("peak resident memory: unknown on this OS"),
+        }
+    }
+    report_profile(&session, c)?;
     Ok(())
 }
 
 fn bench(a: BenchArgs) -> Result<(), Error> {
     let c = &a.common;
-    let session = builder(c).load(&a.model)?;
+    let session = builder(c)?.load(&a.model)?;
     let feeds = feeds_for(&session, c)?;
     for _ in 0..a.warmup {
         session.run(feeds.clone())?;
+    }
+    if a.warmup > 0 {
+        // the profile describes the timed runs (load-time spans stay)
+        let keep = session.phase_profile();
+        session.reset_phase_profile();
+        if let Some(p) = keep {
+            for sp in p.spans.iter().filter(|s| s.run == 0) {
+                session
+                    .core()
+                    .record_phase(sp.phase, sp.start_ns, sp.dur_ns);
+            }
+        }
     }
     let mut times = Vec::with_capacity(a.runs);
     for _ in 0..a.runs.max(1) {
@@ -406,6 +507,7 @@ fn bench(a: BenchArgs) -> Result<(), Error> {
             c.provider
         );
     }
+    report_profile(&session, c)?;
     Ok(())
 }
 

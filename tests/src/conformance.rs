@@ -24,6 +24,9 @@ struct Opts {
     timeout: u64,
 }
 
+/// `--mode eager`: run each case once, eagerly (default: planned, run twice).
+static EAGER: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 fn parse() -> Opts {
     let mut o = Opts {
         dir: cache_dir().join("conformance"),
@@ -48,6 +51,10 @@ fn parse() -> Opts {
             "--out" => o.out = Some(PathBuf::from(args.next().expect("--out FILE"))),
             "--baseline" => o.baseline = Some(PathBuf::from(args.next().expect("--baseline FILE"))),
             "--verbose" | "-v" => o.verbose = true,
+            "--mode" => {
+                let m = args.next().expect("--mode eager|planned");
+                EAGER.store(m == "eager", std::sync::atomic::Ordering::Relaxed);
+            }
             "--timeout" => {
                 o.timeout = args
                     .next()
@@ -88,7 +95,12 @@ enum Outcome {
 
 fn run_case(case_dir: &Path, rtol: f64, atol: f64) -> Outcome {
     let model = case_dir.join("model.onnx");
-    let session = match Session::builder().load(&model) {
+    let mode = if EAGER.load(std::sync::atomic::Ordering::Relaxed) {
+        nxrt::ExecMode::Eager
+    } else {
+        nxrt::ExecMode::Planned
+    };
+    let session = match Session::builder().mode(mode).load(&model) {
         Ok(s) => s,
         Err(e) => return Outcome::Error(format!("load: {e}")),
     };
@@ -105,21 +117,30 @@ fn run_case(case_dir: &Path, rtol: f64, atol: f64) -> Outcome {
     };
     let names: Vec<String> = session.inputs().into_iter().map(|i| i.name).collect();
     let feeds: Vec<(String, Value)> = names.into_iter().zip(inputs).collect();
-    let outs = match session.run(feeds) {
-        Ok(o) => o,
-        Err(e) => return Outcome::Error(format!("run: {e}")),
+    // In planned mode the first run records sizes and builds the memory plan; the second runs
+    // from the arena. Both must match.
+    let runs = if session.mode() == nxrt::ExecMode::Planned {
+        2
+    } else {
+        1
     };
-    if outs.len() < expected.len() {
-        return Outcome::Fail(format!(
-            "{} outputs, expected {}",
-            outs.len(),
-            expected.len()
-        ));
-    }
-    let mut stats = ErrStats::default();
-    for (k, ((name, got), want)) in outs.iter().zip(&expected).enumerate() {
-        if let Err(e) = compare(got, want, rtol, atol, &mut stats) {
-            return Outcome::Fail(format!("output {k} '{name}': {e}"));
+    for run in 1..=runs {
+        let outs = match session.run(feeds.clone()) {
+            Ok(o) => o,
+            Err(e) => return Outcome::Error(format!("run {run}: {e}")),
+        };
+        if outs.len() < expected.len() {
+            return Outcome::Fail(format!(
+                "{} outputs, expected {}",
+                outs.len(),
+                expected.len()
+            ));
+        }
+        let mut stats = ErrStats::default();
+        for (k, ((name, got), want)) in outs.iter().zip(&expected).enumerate() {
+            if let Err(e) = compare(got, want, rtol, atol, &mut stats) {
+                return Outcome::Fail(format!("run {run}: output {k} '{name}': {e}"));
+            }
         }
     }
     Outcome::Pass

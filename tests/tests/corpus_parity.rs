@@ -111,7 +111,14 @@ fn check_case(
     )
     .map_err(|e| e.to_string())?;
     let mut cmd = Command::new(bin);
-    cmd.arg("run").arg(model).arg("--output-dir").arg(out_dir);
+    // two runs: the first records and plans, the second (whose outputs are written) runs from
+    // the planned arena
+    cmd.arg("run")
+        .arg(model)
+        .arg("--runs")
+        .arg("2")
+        .arg("--output-dir")
+        .arg(out_dir);
     for i in io["inputs"].as_array().unwrap() {
         cmd.arg("--input").arg(format!(
             "{}={}",

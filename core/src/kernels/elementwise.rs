@@ -97,6 +97,52 @@ pub(crate) const KERNELS: &[KernelDef] = &[
     def("CastLike", 15, LATEST, build_cast_like),
 ];
 
+/// Wraps a closure that also takes the kernel context (for planned output memory).
+fn kernel_cx<F>(f: F) -> Result<Box<dyn Kernel>>
+where
+    F: Fn(&KernelCx<'_>, &[Option<&Value>]) -> Result<Vec<Value>> + Send + Sync + 'static,
+{
+    Ok(Box::new(f))
+}
+
+/// Runs `f(tmp, out_chunk)` over `out` in chunks, with `tmp` a copy of the chunk: lets a
+/// kernel written for separate input and output run in place.
+#[inline]
+fn in_place_chunks(out: &mut [f32], mut f: impl FnMut(usize, &[f32], &mut [f32])) {
+    let mut tmp = [0f32; 256];
+    let mut i = 0;
+    for ch in out.chunks_mut(256) {
+        let t = &mut tmp[..ch.len()];
+        t.copy_from_slice(ch);
+        f(i, t, ch);
+        i += ch.len();
+    }
+}
+
+/// `out = out op b`, with `b` repeating over `out`'s trailing elements (or a scalar).
+fn binary_in_place(op: simd::BinOp, out: &mut [f32], b: &[f32]) {
+    if b.len() == 1 {
+        return in_place_chunks(out, |_, t, o| simd::binary_repeat(op, t, b, o));
+    }
+    for row in out.chunks_mut(b.len()) {
+        in_place_chunks(row, |j, t, o| {
+            simd::binary_repeat(op, t, &b[j..j + o.len()], o)
+        });
+    }
+}
+
+/// `out = a op out`, with `a` repeating over `out`'s trailing elements (or a scalar).
+fn binary_in_place_lhs(op: simd::BinOp, a: &[f32], out: &mut [f32]) {
+    if a.len() == 1 {
+        return in_place_chunks(out, |_, t, o| simd::binary_repeat_lhs(op, a, t, o));
+    }
+    for row in out.chunks_mut(a.len()) {
+        in_place_chunks(row, |j, t, o| {
+            simd::binary_repeat_lhs(op, &a[j..j + o.len()], t, o)
+        });
+    }
+}
+
 /// Wraps an input-only closure as a kernel.
 fn kernel<F>(f: F) -> Result<Box<dyn Kernel>>
 where
@@ -1117,7 +1163,7 @@ fn squeeze_front(s: &[usize]) -> &[usize] {
 /// f32 `a op b` through the SIMD layer when one operand repeats over the other's trailing
 /// dims (same shape, scalar, or a bias row) and the output has the larger operand's shape;
 /// `None` where the general broadcasting loop is needed.
-fn arith_f32_simd(a: &Tensor, b: &Tensor, op: Arith) -> Result<Option<Tensor>> {
+fn arith_f32_simd(cx: &KernelCx<'_>, a: &Tensor, b: &Tensor, op: Arith) -> Result<Option<Tensor>> {
     if a.dtype() != DataType::Float || a.is_empty() || b.is_empty() {
         return Ok(None);
     }
@@ -1132,21 +1178,36 @@ fn arith_f32_simd(a: &Tensor, b: &Tensor, op: Arith) -> Result<Option<Tensor>> {
         big.rank() >= small.rank() && big.shape().ends_with(s)
     };
     if repeats(a, b) {
+        // in a planned run the result may overwrite whichever input dies here
+        if let Some(mut out) = cx.output_in_place::<f32>(0, a) {
+            binary_in_place(op, &mut out, &b.as_slice::<f32>()?);
+            return Ok(Some(out.into_tensor()));
+        }
+        if a.shape() == b.shape() {
+            if let Some(mut out) = cx.output_in_place::<f32>(1, b) {
+                binary_in_place_lhs(op, &a.as_slice::<f32>()?, &mut out);
+                return Ok(Some(out.into_tensor()));
+            }
+        }
         let (av, bv) = (a.as_slice::<f32>()?, b.as_slice::<f32>()?);
-        let mut out = vec![0f32; av.len()];
+        let mut out = cx.output::<f32>(0, a.shape())?;
         simd::binary_repeat(op, &av, &bv, &mut out);
-        return Ok(Some(Tensor::from_vec(a.shape(), out)?));
+        return Ok(Some(out.into_tensor()));
     }
     if repeats(b, a) {
+        if let Some(mut out) = cx.output_in_place::<f32>(1, b) {
+            binary_in_place_lhs(op, &a.as_slice::<f32>()?, &mut out);
+            return Ok(Some(out.into_tensor()));
+        }
         let (av, bv) = (a.as_slice::<f32>()?, b.as_slice::<f32>()?);
-        let mut out = vec![0f32; bv.len()];
+        let mut out = cx.output::<f32>(0, b.shape())?;
         simd::binary_repeat_lhs(op, &av, &bv, &mut out);
-        return Ok(Some(Tensor::from_vec(b.shape(), out)?));
+        return Ok(Some(out.into_tensor()));
     }
     Ok(None)
 }
 
-fn arith(a: &Tensor, b: &Tensor, op: Arith) -> Result<Tensor> {
+fn arith(cx: &KernelCx<'_>, a: &Tensor, b: &Tensor, op: Arith) -> Result<Tensor> {
     let name = match op {
         Arith::Add => "Add",
         Arith::Sub => "Sub",
@@ -1154,7 +1215,7 @@ fn arith(a: &Tensor, b: &Tensor, op: Arith) -> Result<Tensor> {
         Arith::Div => "Div",
     };
     same_type(name, a, b)?;
-    if let Some(t) = arith_f32_simd(a, b, op)? {
+    if let Some(t) = arith_f32_simd(cx, a, b, op)? {
         return Ok(t);
     }
     num_dispatch!(a.dtype(), T => match op {
@@ -1170,10 +1231,10 @@ fn arith(a: &Tensor, b: &Tensor, op: Arith) -> Result<Tensor> {
 
 fn build_arith(node: &Node, op: Arith) -> Result<Box<dyn Kernel>> {
     let legacy = Legacy::from_node(node, 7)?;
-    kernel(move |inputs| {
+    kernel_cx(move |cx, inputs| {
         let a = tensor_in(inputs, 0)?;
         let b = legacy.apply(a, tensor_in(inputs, 1)?)?;
-        out1(arith(a, &b, op)?)
+        out1(arith(cx, a, &b, op)?)
     })
 }
 
@@ -1581,13 +1642,17 @@ unary_real!(build_acosh, "Acosh", |v: R| v.acosh_());
 unary_real!(build_atanh, "Atanh", |v: R| v.atanh_());
 unary_real!(build_tanh, "Tanh", |v: R| v.tanh_());
 fn build_sigmoid(_: &Node) -> Result<Box<dyn Kernel>> {
-    kernel(|inputs| {
+    kernel_cx(|cx, inputs| {
         let x = tensor_in(inputs, 0)?;
         if x.dtype() == DataType::Float {
+            if let Some(mut out) = cx.output_in_place::<f32>(0, x) {
+                in_place_chunks(&mut out, |_, t, o| simd::sigmoid(t, o));
+                return out1(out.into_tensor());
+            }
             let xv = x.as_slice::<f32>()?;
-            let mut out = vec![0f32; xv.len()];
+            let mut out = cx.output::<f32>(0, x.shape())?;
             simd::sigmoid(&xv, &mut out);
-            return out1(Tensor::from_vec(x.shape(), out)?);
+            return out1(out.into_tensor());
         }
         out1(float_map!(x, "Sigmoid", |v: R| sigmoid(v))?)
     })
@@ -1619,13 +1684,17 @@ unary_num!(build_neg, "Neg", neg_);
 unary_num!(build_sign, "Sign", sign_);
 
 fn build_relu(_: &Node) -> Result<Box<dyn Kernel>> {
-    kernel(|inputs| {
+    kernel_cx(|cx, inputs| {
         let x = tensor_in(inputs, 0)?;
         if x.dtype() == DataType::Float {
+            if let Some(mut out) = cx.output_in_place::<f32>(0, x) {
+                in_place_chunks(&mut out, |_, t, o| simd::relu(t, o));
+                return out1(out.into_tensor());
+            }
             let xv = x.as_slice::<f32>()?;
-            let mut out = vec![0f32; xv.len()];
+            let mut out = cx.output::<f32>(0, x.shape())?;
             simd::relu(&xv, &mut out);
-            return out1(Tensor::from_vec(x.shape(), out)?);
+            return out1(out.into_tensor());
         }
         out1(
             num_dispatch!(x.dtype(), T => map1::<T, T>(x, |&v| if v < T::zero() { T::zero() } else { v }),
@@ -2720,7 +2789,7 @@ mod tests {
             .map(|t| t.clone().map(Value::Tensor))
             .collect();
         let refs: Vec<Option<&Value>> = vals.iter().map(|v| v.as_ref()).collect();
-        let cx = KernelCx { cpu: &ReferenceCpu };
+        let cx = KernelCx::new(&ReferenceCpu);
         match k.compute(&cx, &refs)?.into_iter().next() {
             Some(Value::Tensor(t)) => Ok(t),
             _ => panic!("no tensor output"),

@@ -297,9 +297,12 @@ pub(crate) fn matmul_t<T: Num>(cx: &KernelCx<'_>, a: &Tensor, b: &Tensor) -> Res
         out_shape.push(n);
     }
     let nb: usize = batch.iter().product();
-    let mut out = vec![T::ZERO; nb * m * n];
+    let mut out = cx.output::<T>(0, &out_shape)?;
+    if out.in_arena() {
+        out.fill(T::ZERO);
+    }
     if nb == 0 || m == 0 || n == 0 || k == 0 {
-        return Tensor::from_vec(&out_shape, out);
+        return Ok(out.into_tensor());
     }
     let (ta, a_rs, a_cs) = mat_layout(&a2)?;
     let (tb, b_rs, b_cs) = mat_layout(&b2)?;
@@ -321,7 +324,7 @@ pub(crate) fn matmul_t<T: Num>(cx: &KernelCx<'_>, a: &Tensor, b: &Tensor) -> Res
             beta: 0.0,
         };
         T::gemm(cx, &g, &ad, &bd, &mut out);
-        return Tensor::from_vec(&out_shape, out);
+        return Ok(out.into_tensor());
     }
     let ia = broadcast_index_map(ba, &batch);
     let ib = broadcast_index_map(bb, &batch);
@@ -340,7 +343,7 @@ pub(crate) fn matmul_t<T: Num>(cx: &KernelCx<'_>, a: &Tensor, b: &Tensor) -> Res
     let ao: Vec<usize> = ia.iter().map(|&i| i * m * k).collect();
     let bo: Vec<usize> = ib.iter().map(|&i| i * k * n).collect();
     gemm_batches(cx, &g, &ad, &ao, &bd, &bo, &mut out);
-    Tensor::from_vec(&out_shape, out)
+    Ok(out.into_tensor())
 }
 
 /// Numpy `matmul` for any supported element type.
@@ -410,7 +413,10 @@ fn gemm_t<T: Num>(
             if trans_b { "ᵀ" } else { "" }
         );
     }
-    let mut out = vec![T::ZERO; m * n];
+    let mut out = cx.output::<T>(0, &[m, n])?;
+    if out.in_arena() {
+        out.fill(T::ZERO);
+    }
     let mut have_c = false;
     if let Some(c) = c {
         if beta != 0.0 {
@@ -433,7 +439,7 @@ fn gemm_t<T: Num>(
         }
     }
     if m == 0 || n == 0 {
-        return Tensor::from_vec(&[m, n], out);
+        return Ok(out.into_tensor());
     }
     let (ta, ars, acs) = mat_layout(a)?;
     let (tb, brs, bcs) = mat_layout(b)?;
@@ -455,7 +461,7 @@ fn gemm_t<T: Num>(
         };
         T::gemm(cx, &g, &ad, &bd, &mut out);
     }
-    Tensor::from_vec(&[m, n], out)
+    Ok(out.into_tensor())
 }
 
 fn build_gemm(node: &Node) -> Result<Box<dyn Kernel>> {

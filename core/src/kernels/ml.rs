@@ -1655,7 +1655,7 @@ mod tests {
             .find(|d| d.op == n.op_type && n.opset >= d.since && n.opset <= d.until)
             .unwrap();
         let k = (def.build)(n).unwrap();
-        let cx = KernelCx { cpu: &ReferenceCpu };
+        let cx = KernelCx::new(&ReferenceCpu);
         let refs: Vec<Option<&Value>> = inputs.iter().map(Some).collect();
         k.compute(&cx, &refs).unwrap()
     }
@@ -1967,7 +1967,7 @@ mod tests {
         let k = build_one_hot_encoder(&n).unwrap();
         let x = t(&[1], vec![3i64]);
         assert!(k
-            .compute(&KernelCx { cpu: &ReferenceCpu }, &[Some(&x)])
+            .compute(&KernelCx::new(&ReferenceCpu), &[Some(&x)])
             .is_err());
     }
 

@@ -624,14 +624,15 @@ fn conv_depthwise<T: Num>(
 }
 
 /// Convolution of `x` ([N, C, inp..]) with `w` ([M, C/group, k..]) plus optional bias,
-/// into a new [N, M, out..] buffer.
-fn conv_compute<T: Num>(
+/// into `y` ([N, M, out..], zero-filled).
+fn conv_compute_into<T: Num>(
     cx: &KernelCx<'_>,
     x: &[T],
     w: &[T],
     bias: Option<&[T]>,
     cs: &ConvShape,
-) -> Vec<T> {
+    y: &mut [T],
+) {
     let g = &cs.g;
     let (n, c, m, group) = (cs.n, cs.c, cs.m, cs.group);
     let (cg, mg) = (c / group, m / group);
@@ -639,13 +640,13 @@ fn conv_compute<T: Num>(
     let kdim = cg * kk;
     let in_plane: usize = g.inp.iter().product();
     let out_plane: usize = g.out.iter().product();
-    let mut y = vec![T::ZERO; n * m * out_plane];
+    debug_assert_eq!(y.len(), n * m * out_plane);
     if y.is_empty() {
-        return y;
+        return;
     }
     if group == c && m == c && g.nd() <= 2 {
-        conv_depthwise(cx.cpu, x, w, bias, cs, &mut y);
-        return y;
+        conv_depthwise(cx.cpu, x, w, bias, cs, y);
+        return;
     }
     if let Some(b) = bias {
         for (pi, plane) in y.chunks_mut(out_plane).enumerate() {
@@ -653,7 +654,7 @@ fn conv_compute<T: Num>(
         }
     }
     if kdim == 0 {
-        return y;
+        return;
     }
     let beta = if bias.is_some() { 1.0 } else { 0.0 };
     let pointwise =
@@ -714,6 +715,19 @@ fn conv_compute<T: Num>(
             }
         }
     }
+}
+
+/// Convolution into a new [N, M, out..] heap buffer.
+fn conv_compute<T: Num>(
+    cx: &KernelCx<'_>,
+    x: &[T],
+    w: &[T],
+    bias: Option<&[T]>,
+    cs: &ConvShape,
+) -> Vec<T> {
+    let out_plane: usize = cs.g.out.iter().product();
+    let mut y = vec![T::ZERO; cs.n * cs.m * out_plane];
+    conv_compute_into(cx, x, w, bias, cs, &mut y);
     y
 }
 
@@ -763,10 +777,14 @@ fn conv_typed<T: Num>(
         Some(b) => Some(b.as_slice::<T>()?),
         None => None,
     };
-    let y = conv_compute(cx, &xv, &wv, bv.as_deref(), cs);
     let mut shape = vec![cs.n, cs.m];
     shape.extend_from_slice(&cs.g.out);
-    Tensor::from_vec(&shape, y)
+    let mut y = cx.output::<T>(0, &shape)?;
+    if y.in_arena() {
+        y.fill(T::ZERO);
+    }
+    conv_compute_into(cx, &xv, &wv, bv.as_deref(), cs, &mut y);
+    Ok(y.into_tensor())
 }
 
 fn build_conv(node: &Node) -> Result<Box<dyn Kernel>> {
@@ -1936,13 +1954,8 @@ pub(crate) mod test_util {
             .map(|t| t.clone().map(Value::Tensor))
             .collect();
         let refs: Vec<Option<&Value>> = vals.iter().map(|v| v.as_ref()).collect();
-        let seq = k.compute(
-            &KernelCx {
-                cpu: &crate::provider::ReferenceCpu,
-            },
-            &refs,
-        )?;
-        let par = k.compute(&KernelCx { cpu: &ThreadedCpu }, &refs)?;
+        let seq = k.compute(&KernelCx::new(&crate::provider::ReferenceCpu), &refs)?;
+        let par = k.compute(&KernelCx::new(&ThreadedCpu), &refs)?;
         let unwrap = |v: Vec<Value>| -> Vec<Tensor> {
             v.into_iter()
                 .map(|v| match v {

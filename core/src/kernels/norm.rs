@@ -10,6 +10,7 @@ use core::sync::atomic::{AtomicU32, Ordering};
 use half::{bf16, f16};
 
 use super::{bad_type, def, norm_axis, opt_tensor_in, out1, tensor_in, Float, LATEST};
+use crate::arena::OutBuf;
 use crate::dtype::DataType;
 use crate::error::{Error, Result};
 use crate::ir::Node;
@@ -39,7 +40,7 @@ pub(crate) const KERNELS: &[KernelDef] = &[
 // ----------------------------------------------------------------------------- shared helpers
 
 /// A float type kernels compute in: f32 (for f32, f16 and bf16 tensors) or f64.
-trait Real: Float + AddAssign + SubAssign + MulAssign + Neg<Output = Self> {
+trait Real: Float + AddAssign + SubAssign + MulAssign + Neg<Output = Self> + Elem {
     const ZERO: Self;
     const ONE: Self;
     /// e^self for self <= 0 (or NaN), the softmax case.
@@ -245,6 +246,25 @@ macro_rules! with_real {
     };
 }
 
+/// Output 0's memory for a result of element type `dt` computed in `R` (planned arena memory
+/// when `R` is `dt` itself; contents unspecified, every element must be written).
+fn out_for<R: Real>(cx: &KernelCx<'_>, dt: DataType, shape: &[usize]) -> Result<OutBuf<R>> {
+    if R::DT == dt {
+        cx.output::<R>(0, shape)
+    } else {
+        OutBuf::heap(shape)
+    }
+}
+
+/// Finishes a result computed in `R` as a tensor of element type `dt`.
+fn store_out<R: Real>(dt: DataType, shape: &[usize], ys: OutBuf<R>) -> Result<Tensor> {
+    if R::DT == dt {
+        Ok(ys.into_tensor())
+    } else {
+        R::store(dt, shape, ys.into_vec())
+    }
+}
+
 /// Work (in element operations) below which a kernel stays on the calling thread.
 const PAR_MIN: usize = 1 << 15;
 
@@ -410,9 +430,9 @@ fn build_soft(node: &Node, kind: SoftKind) -> Result<Box<dyn Kernel>> {
             let (n, inner) = soft_layout(&dims, axis, legacy)?;
             with_real!(kind.name(), x.dtype(), R => {
                 let xs = R::load(x)?;
-                let mut ys = vec![R::ZERO; xs.len()];
+                let mut ys = out_for::<R>(cx, x.dtype(), x.shape())?;
                 soft_apply(cx, &xs, &mut ys, n, inner, kind);
-                out1(R::store(x.dtype(), x.shape(), ys)?)
+                out1(store_out(x.dtype(), x.shape(), ys)?)
             })
         },
     ))
@@ -617,7 +637,7 @@ fn build_batch_norm(node: &Node) -> Result<Box<dyn Kernel>> {
                     .map(|c| R::from_f64(sc[c].to_f64() / libm::sqrt(va[c] + eps)))
                     .collect();
                 let m: Vec<R> = mu.iter().map(|&v| R::from_f64(v)).collect();
-                let mut ys = vec![R::ZERO; xs.len()];
+                let mut ys = out_for::<R>(cx, x.dtype(), shape)?;
                 // Work in (n, c) planes, or whole batch items when planes are tiny.
                 let unit = if inner >= 64 { inner } else { ch * inner };
                 par_out(cx, &mut ys, unit, xs.len(), &|first, run| {
@@ -639,7 +659,7 @@ fn build_batch_norm(node: &Node) -> Result<Box<dyn Kernel>> {
                         }
                     }
                 });
-                let mut outs = vec![Value::Tensor(R::store(x.dtype(), shape, ys)?)];
+                let mut outs = vec![Value::Tensor(store_out(x.dtype(), shape, ys)?)];
                 if training && n_out > 1 {
                     let upd = |run: &[R], cur: &[f64]| -> Vec<R> {
                         run.iter()
@@ -783,7 +803,7 @@ fn build_layer_norm(node: &Node) -> Result<Box<dyn Kernel>> {
                     Some(b) => Some(load_bcast(b, norm_shape, "B")?),
                     None => None,
                 };
-                let mut ys = vec![R::ZERO; xs.len()];
+                let mut ys = out_for::<R>(cx, x.dtype(), shape)?;
                 par_out(cx, &mut ys, n, xs.len() * 3, &|first, run| {
                     for (k, y) in run.chunks_mut(n).enumerate() {
                         let i = first + k;
@@ -812,7 +832,7 @@ fn build_layer_norm(node: &Node) -> Result<Box<dyn Kernel>> {
                         }
                     }
                 });
-                Ok(vec![Value::Tensor(R::store(x.dtype(), shape, ys)?)])
+                Ok(vec![Value::Tensor(store_out(x.dtype(), shape, ys)?)])
             })?;
             if n_out > 1 {
                 let mut st_shape = shape[..ax].to_vec();
@@ -1991,7 +2011,7 @@ mod tests {
         let k = build(n)?;
         let vals: Vec<Option<Value>> = ins.iter().map(|t| t.clone().map(Value::Tensor)).collect();
         let refs: Vec<Option<&Value>> = vals.iter().map(|v| v.as_ref()).collect();
-        let out = k.compute(&KernelCx { cpu }, &refs)?;
+        let out = k.compute(&KernelCx::new(cpu), &refs)?;
         Ok(out.into_iter().map(|v| v.into_tensor().unwrap()).collect())
     }
 

@@ -722,7 +722,7 @@ mod tests {
 
     fn run_node(n: &Node, inputs: &[Option<Value>]) -> Vec<Vec<f32>> {
         let k = (KERNELS.iter().find(|d| d.op == n.op_type).unwrap().build)(n).unwrap();
-        let cx = KernelCx { cpu: &ReferenceCpu };
+        let cx = KernelCx::new(&ReferenceCpu);
         let refs: Vec<Option<&Value>> = inputs.iter().map(|v| v.as_ref()).collect();
         k.compute(&cx, &refs)
             .unwrap()

@@ -2312,7 +2312,7 @@ mod tests {
         let k = (def.build)(&n)?;
         let vals: Vec<Option<Value>> = inputs.into_iter().map(|t| t.map(Value::Tensor)).collect();
         let refs: Vec<Option<&Value>> = vals.iter().map(|v| v.as_ref()).collect();
-        let out = k.compute(&KernelCx { cpu: &ReferenceCpu }, &refs)?;
+        let out = k.compute(&KernelCx::new(&ReferenceCpu), &refs)?;
         out.into_iter().map(|v| v.into_tensor()).collect()
     }
 

@@ -658,7 +658,7 @@ mod tests {
             .find(|d| d.op == n.op_type && n.opset >= d.since && n.opset <= d.until)
             .unwrap();
         let k = (def.build)(n).unwrap();
-        let cx = KernelCx { cpu: &ReferenceCpu };
+        let cx = KernelCx::new(&ReferenceCpu);
         let refs: Vec<Option<&Value>> = inputs.iter().map(|v| v.as_ref()).collect();
         let mut o = k.compute(&cx, &refs).unwrap();
         o.remove(0).into_tensor().unwrap()

@@ -1,0 +1,369 @@
+//! The host arena a planned run executes from, and the output buffers kernels write into.
+//!
+//! A planned run owns one [`HostArena`] per plan: a single zero-initialised allocation, sized by
+//! the activation memory planner and reused run after run. Kernels ask the [`KernelCx`] for
+//! their outputs ([`KernelCx::output`]); in a planned run an output the planner placed comes back
+//! as its arena region, anywhere else as a fresh heap vector, so a kernel is written once for
+//! both modes.
+//!
+//! Soundness rests on three checks, none of which trusts a kernel:
+//! - a region is handed out only for the output it was planned for, only once per step, and only
+//!   when the requested size is exactly the planned size;
+//! - the planner never lets regions of values alive at the same step overlap, except a view or an
+//!   in-place result with its own input, and an in-place region is handed out only through
+//!   [`KernelCx::output_in_place`], which the kernel then reads instead of the input;
+//! - after each step the executor checks every output that lives in the arena sits exactly at
+//!   its planned region; anything else (a kernel returning some other view) is copied out.
+
+use alloc::alloc::{alloc_zeroed, dealloc, Layout};
+use alloc::sync::Arc;
+use alloc::vec::Vec;
+use core::ops::{Deref, DerefMut};
+use core::ptr::NonNull;
+use core::sync::atomic::{AtomicU64, Ordering};
+
+use crate::dtype::DataType;
+use crate::error::{Error, Result};
+use crate::planner::Region;
+use crate::provider::{CpuBackend, KernelCx};
+use crate::tensor::{numel, Data, Elem, Tensor};
+
+/// Element types the arena may hold: plain numbers, for which every bit pattern is valid.
+pub fn arena_dtype(dt: DataType) -> bool {
+    matches!(
+        dt,
+        DataType::Float
+            | DataType::Double
+            | DataType::Float16
+            | DataType::Bfloat16
+            | DataType::Int8
+            | DataType::Int16
+            | DataType::Int32
+            | DataType::Int64
+            | DataType::Uint8
+            | DataType::Uint16
+            | DataType::Uint32
+            | DataType::Uint64
+    )
+}
+
+/// One zero-initialised, 64-byte aligned allocation.
+pub struct HostArena {
+    ptr: NonNull<u8>,
+    bytes: usize,
+}
+
+// SAFETY: the arena is plain memory; who may write which bytes when is governed by the plan
+// (see the module docs), and writes happen only through `OutBuf`s the executor hands out.
+unsafe impl Send for HostArena {}
+unsafe impl Sync for HostArena {}
+
+impl HostArena {
+    /// Allocates `bytes` (an error, not an abort, when the allocator refuses).
+    pub fn new(bytes: usize) -> Result<Arc<HostArena>> {
+        if bytes == 0 {
+            return Ok(Arc::new(HostArena {
+                ptr: NonNull::<u64>::dangling().cast(),
+                bytes: 0,
+            }));
+        }
+        let layout = Layout::from_size_align(bytes, crate::planner::ALIGN)
+            .map_err(|_| Error::Other(alloc::format!("arena of {bytes} bytes is too large")))?;
+        // SAFETY: the layout has a non-zero size.
+        let p = unsafe { alloc_zeroed(layout) };
+        let ptr = NonNull::new(p).ok_or_else(|| {
+            Error::Other(alloc::format!("cannot allocate an arena of {bytes} bytes"))
+        })?;
+        Ok(Arc::new(HostArena { ptr, bytes }))
+    }
+
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+}
+
+impl Drop for HostArena {
+    fn drop(&mut self) {
+        if self.bytes > 0 {
+            // SAFETY: allocated in `new` with this layout.
+            unsafe {
+                dealloc(
+                    self.ptr.as_ptr(),
+                    Layout::from_size_align_unchecked(self.bytes, crate::planner::ALIGN),
+                )
+            }
+        }
+    }
+}
+
+/// A byte range of an arena that one tensor (and its views) occupies.
+#[derive(Clone)]
+pub struct ArenaRegion {
+    arena: Arc<HostArena>,
+    offset: usize,
+    bytes: usize,
+}
+
+impl core::fmt::Debug for ArenaRegion {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        write!(f, "ArenaRegion({}+{})", self.offset, self.bytes)
+    }
+}
+
+impl ArenaRegion {
+    pub(crate) fn new(arena: &Arc<HostArena>, r: Region) -> Result<ArenaRegion> {
+        if r.offset
+            .checked_add(r.bytes)
+            .is_none_or(|e| e > arena.bytes)
+        {
+            return Err(Error::Other(alloc::format!(
+                "planned region {}+{} lies outside an arena of {} bytes",
+                r.offset,
+                r.bytes,
+                arena.bytes
+            )));
+        }
+        Ok(ArenaRegion {
+            arena: arena.clone(),
+            offset: r.offset,
+            bytes: r.bytes,
+        })
+    }
+
+    pub fn offset(&self) -> usize {
+        self.offset
+    }
+
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    /// Whether this region is exactly `r` of `arena`.
+    pub fn is(&self, arena: &Arc<HostArena>, r: Region) -> bool {
+        Arc::ptr_eq(&self.arena, arena) && self.offset == r.offset && self.bytes == r.bytes
+    }
+
+    /// Whether two regions share bytes.
+    pub fn overlaps(&self, o: &ArenaRegion) -> bool {
+        Arc::ptr_eq(&self.arena, &o.arena)
+            && self.offset < o.offset + o.bytes
+            && o.offset < self.offset + self.bytes
+    }
+
+    /// The region's elements, read-only. Checks `T` against the tensor's type.
+    pub(crate) fn elems<T: Elem>(&self, dt: DataType) -> Result<&[T]> {
+        if T::DT != dt || !arena_dtype(dt) {
+            return Err(Error::Other(alloc::format!(
+                "expected a {} tensor, got {dt}",
+                T::DT
+            )));
+        }
+        let n = self.bytes / core::mem::size_of::<T>();
+        // SAFETY: the region lies inside the arena (checked in `new`), is aligned for every
+        // arena type (offsets are multiples of 64), T is a plain number type, and no `&mut` to
+        // these bytes exists while tensors over them are read (see the module docs).
+        Ok(unsafe {
+            core::slice::from_raw_parts(self.arena.ptr.as_ptr().add(self.offset) as *const T, n)
+        })
+    }
+
+    /// # Safety
+    /// The caller must be the only one accessing these bytes while the slice lives.
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn elems_mut<T: Elem>(&self) -> &mut [T] {
+        let n = self.bytes / core::mem::size_of::<T>();
+        core::slice::from_raw_parts_mut(self.arena.ptr.as_ptr().add(self.offset) as *mut T, n)
+    }
+}
+
+/// Copies a region's elements into heap storage of type `dt`.
+pub(crate) fn region_to_data(r: &ArenaRegion, dt: DataType) -> Result<Data> {
+    macro_rules! take {
+        ($t:ty) => {
+            <$t as Elem>::wrap(r.elems::<$t>(dt)?.to_vec())
+        };
+    }
+    Ok(match dt {
+        DataType::Float => take!(f32),
+        DataType::Double => take!(f64),
+        DataType::Float16 => take!(half::f16),
+        DataType::Bfloat16 => take!(half::bf16),
+        DataType::Int8 => take!(i8),
+        DataType::Int16 => take!(i16),
+        DataType::Int32 => take!(i32),
+        DataType::Int64 => take!(i64),
+        DataType::Uint8 => take!(u8),
+        DataType::Uint16 => take!(u16),
+        DataType::Uint32 => take!(u32),
+        DataType::Uint64 => take!(u64),
+        other => {
+            return Err(Error::Other(alloc::format!(
+                "{other} tensors never live in the arena"
+            )))
+        }
+    })
+}
+
+/// What the executor tells a kernel about the current step's planned memory.
+pub(crate) struct StepMem<'a> {
+    pub arena: &'a Arc<HostArena>,
+    /// Per node output: its planned region and element type.
+    pub outs: &'a [Option<(Region, DataType)>],
+    /// Output 0 reuses this input's bytes.
+    pub in_place: Option<usize>,
+    /// Outputs already handed out (bit k: output k).
+    pub taken: AtomicU64,
+}
+
+enum Mem<T> {
+    Heap(Vec<T>),
+    Arena(ArenaRegion),
+}
+
+/// A kernel's output under construction: arena memory in a planned run, a heap vector
+/// otherwise. Dereferences to the elements; [`OutBuf::into_tensor`] finishes it.
+pub struct OutBuf<T: Elem> {
+    dtype: DataType,
+    shape: Vec<usize>,
+    mem: Mem<T>,
+}
+
+impl<T: Elem> OutBuf<T> {
+    /// A heap buffer of zeros.
+    pub fn heap(shape: &[usize]) -> Result<OutBuf<T>> {
+        let n = numel(shape)?;
+        let v = T::take(Data::zeros(T::DT, n)?)
+            .ok_or_else(|| Error::Other(alloc::format!("no vector type for {}", T::DT)))?;
+        Ok(OutBuf {
+            dtype: T::DT,
+            shape: shape.to_vec(),
+            mem: Mem::Heap(v),
+        })
+    }
+
+    /// Whether this buffer is planned arena memory.
+    pub fn in_arena(&self) -> bool {
+        matches!(self.mem, Mem::Arena(_))
+    }
+
+    pub fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+
+    /// The elements as a heap vector (a copy when they are in the arena).
+    pub fn into_vec(self) -> Vec<T> {
+        match self.mem {
+            Mem::Heap(v) => v,
+            Mem::Arena(r) => r
+                .elems::<T>(self.dtype)
+                .map(|s| s.to_vec())
+                .unwrap_or_default(),
+        }
+    }
+
+    pub fn into_tensor(self) -> Tensor {
+        match self.mem {
+            Mem::Heap(v) => Tensor::from_vec(&self.shape, v)
+                .expect("an OutBuf's vector always matches its shape"),
+            Mem::Arena(r) => Tensor::from_arena(self.dtype, self.shape, r),
+        }
+    }
+}
+
+impl<T: Elem> Deref for OutBuf<T> {
+    type Target = [T];
+    fn deref(&self) -> &[T] {
+        match &self.mem {
+            Mem::Heap(v) => v,
+            Mem::Arena(r) => r
+                .elems::<T>(self.dtype)
+                .expect("an OutBuf's region holds its own type"),
+        }
+    }
+}
+
+impl<T: Elem> DerefMut for OutBuf<T> {
+    fn deref_mut(&mut self) -> &mut [T] {
+        match &mut self.mem {
+            Mem::Heap(v) => v,
+            // SAFETY: the executor hands each planned region out once per step, to the output
+            // it was planned for; no live value overlaps it (planner invariant) except the input
+            // of an in-place step, which the kernel reads through this buffer instead.
+            Mem::Arena(r) => unsafe { r.elems_mut::<T>() },
+        }
+    }
+}
+
+impl<'a> KernelCx<'a> {
+    /// A context for running a kernel outside a planned run (outputs on the heap).
+    pub fn new(cpu: &'a dyn CpuBackend) -> KernelCx<'a> {
+        KernelCx { cpu, mem: None }
+    }
+
+    fn planned(&self, k: usize, dt: DataType, shape: &[usize]) -> Option<ArenaRegion> {
+        let m = self.mem.as_ref()?;
+        if k >= 64 || (k == 0 && m.in_place.is_some()) || !arena_dtype(dt) {
+            return None;
+        }
+        let (r, pdt) = (*m.outs.get(k)?)?;
+        if pdt != dt {
+            return None;
+        }
+        let bytes = dt.storage_bytes(numel(shape).ok()?)?;
+        if bytes != r.bytes || bytes == 0 {
+            return None;
+        }
+        if m.taken.fetch_or(1 << k, Ordering::Relaxed) & (1 << k) != 0 {
+            return None;
+        }
+        ArenaRegion::new(m.arena, r).ok()
+    }
+
+    /// Memory for output `k` of `shape`. Its contents are unspecified (zeros, or what the arena
+    /// held before): the kernel must write every element.
+    pub fn output<T: Elem>(&self, k: usize, shape: &[usize]) -> Result<OutBuf<T>> {
+        match self.planned(k, T::DT, shape) {
+            Some(r) => Ok(OutBuf {
+                dtype: T::DT,
+                shape: shape.to_vec(),
+                mem: Mem::Arena(r),
+            }),
+            None => OutBuf::heap(shape),
+        }
+    }
+
+    /// Memory for output `k` of `shape`, filled with zeros.
+    pub fn output_zeroed<T: Elem + Default>(&self, k: usize, shape: &[usize]) -> Result<OutBuf<T>> {
+        let mut b = self.output::<T>(k, shape)?;
+        if b.in_arena() {
+            b.fill(T::default());
+        }
+        Ok(b)
+    }
+
+    /// Output 0 written over input `input` (which is `x`), when the plan made this step
+    /// in-place and `x` is exactly its planned arena region. The buffer then holds `x`'s
+    /// elements; the kernel must read them from the buffer, never from `x`.
+    pub fn output_in_place<T: Elem>(&self, input: usize, x: &Tensor) -> Option<OutBuf<T>> {
+        let m = self.mem.as_ref()?;
+        if m.in_place != Some(input) || x.dtype() != T::DT || !x.is_whole_storage() {
+            return None;
+        }
+        let (r, pdt) = (*m.outs.first()?)?;
+        if pdt != T::DT {
+            return None;
+        }
+        let xr = x.arena_region()?;
+        if !xr.is(m.arena, r) {
+            return None;
+        }
+        if m.taken.fetch_or(1, Ordering::Relaxed) & 1 != 0 {
+            return None;
+        }
+        Some(OutBuf {
+            dtype: T::DT,
+            shape: x.shape().to_vec(),
+            mem: Mem::Arena(xr.clone()),
+        })
+    }
+}

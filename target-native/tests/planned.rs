@@ -1,0 +1,361 @@
+//! Planned execution and the profiling gates, through the public API.
+//!
+//! - A planned run gives exactly the eager run's outputs, from its first (recording) run, from
+//!   the arena, after a shape change and back, and from two threads at once.
+//! - Outputs handed to the caller never live in the arena: a later run cannot overwrite them.
+//! - The phase profiler and the planner's diagnostics have separate gates: switching the
+//!   profiler on (every way it can be) never builds a memory plan in an eager run.
+//! - `GateGuard` restores the gates when dropped, also when a test panics.
+
+use nxrt::{ExecMode, GateGuard, Phase, Session, Tensor};
+use nxrt_core::proto::{
+    type_proto, GraphProto, ModelProto, NodeProto, OperatorSetIdProto, TensorProto,
+    TensorShapeProto, TypeProto, ValueInfoProto,
+};
+use prost::Message;
+
+fn vi(name: &str, dims: &[&str]) -> ValueInfoProto {
+    use nxrt_core::proto::tensor_shape_proto::{dimension::Value as D, Dimension};
+    ValueInfoProto {
+        name: name.into(),
+        r#type: Some(TypeProto {
+            value: Some(type_proto::Value::TensorType(type_proto::Tensor {
+                elem_type: 1,
+                shape: Some(TensorShapeProto {
+                    dim: dims
+                        .iter()
+                        .map(|d| Dimension {
+                            value: Some(match d.parse::<i64>() {
+                                Ok(n) => D::DimValue(n),
+                                Err(_) => D::DimParam(d.to_string()),
+                            }),
+                            ..Default::default()
+                        })
+                        .collect(),
+                }),
+            })),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+fn node(op: &str, i: &[&str], o: &[&str]) -> NodeProto {
+    NodeProto {
+        op_type: op.into(),
+        name: format!("{op}_{}", o[0]),
+        input: i.iter().map(|s| s.to_string()).collect(),
+        output: o.iter().map(|s| s.to_string()).collect(),
+        ..Default::default()
+    }
+}
+
+fn f32s(name: &str, dims: &[i64], v: &[f32]) -> TensorProto {
+    TensorProto {
+        name: name.into(),
+        dims: dims.to_vec(),
+        data_type: 1,
+        float_data: v.to_vec(),
+        ..Default::default()
+    }
+}
+
+fn i64s(name: &str, v: &[i64]) -> TensorProto {
+    TensorProto {
+        name: name.into(),
+        dims: vec![v.len() as i64],
+        data_type: 7,
+        int64_data: v.to_vec(),
+        ..Default::default()
+    }
+}
+
+/// x[N,64] -> Relu -> Add(bias) -> Reshape[-1] -> Sigmoid -> Mul(self) -> Reshape[N,64]
+/// -> MatMul(W[64,16]) -> Sub(x2) with x2 = Relu(x)[.., :16] via MatMul(I) ... -> y[N,16], and a
+/// second output z = Relu(x) (an activation that is also a graph output).
+fn chain_model() -> Vec<u8> {
+    let bias: Vec<f32> = (0..64).map(|i| (i as f32 - 32.0) / 16.0).collect();
+    let w: Vec<f32> = (0..64 * 16)
+        .map(|i| ((i * 37 % 101) as f32 - 50.0) / 200.0)
+        .collect();
+    let graph = GraphProto {
+        name: "chain".into(),
+        node: vec![
+            node("Relu", &["x"], &["a"]),
+            node("Add", &["a", "bias"], &["b"]),
+            node("Reshape", &["b", "flat"], &["c"]),
+            node("Sigmoid", &["c"], &["d"]),
+            node("Mul", &["d", "d"], &["e"]),
+            node("Reshape", &["e", "rows"], &["f"]),
+            node("MatMul", &["f", "w"], &["g"]),
+            node("Relu", &["g"], &["h"]),
+            node("Neg", &["x"], &["nx"]),
+            node("Relu", &["nx"], &["z"]),
+            node("Sub", &["h", "h2"], &["y"]),
+            node("MatMul", &["a", "w"], &["h2"]),
+        ],
+        initializer: vec![
+            f32s("bias", &[64], &bias),
+            f32s("w", &[64, 16], &w),
+            i64s("flat", &[-1]),
+            i64s("rows", &[-1, 64]),
+        ],
+        input: vec![vi("x", &["N", "64"])],
+        output: vec![vi("y", &["N", "16"]), vi("z", &["N", "64"])],
+        ..Default::default()
+    };
+    // topological order: h2 must come before y
+    let mut graph = graph;
+    let y = graph.node.remove(10);
+    graph.node.push(y);
+    ModelProto {
+        ir_version: 9,
+        opset_import: vec![OperatorSetIdProto {
+            domain: String::new(),
+            version: 17,
+        }],
+        graph: Some(graph),
+        ..Default::default()
+    }
+    .encode_to_vec()
+}
+
+fn input(n: usize, seed: u32) -> Tensor {
+    let v: Vec<f32> = (0..n * 64)
+        .map(|i| {
+            (((i as u32).wrapping_mul(2654435761).wrapping_add(seed) >> 20) as f32) / 2048.0 - 1.0
+        })
+        .collect();
+    Tensor::from_vec(&[n, 64], v).unwrap()
+}
+
+fn outputs(s: &Session, x: Tensor) -> Vec<Vec<f32>> {
+    let o = s.run([("x", x)]).unwrap();
+    ["y", "z"]
+        .iter()
+        .map(|n| {
+            o[*n]
+                .as_tensor()
+                .unwrap()
+                .as_slice::<f32>()
+                .unwrap()
+                .to_vec()
+        })
+        .collect()
+}
+
+/// Every test here takes the gates (serialised, all off, restored on drop): a gate another test
+/// switches on must not change what this one sees.
+fn gates() -> GateGuard {
+    let g = GateGuard::acquire();
+    g.clear();
+    g
+}
+
+fn load(mode: ExecMode) -> Session {
+    Session::builder()
+        .mode(mode)
+        .load_bytes(&chain_model())
+        .unwrap()
+}
+
+#[test]
+fn planned_runs_match_eager_runs_across_shape_changes() {
+    let _g = gates();
+    let eager = load(ExecMode::Eager);
+    let planned = load(ExecMode::Planned);
+    for (k, n) in [2usize, 2, 2, 5, 5, 2, 1, 5].into_iter().enumerate() {
+        let x = input(n, k as u32);
+        assert_eq!(
+            outputs(&planned, x.clone()),
+            outputs(&eager, x),
+            "run {k} with N={n}"
+        );
+    }
+    // N=2, N=5, N=1: one plan each; returning to a known shape re-uses its plan
+    assert_eq!(planned.memory_plans_built(), 3);
+    assert_eq!(eager.memory_plans_built(), 0);
+}
+
+#[test]
+fn the_plan_shares_memory_through_views_and_in_place_writes() {
+    let _g = gates();
+    let s = load(ExecMode::Planned);
+    s.run([("x", input(4, 1))]).unwrap();
+    let st = s
+        .activation_memory_plan_stats()
+        .expect("a planned run builds a plan");
+    assert!(st.planned_values >= 8, "{st:?}");
+    assert!(st.views >= 2, "the two Reshapes are views: {st:?}");
+    // Add over Relu's dying output, Sigmoid over the flat view, Relu over g
+    assert!(st.in_place >= 2, "{st:?}");
+    assert!(st.arena_bytes < st.activation_bytes, "{st:?}");
+    assert!(st.arena_bytes >= st.live_peak_bytes, "{st:?}");
+    // y and z are graph outputs: never in the arena
+    assert_eq!(st.heap_values, 2, "{st:?}");
+}
+
+#[test]
+fn outputs_outlive_later_runs() {
+    let _g = gates();
+    let s = load(ExecMode::Planned);
+    let eager = load(ExecMode::Eager);
+    s.run([("x", input(3, 7))]).unwrap();
+    let kept = s.run([("x", input(3, 8))]).unwrap();
+    let want = outputs(&eager, input(3, 8));
+    for _ in 0..3 {
+        s.run([("x", input(3, 9))]).unwrap();
+    }
+    for (k, n) in ["y", "z"].iter().enumerate() {
+        let got = kept[*n]
+            .as_tensor()
+            .unwrap()
+            .as_slice::<f32>()
+            .unwrap()
+            .to_vec();
+        assert_eq!(got, want[k], "output {n} changed after later runs");
+    }
+}
+
+#[test]
+fn concurrent_planned_runs_do_not_share_an_arena() {
+    let _g = gates();
+    let s = std::sync::Arc::new(load(ExecMode::Planned));
+    let eager = load(ExecMode::Eager);
+    s.run([("x", input(6, 0))]).unwrap();
+    let want: Vec<_> = (0..4).map(|t| outputs(&eager, input(6, t))).collect();
+    std::thread::scope(|sc| {
+        for t in 0..4u32 {
+            let s = s.clone();
+            let want = &want[t as usize];
+            sc.spawn(move || {
+                for _ in 0..50 {
+                    assert_eq!(&outputs(&s, input(6, t)), want);
+                }
+            });
+        }
+    });
+}
+
+#[test]
+fn profiler_gate_never_builds_a_memory_plan_in_an_eager_run() {
+    let _g = gates();
+    // every way the profiler alone can be switched on
+    nxrt::enable_exec_phase_profile_for_process();
+    let s = Session::builder()
+        .mode(ExecMode::Eager)
+        .phase_profile(true)
+        .load_bytes(&chain_model())
+        .unwrap();
+    for k in 0..3 {
+        s.run([("x", input(2, k))]).unwrap();
+    }
+    assert!(!nxrt::activation_memory_plan_enabled());
+    assert_eq!(
+        s.memory_plans_built(),
+        0,
+        "the profiler switched the planner on"
+    );
+    assert!(s.activation_memory_plan_stats().is_none());
+    let p = s.phase_profile().expect("the profiler was on");
+    assert_eq!(p.runs, 3);
+    assert_eq!(
+        p.phase_total_ns(Phase::Plan),
+        0,
+        "an unprofiled eager run builds no plan, so a profiled one must not either"
+    );
+    assert!(p.by_op.iter().any(|o| o.op == "MatMul" && o.calls == 6));
+}
+
+#[test]
+fn planner_diagnostics_gate_replans_every_eager_run_without_profiling() {
+    let _g = gates();
+    nxrt::enable_activation_memory_plan_for_process();
+    let s = Session::builder()
+        .mode(ExecMode::Eager)
+        .load_bytes(&chain_model())
+        .unwrap();
+    for k in 0..3 {
+        s.run([("x", input(2, k))]).unwrap();
+    }
+    assert_eq!(s.memory_plans_built(), 3);
+    let st = s.activation_memory_plan_stats().unwrap();
+    assert!(st.arena_bytes > 0 && st.activation_bytes > st.arena_bytes);
+    assert!(!nxrt::exec_phase_profile_enabled());
+    assert!(
+        s.phase_profile().is_none(),
+        "the planner's gate turned the profiler on"
+    );
+}
+
+#[test]
+fn with_every_gate_off_nothing_is_recorded() {
+    let _g = gates();
+    let s = load(ExecMode::Eager);
+    s.run([("x", input(2, 0))]).unwrap();
+    assert!(s.phase_profile().is_none());
+    assert_eq!(s.memory_plans_built(), 0);
+}
+
+#[test]
+fn a_profiled_run_reports_each_phase_and_kernel() {
+    let _g = gates();
+    let s = Session::builder()
+        .phase_profile(true)
+        .load_bytes(&chain_model())
+        .unwrap();
+    s.run([("x", input(2, 0))]).unwrap();
+    s.run([("x", input(2, 1))]).unwrap();
+    let p = s.phase_profile().unwrap();
+    assert_eq!(p.runs, 2);
+    let load: Vec<Phase> = p.load_ns.iter().map(|x| x.0).collect();
+    assert_eq!(load, [Phase::Load, Phase::Optimise, Phase::Plan]);
+    // the planned mode's first run builds its memory plan, the second re-uses it
+    let plan_spans: Vec<u32> = p
+        .spans
+        .iter()
+        .filter(|s| s.phase == Phase::Plan && s.run > 0)
+        .map(|s| s.run)
+        .collect();
+    assert_eq!(plan_spans, [1]);
+    let kernels = p.spans.iter().filter(|s| s.phase == Phase::Kernel).count();
+    assert_eq!(kernels, 2 * 12);
+    for ph in [Phase::Bind, Phase::Kernel, Phase::Readback, Phase::Run] {
+        assert!(p.phase_ns.iter().any(|x| x.0 == ph), "{ph:?} missing");
+    }
+    let kern = p.phase_total_ns(Phase::Kernel);
+    assert!(kern > 0 && kern <= p.phase_total_ns(Phase::Run));
+    let trace = p.chrome_trace();
+    let v: serde_json::Value = serde_json::from_str(&trace).expect("valid trace JSON");
+    let ev = v["traceEvents"].as_array().unwrap();
+    assert_eq!(ev.len(), p.spans.len());
+    assert!(ev.iter().any(|e| e["name"] == "MatMul_g" && e["ph"] == "X"));
+    assert!(p.table(5).contains("MatMul"));
+}
+
+#[test]
+fn gate_guard_restores_the_gates_after_a_panic() {
+    {
+        let g = GateGuard::acquire();
+        g.clear();
+    }
+    let before = (
+        nxrt::exec_phase_profile_enabled(),
+        nxrt::activation_memory_plan_enabled(),
+    );
+    let r = std::panic::catch_unwind(|| {
+        let _g = GateGuard::acquire();
+        nxrt::enable_exec_phase_profile_for_process();
+        nxrt::enable_activation_memory_plan_for_process();
+        panic!("a test failing with the gates on");
+    });
+    assert!(r.is_err());
+    let _g = GateGuard::acquire();
+    assert_eq!(
+        (
+            nxrt::exec_phase_profile_enabled(),
+            nxrt::activation_memory_plan_enabled()
+        ),
+        before
+    );
+}
