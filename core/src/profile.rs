@@ -37,6 +37,10 @@ static MEMORY_PLAN_DIAG: AtomicU8 = AtomicU8::new(0);
 
 /// Turns the phase profiler on for every session in this process. Only the profiler: the
 /// memory planner's diagnostics keep their own gate.
+///
+/// Any later step profiler (GPU decode steps, say) gets its own gate beside these two, and
+/// switching it on must not switch the planner on either: the planner's diagnostics re-plan
+/// every eager run, which is exactly the cost a profiled run must not pay and then report.
 pub fn enable_exec_phase_profile_for_process() {
     PHASE_PROFILE.fetch_or(Source::Api as u8, Ordering::Relaxed);
 }

@@ -48,7 +48,14 @@ pub fn build_session(bytes: &[u8], providers: &[String], opt: OptLevel) -> Resul
     }
     let model = loader::load_model(bytes, &loader::NoExternalData)?;
     let cpu: Arc<dyn ExecutionProvider> = Arc::new(CpuProvider::new(Arc::new(ReferenceCpu)));
-    Session::new(model, vec![cpu], &SessionOptions { optimization: opt })
+    Session::new(
+        model,
+        vec![cpu],
+        &SessionOptions {
+            optimization: opt,
+            ..Default::default()
+        },
+    )
 }
 
 #[cfg(target_arch = "wasm32")]
