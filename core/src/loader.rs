@@ -28,6 +28,10 @@ pub const MAX_OPSETS: &[(&str, i64)] = &[("", 28), ("ai.onnx.ml", 5), ("com.micr
 pub trait ExternalDataSource {
     /// Reads `length` bytes (or to the end when `None`) at `offset` of file `location`.
     fn read(&self, location: &str, offset: u64, length: Option<u64>) -> Result<Vec<u8>>;
+    /// The loader is done with these bytes of the model's own buffer (an initializer's raw data,
+    /// already copied into its tensor). A target that mapped the file may drop those pages now,
+    /// so peak memory holds the weights once, not twice. The default does nothing.
+    fn release(&self, _bytes: &[u8]) {}
 }
 
 /// A source for models loaded from bytes: any external reference is an error.
@@ -86,6 +90,14 @@ impl Model {
 
 /// Decodes a model from protobuf bytes.
 pub fn load_model(bytes: &[u8], ext: &dyn ExternalDataSource) -> Result<Model> {
+    let mp = proto::ModelProto::decode(bytes).map_err(|e| Error::Decode(e.to_string()))?;
+    model_from_proto(mp, ext)
+}
+
+/// Decodes a model from a shared buffer (a mapped file, say) without copying its raw weights:
+/// each initializer's bytes stay in `bytes` until copied into its tensor, after which the
+/// loader calls [`ExternalDataSource::release`] on them.
+pub fn load_model_shared(bytes: bytes::Bytes, ext: &dyn ExternalDataSource) -> Result<Model> {
     let mp = proto::ModelProto::decode(bytes).map_err(|e| Error::Decode(e.to_string()))?;
     model_from_proto(mp, ext)
 }
@@ -216,6 +228,9 @@ impl LoadCx<'_> {
             }
             let t = tensor_from_proto(&tp, self.ext)
                 .map_err(|e| prefix_err(e, &alloc::format!("initializer '{name}'")))?;
+            if !tp.raw_data.is_empty() {
+                self.ext.release(&tp.raw_data);
+            }
             let id = b.add(&name, Value::Tensor(t.clone()).type_info());
             initializers.push((id, Value::Tensor(t)));
         }
@@ -1110,7 +1125,7 @@ pub fn tensor_to_proto(name: &str, t: &Tensor) -> Result<proto::TensorProto> {
             .map(|s| s.as_bytes().to_vec())
             .collect();
     } else {
-        tp.raw_data = tensor_to_le_bytes(t)?;
+        tp.raw_data = tensor_to_le_bytes(t)?.into();
     }
     Ok(tp)
 }
@@ -1266,7 +1281,7 @@ mod tests {
         let tp = proto::TensorProto {
             dims: alloc::vec![4],
             data_type: 1,
-            raw_data: alloc::vec![0; 8],
+            raw_data: alloc::vec![0u8; 8].into(),
             ..Default::default()
         };
         assert!(matches!(

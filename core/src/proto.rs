@@ -270,8 +270,9 @@ pub struct TensorProto {
     pub name: String,
     #[prost(string, tag = "12")]
     pub doc_string: String,
-    #[prost(bytes = "vec", tag = "9")]
-    pub raw_data: Vec<u8>,
+    /// `bytes::Bytes`, so a model decoded from a shared buffer keeps its weights there (no copy).
+    #[prost(bytes = "bytes", tag = "9")]
+    pub raw_data: bytes::Bytes,
     #[prost(message, repeated, tag = "13")]
     pub external_data: Vec<StringStringEntryProto>,
     /// 0 = DEFAULT, 1 = EXTERNAL.

@@ -131,6 +131,48 @@ impl ExternalDataSource for FolderData {
     }
 }
 
+/// A model file mapped into memory: decoded without copying its weights, and each
+/// initializer's pages handed back to the OS once copied into its tensor, so loading holds the
+/// weights once (plus the largest single tensor), not the file and the weights side by side.
+struct MappedModel<'a> {
+    folder: &'a FolderData,
+    /// Address range of the mapping.
+    start: usize,
+    end: usize,
+}
+
+impl ExternalDataSource for MappedModel<'_> {
+    fn read(&self, location: &str, offset: u64, length: Option<u64>) -> Result<Vec<u8>> {
+        self.folder.read(location, offset, length)
+    }
+
+    fn release(&self, bytes: &[u8]) {
+        #[cfg(unix)]
+        {
+            let page = 4096usize;
+            let (a, b) = (
+                bytes.as_ptr() as usize,
+                bytes.as_ptr() as usize + bytes.len(),
+            );
+            if a < self.start || b > self.end {
+                return;
+            }
+            // whole pages inside the range only: a neighbour's bytes stay resident
+            let lo = a.div_ceil(page) * page;
+            let hi = b / page * page;
+            if hi > lo {
+                // SAFETY: [lo, hi) lies inside our private read-only file mapping; dropping its
+                // pages loses nothing (they read back from the file if touched again).
+                unsafe {
+                    libc::madvise(lo as *mut libc::c_void, hi - lo, libc::MADV_DONTNEED);
+                }
+            }
+        }
+        #[cfg(not(unix))]
+        let _ = bytes;
+    }
+}
+
 /// Configures and loads a [`Session`].
 #[derive(Clone, Debug)]
 pub struct SessionBuilder {
@@ -213,19 +255,38 @@ impl SessionBuilder {
         Ok((out, threads))
     }
 
-    /// Loads a model file; external data is read from the model's folder only.
+    /// Loads a model file; external data is read from the model's folder only. The file is
+    /// mapped, not read: weights are copied out of it once and its pages released as they are.
     pub fn load(&self, path: impl AsRef<Path>) -> Result<Session> {
         let path = path.as_ref();
         let t0 = Instant::now();
         let t0_ns = now_ns();
-        let bytes = std::fs::read(path)
+        let file = std::fs::File::open(path)
             .map_err(|e| Error::Io(format!("cannot read {}: {e}", path.display())))?;
         let dir = path
             .parent()
             .filter(|p| !p.as_os_str().is_empty())
             .unwrap_or(Path::new("."));
-        let ext = FolderData::new(dir)?;
-        self.finish(&bytes, &ext, t0, t0_ns)
+        let folder = FolderData::new(dir)?;
+        let len = file
+            .metadata()
+            .map_err(|e| Error::Io(format!("cannot read {}: {e}", path.display())))?
+            .len();
+        if len == 0 {
+            return self.finish(&[], &folder, t0, t0_ns);
+        }
+        // SAFETY: the mapping is private and read-only; a file truncated under a running load
+        // is the caller's race (as with any mapped file).
+        let map = unsafe { memmap2::Mmap::map(&file) }
+            .map_err(|e| Error::Io(format!("cannot map {}: {e}", path.display())))?;
+        let (start, end) = (map.as_ptr() as usize, map.as_ptr() as usize + map.len());
+        let src = MappedModel {
+            folder: &folder,
+            start,
+            end,
+        };
+        let bytes = bytes::Bytes::from_owner(map);
+        self.finish_with(t0, t0_ns, |ext| loader::load_model_shared(bytes, ext), &src)
     }
 
     /// Loads a model from bytes (external data is an error).
@@ -240,9 +301,19 @@ impl SessionBuilder {
         t0: Instant,
         t0_ns: u64,
     ) -> Result<Session> {
+        self.finish_with(t0, t0_ns, |ext| loader::load_model(bytes, ext), ext)
+    }
+
+    fn finish_with(
+        &self,
+        t0: Instant,
+        t0_ns: u64,
+        decode: impl FnOnce(&dyn ExternalDataSource) -> Result<nxrt_core::loader::Model>,
+        ext: &dyn ExternalDataSource,
+    ) -> Result<Session> {
         read_profiling_env();
         let (providers, threads) = self.provider_list()?;
-        let model = loader::load_model(bytes, ext)?;
+        let model = decode(ext)?;
         let t_loaded = now_ns();
         let opts = self.options();
         let inner = nxrt_core::Session::new(model, providers, &opts)?;
