@@ -5,7 +5,8 @@
 # $NXRT_CACHE (default ~/.cache/nxrt, never the repo), then checks formatting and lints, builds
 # core for wasm32v1-none (proof that core has no std), runs every test, and runs the node-test
 # conformance suite against the committed baseline (a case that passed and now fails is an error),
-# then builds the wasm package (js/build.sh) and runs its tests: wasm-bindgen tests in Node and
+# checks docs/operators.md is current, then builds the wasm package (js/build.sh), runs the node
+# tests on it in Node against tests/conformance/wasm.json, and runs its tests: wasm-bindgen tests in Node and
 # headless Chromium, and the npm package's tests (Node, Chromium via playwright-core, the
 # example page, npm pack).
 #
@@ -56,8 +57,15 @@ step "README's first command: the embedded model"
 step "ONNX backend node tests (native CPU) against tests/conformance/native.json"
 ./target/release/conformance --out "$ROOT/target/conformance-native.json" --baseline tests/conformance/native.json
 
+step "docs/operators.md is current (cargo run -p nxrt-tests --bin operators)"
+./target/release/operators --check
+
 step "wasm package (js/build.sh: wasm-pack, SIMD128, wasm-opt)"
 bash js/build.sh
+
+step "ONNX backend node tests (wasm in Node) against tests/conformance/wasm.json"
+node scripts/conformance_wasm.mjs --out "$ROOT/target/conformance-wasm.json" \
+  --baseline tests/conformance/wasm.json --native tests/conformance/native.json
 
 step "wasm-bindgen tests in Node and headless Chromium (target-wasm/tests/web.rs)"
 wasm-pack test --node --mode no-install target-wasm

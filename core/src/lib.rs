@@ -7,6 +7,7 @@
 extern crate alloc;
 
 pub mod arena;
+pub mod conformance;
 pub mod dtype;
 pub mod embedded;
 pub mod error;

@@ -51,6 +51,30 @@ pub fn embedded_model() -> Vec<u8> {
 }
 
 /// The SIMD instruction set the kernels run on (`simd128` or `portable`).
+/// One ONNX node-test case, checked exactly as the native conformance runner checks it (core's
+/// `conformance::check_case`, run twice: the recording run and the planned arena run). `inputs`
+/// and `outputs` are the case's `input_N.pb` / `output_N.pb` bytes in order. Resolves to
+/// `"pass"`, `"fail: ..."` or `"error: ..."`.
+#[wasm_bindgen(js_name = conformanceCase)]
+pub fn conformance_case(
+    model: &[u8],
+    inputs: Vec<Uint8Array>,
+    outputs: Vec<Uint8Array>,
+    rtol: f64,
+    atol: f64,
+) -> js_sys::Promise {
+    let ins: Vec<Vec<u8>> = inputs.iter().map(|a| a.to_vec()).collect();
+    let outs: Vec<Vec<u8>> = outputs.iter().map(|a| a.to_vec()).collect();
+    let session = build_session(model, &[], nxrt_core::OptLevel::Basic);
+    wasm_bindgen_futures::future_to_promise(async move {
+        let outcome = match session {
+            Ok(s) => nxrt_core::conformance::check_case(&s, &ins, &outs, rtol, atol, 2).await,
+            Err(e) => nxrt_core::conformance::load_error(e),
+        };
+        Ok(JsValue::from_str(&outcome.record()))
+    })
+}
+
 #[wasm_bindgen(js_name = simdIsa)]
 pub fn simd_isa() -> String {
     nxrt_core::simd::isa_name().to_string()

@@ -10,9 +10,9 @@ use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use nxrt::{Session, Value};
-use nxrt_core::loader;
-use nxrt_tests::{cache_dir, compare, ErrStats};
+use nxrt::Session;
+use nxrt_core::conformance::{self, Outcome};
+use nxrt_tests::cache_dir;
 use serde_json::{json, Value as Json};
 
 struct Opts {
@@ -70,27 +70,17 @@ fn parse() -> Opts {
     o
 }
 
-/// Reads `test_data_set_0/{input,output}_N.pb` as values of the declared kinds.
-fn read_set(dir: &Path, prefix: &str, types: &[nxrt::TypeInfo]) -> Result<Vec<Value>, String> {
+/// Reads `test_data_set_0/{prefix}_0.pb`, `_1.pb`, ... while they exist.
+fn read_set(dir: &Path, prefix: &str) -> Result<Vec<Vec<u8>>, String> {
     let mut out = Vec::new();
-    for (i, ty) in types.iter().enumerate() {
+    for i in 0.. {
         let p = dir.join(format!("{prefix}_{i}.pb"));
         if !p.exists() {
             break;
         }
-        let bytes = std::fs::read(&p).map_err(|e| e.to_string())?;
-        out.push(
-            loader::value_from_proto_bytes(&bytes, ty)
-                .map_err(|e| format!("reading {}: {e}", p.display()))?,
-        );
+        out.push(std::fs::read(&p).map_err(|e| format!("{}: {e}", p.display()))?);
     }
     Ok(out)
-}
-
-enum Outcome {
-    Pass,
-    Fail(String),
-    Error(String),
 }
 
 fn run_case(case_dir: &Path, rtol: f64, atol: f64) -> Outcome {
@@ -102,48 +92,24 @@ fn run_case(case_dir: &Path, rtol: f64, atol: f64) -> Outcome {
     };
     let session = match Session::builder().mode(mode).load(&model) {
         Ok(s) => s,
-        Err(e) => return Outcome::Error(format!("load: {e}")),
+        Err(e) => return conformance::load_error(e),
     };
     let set = case_dir.join("test_data_set_0");
-    let in_types: Vec<_> = session.inputs().into_iter().map(|i| i.ty).collect();
-    let out_types: Vec<_> = session.outputs().into_iter().map(|i| i.ty).collect();
-    let inputs = match read_set(&set, "input", &in_types) {
-        Ok(v) => v,
-        Err(e) => return Outcome::Error(e),
+    let (ins, outs) = match (read_set(&set, "input"), read_set(&set, "output")) {
+        (Ok(i), Ok(o)) => (i, o),
+        (Err(e), _) | (_, Err(e)) => return Outcome::Error(e),
     };
-    let expected = match read_set(&set, "output", &out_types) {
-        Ok(v) => v,
-        Err(e) => return Outcome::Error(e),
-    };
-    let names: Vec<String> = session.inputs().into_iter().map(|i| i.name).collect();
-    let feeds: Vec<(String, Value)> = names.into_iter().zip(inputs).collect();
     // In planned mode the first run records sizes and builds the memory plan; the second runs
     // from the arena. Both must match.
-    let runs = if session.mode() == nxrt::ExecMode::Planned {
-        2
-    } else {
-        1
-    };
-    for run in 1..=runs {
-        let outs = match session.run(feeds.clone()) {
-            Ok(o) => o,
-            Err(e) => return Outcome::Error(format!("run {run}: {e}")),
-        };
-        if outs.len() < expected.len() {
-            return Outcome::Fail(format!(
-                "{} outputs, expected {}",
-                outs.len(),
-                expected.len()
-            ));
-        }
-        let mut stats = ErrStats::default();
-        for (k, ((name, got), want)) in outs.iter().zip(&expected).enumerate() {
-            if let Err(e) = compare(got, want, rtol, atol, &mut stats) {
-                return Outcome::Fail(format!("run {run}: output {k} '{name}': {e}"));
-            }
-        }
-    }
-    Outcome::Pass
+    let runs = if mode == nxrt::ExecMode::Planned { 2 } else { 1 };
+    pollster::block_on(conformance::check_case(
+        session.core(),
+        &ins,
+        &outs,
+        rtol,
+        atol,
+        runs,
+    ))
 }
 
 fn main() {

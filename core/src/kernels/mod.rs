@@ -155,6 +155,9 @@ pub(crate) const fn def_in(
 /// Newest opset a kernel registered "up to now" covers.
 pub(crate) const LATEST: i64 = 28;
 
+/// The newest ai.onnx opset the registry knows (a registration up to it covers "and later").
+pub const LATEST_OPSET: i64 = LATEST;
+
 /// Input `i` as a tensor (error when missing or not a tensor).
 pub fn tensor_in<'a>(inputs: &[Option<&'a Value>], i: usize) -> Result<&'a Tensor> {
     match inputs.get(i).copied().flatten() {
