@@ -18,8 +18,12 @@ ONNX Runtime, and prints one markdown table per suite.
    the first len(expected) outputs, shape and dtype equal, strings exactly, numbers with
    np.testing.assert_allclose(rtol, atol) from the manifest. Written to ort_results.json.
 
+4. With --real-logits, also `real-logits`: the `real` models without their final Softmax,
+   compared with ONNX Runtime's logits (the shipped outputs are constant; see
+   prepare_real_logits).
+
 usage: $NXRT_CACHE/corpus-venv/bin/python scripts/other_suites.py
-          [--suite NAME ...] [--prepare-only] [--no-ort] [--timeout SECS]
+          [--suite NAME ...] [--real-logits] [--prepare-only] [--no-ort] [--timeout SECS]
 """
 import argparse, glob, json, os, shutil, subprocess, sys, time
 from collections import Counter
@@ -264,24 +268,84 @@ def tally(res):
     return c["pass"], c["fail"], c["error"]
 
 
+def prepare_real_logits():
+    """A stronger check than `real` (see docs/other-suites.md): the light models' shipped outputs
+    are constant (softmax of 1000 equal logits = 0.001 everywhere), so any finite run with equal
+    logits matches them. This drops each model's final Softmax and takes the expected values of
+    the tensor that fed it (the logits; densenet121 has no Softmax and keeps its output) from
+    ONNX Runtime on the same input: it checks nxrt against ORT, not against onnx's reference."""
+    import onnxruntime as ort
+    ort.set_default_logger_severity(4)
+    src = os.path.join(CACHE, "other-suites", "real")
+    out = os.path.join(CACHE, "other-suites", "real-logits")
+    shutil.rmtree(os.path.join(out, "node"), ignore_errors=True)
+    with open(os.path.join(src, "node_manifest.json")) as f:
+        base = json.load(f)["cases"]
+    cases, skipped = {}, {}
+    for case, meta in sorted(base.items()):
+        dst = os.path.join(out, "node", case)
+        model = onnx.load(os.path.join(src, "node", case, "model.onnx"))
+        last = model.graph.node[-1]
+        if last.op_type == "Softmax" and last.output[0] == model.graph.output[0].name:
+            model.graph.node.pop()
+            del model.graph.output[:]
+            model.graph.output.append(onnx.helper.make_tensor_value_info(
+                last.input[0], onnx.TensorProto.FLOAT, None))
+        os.makedirs(os.path.join(dst, "test_data_set_0"))
+        onnx.save(model, os.path.join(dst, "model.onnx"))
+        shutil.copyfile(os.path.join(src, "node", case, "test_data_set_0", "input_0.pb"),
+                        os.path.join(dst, "test_data_set_0", "input_0.pb"))
+        x = load_value(os.path.join(dst, "test_data_set_0", "input_0.pb"),
+                       model.graph.input[0].type)
+        try:
+            sess = ort.InferenceSession(model.SerializeToString(),
+                                        providers=["CPUExecutionProvider"])
+            feed = {sess.get_inputs()[0].name: x}
+            y = sess.run(None, feed)[0]
+        except Exception as e:
+            skipped[case] = "ORT could not compute the reference: " + " ".join(str(e).split())[:300]
+            shutil.rmtree(dst)
+            continue
+        with open(os.path.join(dst, "test_data_set_0", "output_0.pb"), "wb") as f:
+            f.write(numpy_helper.from_array(y).SerializeToString())
+        cases[case] = dict(meta, expected="ONNX Runtime %s CPU" % ort.__version__,
+                           output=last.input[0] if last.op_type == "Softmax" else "model output",
+                           expected_min=float(y.min()), expected_max=float(y.max()))
+    with open(os.path.join(out, "node_manifest.json"), "w") as f:
+        json.dump({"suite": "real-logits", "onnx_version": onnx.__version__, "cases": cases},
+                  f, indent=1, sort_keys=True)
+    with open(os.path.join(out, "skipped.json"), "w") as f:
+        json.dump(skipped, f, indent=1, sort_keys=True)
+    return out, sorted(base), cases, skipped
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--suite", action="append", choices=SUITES)
     ap.add_argument("--prepare-only", action="store_true")
     ap.add_argument("--no-ort", action="store_true")
     ap.add_argument("--timeout", type=int, default=300, help="per-case limit for nxrt (s)")
+    ap.add_argument("--real-logits", action="store_true",
+                    help="also check the real models' logits against ORT (see prepare_real_logits)")
     a = ap.parse_args()
     totals = {}
-    for suite in a.suite or SUITES:
+    todo = list(a.suite or SUITES) + (["real-logits"] if a.real_logits else [])
+    for suite in todo:
         t0 = time.time()
-        out, names, cases, skipped = prepare_suite(suite)
+        if suite == "real-logits":
+            if not os.path.exists(os.path.join(CACHE, "other-suites", "real", "node")):
+                prepare_suite("real")
+            out, names, cases, skipped = prepare_real_logits()
+        else:
+            out, names, cases, skipped = prepare_suite(suite)
         print(f"## {suite}\n\nprepared {len(cases)} of {len(names)} cases into {out} "
               f"({sum('converted_to_opset' in m for m in cases.values())} upgraded to opset "
               f"{MIN_OPSET}, {len(skipped)} skipped) in {time.time() - t0:.1f} s\n", flush=True)
         if a.prepare_only:
             continue
         nx, line = run_nxrt(out, a.timeout) if cases else ({}, "")
-        ort_res, ort_ver = run_ort(out, cases) if not a.no_ort and cases else ({}, "-")
+        use_ort = cases and not a.no_ort and suite != "real-logits"  # ORT is its reference
+        ort_res, ort_ver = run_ort(out, cases) if use_ort else ({}, "-")
         n_p, n_f, n_e = tally(nx)
         o_p, o_f, o_e = tally(ort_res)
         print("| suite | cases | prepared | nxrt pass | nxrt fail | nxrt error "
@@ -290,7 +354,8 @@ def main():
         print(f"| {suite} | {len(names)} | {len(cases)} | {n_p} | {n_f} | {n_e} "
               f"| {o_p if ort_res else '-'} | {o_f if ort_res else '-'} "
               f"| {o_e if ort_res else '-'} |\n")
-        totals[suite] = (len(names), len(cases), n_p, n_f, n_e, o_p, o_f, o_e)
+        if suite != "real-logits":  # an extra check of the same cases, not another suite
+            totals[suite] = (len(names), len(cases), n_p, n_f, n_e, o_p, o_f, o_e)
         if skipped:
             print("skipped (not prepared):")
             for c, why in sorted(skipped.items()):
