@@ -997,18 +997,10 @@ impl Session {
         let ctx = node.ctx();
         let g = &*body.graph;
         let num_scan_inputs = node.get_i("num_scan_inputs", 0)? as usize;
-        // opset 8 has a leading sequence_lens input
-        let inputs: Vec<Value> = if node.opset < 9 {
-            inputs.into_iter().skip(1).flatten().collect()
-        } else {
-            inputs.into_iter().flatten().collect()
-        };
         if node.opset < 9 {
-            return Err(Error::unsupported(
-                &ctx,
-                "Scan-8 (batched) is not supported",
-            ));
+            return self.run_scan8(body, node, outer, inputs).await;
         }
+        let inputs: Vec<Value> = inputs.into_iter().flatten().collect();
         let n_state = inputs.len().saturating_sub(num_scan_inputs);
         let n_scan_out = g.outputs.len().saturating_sub(n_state);
         let in_axes = node.attr_ints("scan_input_axes")?.unwrap_or_default();
@@ -1071,6 +1063,148 @@ impl Session {
             let mut perm: Vec<usize> = (1..r).collect();
             perm.insert(ax, 0);
             result.push(Value::Tensor(stacked.permute(&perm)?.contiguous()?));
+        }
+        Ok(result)
+    }
+
+    /// Scan-8: every input has a leading batch axis; scan inputs are `[batch, seq, ...]`, and
+    /// the optional first input `sequence_lens` gives each batch entry's sequence length
+    /// (scan outputs are zero-padded past it).
+    async fn run_scan8(
+        &self,
+        body: &Plan,
+        node: &Node,
+        outer: &[Option<Value>],
+        mut inputs: Vec<Option<Value>>,
+    ) -> Result<Vec<Value>> {
+        let ctx = node.ctx();
+        let g = &*body.graph;
+        let num_scan_inputs = node.get_i("num_scan_inputs", 0)? as usize;
+        if inputs.is_empty() {
+            return Err(Error::node(&ctx, "Scan-8 needs its sequence_lens slot"));
+        }
+        let seq_lens = inputs.remove(0);
+        let tensors: Vec<Tensor> = inputs
+            .into_iter()
+            .map(|v| match v {
+                Some(v) => Ok(v.into_tensor()?),
+                None => Err(Error::node(
+                    &ctx,
+                    "Scan-8 inputs other than sequence_lens are required",
+                )),
+            })
+            .collect::<Result<_>>()?;
+        if num_scan_inputs == 0 || num_scan_inputs > tensors.len() {
+            return Err(Error::node(
+                &ctx,
+                alloc::format!(
+                    "num_scan_inputs {num_scan_inputs} does not fit {} inputs",
+                    tensors.len()
+                ),
+            ));
+        }
+        let n_state = tensors.len() - num_scan_inputs;
+        if g.outputs.len() < n_state {
+            return Err(Error::node(&ctx, "scan body has fewer outputs than states"));
+        }
+        let n_scan_out = g.outputs.len() - n_state;
+        let dirs = node.attr_ints("directions")?.unwrap_or_default();
+        if tensors.iter().any(|t| t.rank() == 0) || tensors[n_state..].iter().any(|t| t.rank() < 2)
+        {
+            return Err(Error::node(
+                &ctx,
+                "Scan-8 states need a batch axis and scan inputs [batch, sequence, ...]",
+            ));
+        }
+        let batch = tensors[0].shape()[0];
+        let max_len = tensors[n_state].shape()[1];
+        if tensors.iter().any(|t| t.shape()[0] != batch)
+            || tensors[n_state..].iter().any(|t| t.shape()[1] != max_len)
+        {
+            return Err(Error::node(
+                &ctx,
+                "Scan-8 inputs differ in batch size or sequence length",
+            ));
+        }
+        let lens: Vec<usize> = match seq_lens {
+            None => vec![max_len; batch],
+            Some(v) => {
+                let l = v.as_tensor()?.to_i64_vec()?;
+                if l.len() != batch || l.iter().any(|&n| n < 0 || n as usize > max_len) {
+                    return Err(Error::node(
+                        &ctx,
+                        alloc::format!(
+                            "sequence_lens {l:?} do not fit batch {batch} of length {max_len}"
+                        ),
+                    ));
+                }
+                l.into_iter().map(|n| n as usize).collect()
+            }
+        };
+        // one row of a batched tensor, without its batch axis
+        let row = |t: &Tensor, b: usize| -> Result<Tensor> {
+            let s = t.slice_axis(0, b, 1, 1)?;
+            let shape = s.shape()[1..].to_vec();
+            s.reshape(&shape)?.contiguous()
+        };
+        let mut final_states: Vec<Vec<Value>> = vec![Vec::new(); n_state];
+        let mut scan_outs: Vec<Vec<Value>> = vec![Vec::new(); n_scan_out];
+        for (b, &len) in lens.iter().enumerate() {
+            let mut state: Vec<Value> = tensors[..n_state]
+                .iter()
+                .map(|t| Ok(Value::Tensor(row(t, b)?)))
+                .collect::<Result<_>>()?;
+            let seqs: Vec<Tensor> = tensors[n_state..]
+                .iter()
+                .map(|t| row(t, b))
+                .collect::<Result<_>>()?;
+            let mut outs: Vec<Vec<Value>> = vec![Vec::new(); n_scan_out];
+            for step in 0..len {
+                let mut body_in = state.clone();
+                for (k, t) in seqs.iter().enumerate() {
+                    let rev = dirs.get(k).copied().unwrap_or(0) == 1;
+                    let idx = if rev { len - 1 - step } else { step };
+                    body_in.push(Value::Tensor(row(t, idx)?));
+                }
+                let env = self.capture_env(body, node, outer, &body_in)?;
+                let res = self.run_plan(body, env, RunCx::default()).await?;
+                let mut it = res.into_iter();
+                for s in state.iter_mut() {
+                    *s = it
+                        .next()
+                        .ok_or_else(|| Error::node(&ctx, "scan body output missing"))?;
+                }
+                for o in outs.iter_mut() {
+                    o.push(
+                        it.next()
+                            .ok_or_else(|| Error::node(&ctx, "scan body output missing"))?,
+                    );
+                }
+            }
+            for (f, s) in final_states.iter_mut().zip(state) {
+                f.push(s);
+            }
+            for (k, mut o) in outs.into_iter().enumerate() {
+                if len < max_len {
+                    let Some(first) = o.first() else {
+                        return Err(Error::unsupported(
+                            &ctx,
+                            "Scan-8 with an empty sequence in the batch",
+                        ));
+                    };
+                    let t = first.as_tensor()?;
+                    let pad = Tensor::zeros(t.dtype(), t.shape())?;
+                    o.resize(max_len, Value::Tensor(pad));
+                }
+                scan_outs[k].push(stack_scan(o, &ctx)?);
+            }
+        }
+        let mut result = Vec::with_capacity(g.outputs.len());
+        for f in final_states {
+            result.push(stack_scan(f, &ctx)?);
+        }
+        for o in scan_outs {
+            result.push(stack_scan(o, &ctx)?);
         }
         Ok(result)
     }

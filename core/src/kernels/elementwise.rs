@@ -2355,7 +2355,7 @@ enum MiniKind {
 
 /// A small float format: mantissa bits, exponent bias, largest finite code, sign bit.
 #[derive(Clone, Copy)]
-struct Mini {
+pub(crate) struct Mini {
     mbits: i32,
     bias: i32,
     max_code: u8,
@@ -2399,7 +2399,7 @@ const E2M1: Mini = Mini {
     kind: MiniKind::Fp4,
 };
 
-fn mini_of(dt: DataType) -> Option<&'static Mini> {
+pub(crate) fn mini_of(dt: DataType) -> Option<&'static Mini> {
     Some(match dt {
         DataType::Float8E4M3FN => &E4M3FN,
         DataType::Float8E4M3FNUZ => &E4M3FNUZ,
@@ -2412,7 +2412,7 @@ fn mini_of(dt: DataType) -> Option<&'static Mini> {
 
 /// Encodes `v` with round-to-nearest-even; overflow saturates to the largest finite value or,
 /// without `saturate`, becomes infinity/NaN as the format allows (E2M1 always saturates).
-fn mini_encode(m: &Mini, v: f64, saturate: bool) -> u8 {
+pub(crate) fn mini_encode(m: &Mini, v: f64, saturate: bool) -> u8 {
     let neg = v.is_sign_negative();
     let s = if neg { m.sign } else { 0 };
     if v.is_nan() {
@@ -2454,7 +2454,7 @@ fn mini_encode(m: &Mini, v: f64, saturate: bool) -> u8 {
 }
 
 /// Decodes one small-float code (exactly representable in f32).
-fn mini_decode(m: &Mini, b: u8) -> f32 {
+pub(crate) fn mini_decode(m: &Mini, b: u8) -> f32 {
     let neg = b & m.sign != 0;
     let mag = b & (m.sign - 1);
     match m.kind {
@@ -2500,7 +2500,7 @@ fn e8m0_encode(v: f32, saturate: bool, round: E8Round) -> u8 {
     }
 }
 
-fn e8m0_decode(b: u8) -> f32 {
+pub(crate) fn e8m0_decode(b: u8) -> f32 {
     if b == 0xFF {
         f32::NAN
     } else {
@@ -2509,7 +2509,7 @@ fn e8m0_decode(b: u8) -> f32 {
 }
 
 /// Element types stored as raw bytes that Cast converts.
-fn is_raw(dt: DataType) -> bool {
+pub(crate) fn is_raw(dt: DataType) -> bool {
     dt.is_float8()
         || matches!(
             dt,
@@ -2522,7 +2522,7 @@ fn is_raw(dt: DataType) -> bool {
 }
 
 /// The bytes holding a raw tensor's elements.
-fn raw_data(x: &Tensor) -> Result<&[u8]> {
+pub(crate) fn raw_data(x: &Tensor) -> Result<&[u8]> {
     if !x.is_contiguous() {
         unsupported!("strided views of {} tensors are not supported", x.dtype());
     }
@@ -2536,13 +2536,13 @@ fn raw_data(x: &Tensor) -> Result<&[u8]> {
 
 /// Element `i` of packed `bits`-wide codes (low bits first).
 #[inline]
-fn packed(bytes: &[u8], i: usize, bits: usize) -> u8 {
+pub(crate) fn packed(bytes: &[u8], i: usize, bits: usize) -> u8 {
     let per = 8 / bits;
     (bytes[i / per] >> ((i % per) * bits)) & ((1u8 << bits) - 1)
 }
 
 /// Packs `bits`-wide codes, low bits first.
-fn pack(codes: impl Iterator<Item = u8>, bits: usize, n: usize) -> Vec<u8> {
+pub(crate) fn pack(codes: impl Iterator<Item = u8>, bits: usize, n: usize) -> Vec<u8> {
     let per = 8 / bits;
     let mut out = vec![0u8; (n * bits).div_ceil(8)];
     for (i, c) in codes.enumerate() {
@@ -2552,7 +2552,7 @@ fn pack(codes: impl Iterator<Item = u8>, bits: usize, n: usize) -> Vec<u8> {
 }
 
 /// A raw tensor decoded to a native one that holds its values exactly (f32, i8 or u8).
-fn decode_raw(x: &Tensor) -> Result<Tensor> {
+pub(crate) fn decode_raw(x: &Tensor) -> Result<Tensor> {
     let n = x.len();
     let b = raw_data(x)?;
     let dt = x.dtype();

@@ -24,6 +24,7 @@ pub mod linalg;
 pub mod ml;
 pub mod nn;
 pub mod norm;
+pub mod quant;
 pub mod reduce;
 pub mod rnn;
 pub mod shape;
@@ -42,6 +43,7 @@ pub fn cpu_registry() -> KernelRegistry {
         rnn::KERNELS,
         signal::KERNELS,
         ml::KERNELS,
+        quant::KERNELS,
     ] {
         r.extend(fam);
     }

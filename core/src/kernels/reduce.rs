@@ -31,6 +31,7 @@ pub(crate) const KERNELS: &[KernelDef] = &[
     def("ArgMax", 1, LATEST, build_argmax),
     def("ArgMin", 1, LATEST, build_argmin),
     def("CumSum", 11, LATEST, build_cumsum),
+    def("CumProd", 26, LATEST, build_cumprod),
     def("TopK", 1, LATEST, build_topk),
 ];
 
@@ -821,42 +822,77 @@ fn arg_t<T: RElem>(
 // ----------------------------------------------------------------------------- CumSum
 
 fn build_cumsum(node: &Node) -> Result<Box<dyn Kernel>> {
+    build_cumulative(node, "CumSum", false)
+}
+
+fn build_cumprod(node: &Node) -> Result<Box<dyn Kernel>> {
+    build_cumulative(node, "CumProd", true)
+}
+
+/// CumSum (`product` false) and CumProd (`product` true).
+fn build_cumulative(node: &Node, op: &'static str, product: bool) -> Result<Box<dyn Kernel>> {
     let exclusive = node.get_i("exclusive", 0)? != 0;
     let reverse = node.get_i("reverse", 0)? != 0;
     kernel(move |_cx, inputs| {
         let x = tensor_in(inputs, 0)?;
         let ax = tensor_in(inputs, 1)?.to_i64_vec()?;
         if ax.len() != 1 {
-            bail!("CumSum axis must be a scalar");
+            bail!("{op} axis must be a scalar");
         }
         if x.rank() == 0 {
-            bail!("CumSum input must have rank >= 1");
+            bail!("{op} input must have rank >= 1");
         }
         let a = norm_axis(ax[0], x.rank())?;
         let (outer, d, inner) = split_at_axis(x.shape(), a);
         let dt = x.dtype();
         if dt == DataType::Bool {
-            return Err(bad_type("CumSum", dt));
+            return Err(bad_type(op, dt));
         }
+        let shape = Cum {
+            outer,
+            d,
+            inner,
+            exclusive,
+            reverse,
+            product,
+        };
         out1(dispatch_red!(dt, T => {
-            let v = cumsum_t::<T>(&x.as_slice::<T>()?, outer, d, inner, exclusive, reverse);
+            let v = cumulative_t::<T>(&x.as_slice::<T>()?, shape);
             Tensor::from_vec(x.shape(), v)?
-        }, else return Err(bad_type("CumSum", dt))))
+        }, else return Err(bad_type(op, dt))))
     })
 }
 
-fn cumsum_t<T: RElem>(
-    x: &[T],
+/// How a cumulative sum or product runs over an `outer x d x inner` tensor.
+#[derive(Clone, Copy)]
+struct Cum {
     outer: usize,
     d: usize,
     inner: usize,
     exclusive: bool,
     reverse: bool,
-) -> Vec<T> {
+    product: bool,
+}
+
+fn cumulative_t<T: RElem>(x: &[T], c: Cum) -> Vec<T> {
+    let Cum {
+        outer,
+        d,
+        inner,
+        exclusive,
+        reverse,
+        product,
+    } = c;
+    let id = if product {
+        <T::A as Acc>::ONE
+    } else {
+        <T::A as Acc>::ZERO
+    };
+    let step = |a: T::A, v: T::A| if product { a.mul(v) } else { a.add(v) };
     let mut out = x.to_vec();
-    let mut acc = vec![<T::A as Acc>::ZERO; inner];
+    let mut acc = vec![id; inner];
     for o in 0..outer {
-        acc.fill(<T::A as Acc>::ZERO);
+        acc.fill(id);
         for k in 0..d {
             let k = if reverse { d - 1 - k } else { k };
             let b = (o * d + k) * inner;
@@ -867,9 +903,9 @@ fn cumsum_t<T: RElem>(
             {
                 if exclusive {
                     *y = T::from_a(*a);
-                    *a = a.add(v.to_a());
+                    *a = step(*a, v.to_a());
                 } else {
-                    *a = a.add(v.to_a());
+                    *a = step(*a, v.to_a());
                     *y = T::from_a(*a);
                 }
             }
@@ -1289,6 +1325,32 @@ mod tests {
         let y = run("CumSum", 14, vec![], vec![x.clone(), ax]).unwrap();
         assert_eq!(&*y.as_slice::<f64>().unwrap(), [1., 2., 3., 5., 7., 9.]);
         assert!(run("CumSum", 14, vec![], vec![x, i(&[], &[2])]).is_err());
+    }
+
+    #[test]
+    fn cumprod_variants() {
+        // the spec's own example [1, 2, 3] in all four modes
+        let x = Some(Tensor::from_vec(&[3], vec![1i32, 2, 3]).unwrap());
+        let ax = || Some(Tensor::from_vec(&[], vec![0i64]).unwrap());
+        let mode = |e: i64, r: i64| {
+            vec![
+                ("exclusive", AttrValue::Int(e)),
+                ("reverse", AttrValue::Int(r)),
+            ]
+        };
+        for (e, r, want) in [
+            (0, 0, [1, 2, 6]),
+            (1, 0, [1, 1, 2]),
+            (0, 1, [6, 6, 3]),
+            (1, 1, [6, 3, 1]),
+        ] {
+            let y = run("CumProd", 26, mode(e, r), vec![x.clone(), ax()]).unwrap();
+            assert_eq!(&*y.as_slice::<i32>().unwrap(), want);
+        }
+        // along the last axis of a 2-D float tensor
+        let x = Some(Tensor::from_vec(&[2, 2], vec![2f32, 3., 0.5, 4.]).unwrap());
+        let y = run("CumProd", 26, vec![], vec![x, i(&[], &[-1])]).unwrap();
+        assert_eq!(&*y.as_slice::<f32>().unwrap(), [2., 6., 0.5, 2.]);
     }
 
     #[test]
