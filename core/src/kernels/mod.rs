@@ -28,6 +28,7 @@ pub mod reduce;
 pub mod rnn;
 pub mod shape;
 pub mod signal;
+pub mod vision;
 
 /// Every kernel family's registrations. A family added to `kernels/` is listed here once.
 pub fn cpu_registry() -> KernelRegistry {
@@ -42,6 +43,7 @@ pub fn cpu_registry() -> KernelRegistry {
         rnn::KERNELS,
         signal::KERNELS,
         ml::KERNELS,
+        vision::KERNELS,
     ] {
         r.extend(fam);
     }
