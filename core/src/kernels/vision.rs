@@ -145,6 +145,9 @@ impl GridSampler {
     /// Maps an integer pixel index along a dimension of size `d` to a stored index, or `None`
     /// for a zero (padding) value.
     fn pixel(&self, i: i64, d: usize, lo: f64, hi: f64) -> Option<usize> {
+        if d == 0 {
+            return None;
+        }
         let di = d as i64;
         match self.pad {
             GsPad::Zeros => (i >= 0 && i < di).then_some(i as usize),
@@ -183,7 +186,8 @@ impl GridSampler {
             match self.pad {
                 GsPad::Border => x = x.clamp(0.0, df - 1.0),
                 GsPad::Reflection => x = reflect(x as f64, lo as f64, hi as f64) as f32,
-                GsPad::Zeros => {}
+                // Far outside, every tap is padding: keep the index arithmetic small.
+                GsPad::Zeros => x = x.clamp(lo - 4.0, hi + 4.0),
             }
         }
         let (lo, hi) = (lo as f64, hi as f64);
@@ -362,7 +366,8 @@ fn build_affine_grid(node: &Node) -> Result<Box<dyn Kernel>> {
                         .collect()
                 })
                 .collect();
-            let sp = prod(&dims);
+            let sp = crate::tensor::numel(&dims)?;
+            crate::tensor::numel(&[n, sp, r])?;
             let mut out = vec![0.0f64; n * sp * r];
             let mut idx = vec![0usize; r];
             let mut h = vec![0.0f64; r + 1];
@@ -578,7 +583,7 @@ fn build_roi_align(node: &Node, default_ctm: &str) -> Result<Box<dyn Kernel>> {
             let rois = load_f64("RoiAlign", rois_t)?;
             let bidx = bi_t.to_i64_vec()?;
             let (ph_n, pw_n) = (cfg.out_h, cfg.out_w);
-            let mut ys = vec![0.0f64; nr * c * ph_n * pw_n];
+            let mut ys = vec![0.0f64; crate::tensor::numel(&[nr, c, ph_n, pw_n])?];
             // Per sample point: four (offset, weight) corners.
             let mut pre: Vec<[(usize, f64); 4]> = Vec::new();
             for r in 0..nr {
@@ -587,6 +592,9 @@ fn build_roi_align(node: &Node, default_ctm: &str) -> Result<Box<dyn Kernel>> {
                     bail!("RoiAlign batch index {b} is out of range for batch size {n}");
                 }
                 let b = b as usize;
+                if h == 0 || w == 0 {
+                    continue; // nothing to sample: the output stays zero
+                }
                 let off = if cfg.half_pixel { 0.5 } else { 0.0 };
                 let roi = &rois[r * 4..][..4];
                 let (sw, sh) = (roi[0] * cfg.scale - off, roi[1] * cfg.scale - off);
@@ -610,7 +618,11 @@ fn build_roi_align(node: &Node, default_ctm: &str) -> Result<Box<dyn Kernel>> {
                     }
                 };
                 let (gh, gw) = (grid(bh), grid(bw));
-                if gh.saturating_mul(gw).saturating_mul(ph_n * pw_n) > (1 << 28) {
+                if gh
+                    .saturating_mul(gw)
+                    .saturating_mul(ph_n.saturating_mul(pw_n))
+                    > (1 << 28)
+                {
                     bail!("RoiAlign sampling grid {gh}x{gw} is too large");
                 }
                 let count = (gh * gw).max(1) as f64;
@@ -819,7 +831,10 @@ fn build_col2im(node: &Node) -> Result<Box<dyn Kernel>> {
             let n = xs_shape[0];
             let mut ncol = Vec::with_capacity(r);
             for i in 0..r {
-                let span = img[i] + pads[i] + pads[i + r] - (dil[i] * (blk[i] - 1) + 1);
+                let span = img[i]
+                    .saturating_add(pads[i])
+                    .saturating_add(pads[i + r])
+                    .saturating_sub(dil[i].saturating_mul(blk[i] - 1).saturating_add(1));
                 if span < 0 {
                     bail!("Col2Im block does not fit the padded image along dimension {i}");
                 }
@@ -1015,7 +1030,8 @@ fn build_deform_conv(node: &Node) -> Result<Box<dyn Kernel>> {
 
 /// Bilinear sample of an h×w plane at (y, x), with zeros outside the plane.
 fn bilinear_zero(plane: &[f64], h: usize, w: usize, y: f64, x: f64) -> f64 {
-    if !y.is_finite() || !x.is_finite() {
+    // Beyond one pixel outside the plane every tap is padding (also catches NaN).
+    if !(y > -2.0 && y < h as f64 + 1.0 && x > -2.0 && x < w as f64 + 1.0) {
         return 0.0;
     }
     let (y0, x0) = (libm::floor(y), libm::floor(x));
