@@ -29,6 +29,7 @@ pub mod reduce;
 pub mod rnn;
 pub mod shape;
 pub mod signal;
+pub mod vision;
 
 /// Every kernel family's registrations. A family added to `kernels/` is listed here once.
 pub fn cpu_registry() -> KernelRegistry {
@@ -44,6 +45,7 @@ pub fn cpu_registry() -> KernelRegistry {
         signal::KERNELS,
         ml::KERNELS,
         quant::KERNELS,
+        vision::KERNELS,
     ] {
         r.extend(fam);
     }
