@@ -19,6 +19,7 @@ use crate::provider::{
 use crate::tensor::{Location, Tensor};
 use crate::value::Value;
 
+pub mod attention;
 pub mod elementwise;
 pub mod linalg;
 pub mod ml;
@@ -36,6 +37,7 @@ pub fn cpu_registry() -> KernelRegistry {
     let mut r = KernelRegistry::new();
     for fam in [
         elementwise::KERNELS,
+        attention::KERNELS,
         shape::KERNELS,
         linalg::KERNELS,
         nn::KERNELS,
