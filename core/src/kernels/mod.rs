@@ -21,6 +21,7 @@ use crate::value::Value;
 
 pub mod elementwise;
 pub mod linalg;
+pub mod loss;
 pub mod ml;
 pub mod nn;
 pub mod norm;
@@ -42,6 +43,7 @@ pub fn cpu_registry() -> KernelRegistry {
         rnn::KERNELS,
         signal::KERNELS,
         ml::KERNELS,
+        loss::KERNELS,
     ] {
         r.extend(fam);
     }
