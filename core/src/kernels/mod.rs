@@ -29,6 +29,7 @@ pub mod reduce;
 pub mod rnn;
 pub mod shape;
 pub mod signal;
+pub mod training;
 
 /// Every kernel family's registrations. A family added to `kernels/` is listed here once.
 pub fn cpu_registry() -> KernelRegistry {
@@ -44,6 +45,7 @@ pub fn cpu_registry() -> KernelRegistry {
         signal::KERNELS,
         ml::KERNELS,
         loss::KERNELS,
+        training::KERNELS,
     ] {
         r.extend(fam);
     }
