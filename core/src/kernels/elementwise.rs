@@ -80,6 +80,7 @@ pub(crate) const KERNELS: &[KernelDef] = &[
     def("LeakyRelu", 1, LATEST, build_leaky_relu),
     def("HardSigmoid", 1, LATEST, build_hard_sigmoid),
     def("HardSwish", 14, LATEST, build_hard_swish),
+    def("Swish", 24, LATEST, build_swish),
     def("Elu", 1, LATEST, build_elu),
     def("Selu", 1, LATEST, build_selu),
     def("Celu", 12, LATEST, build_celu),
@@ -1773,6 +1774,15 @@ fn build_hard_swish(_: &Node) -> Result<Box<dyn Kernel>> {
                 v * y
             }
         })?)
+    })
+}
+
+/// Swish: `x * sigmoid(alpha * x)`.
+fn build_swish(node: &Node) -> Result<Box<dyn Kernel>> {
+    let alpha = node.get_f("alpha", 1.0)? as f64;
+    kernel(move |inputs| {
+        out1(float_map!(tensor_in(inputs, 0)?, "Swish", |v: R| v
+            * sigmoid(R::c(alpha) * v))?)
     })
 }
 
