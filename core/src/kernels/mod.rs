@@ -25,6 +25,7 @@ pub mod loss;
 pub mod ml;
 pub mod nn;
 pub mod norm;
+pub mod random;
 pub mod reduce;
 pub mod rnn;
 pub mod shape;
@@ -46,6 +47,7 @@ pub fn cpu_registry() -> KernelRegistry {
         ml::KERNELS,
         loss::KERNELS,
         training::KERNELS,
+        random::KERNELS,
     ] {
         r.extend(fam);
     }
