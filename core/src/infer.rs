@@ -204,6 +204,7 @@ pub fn infer_node(node: &Node, ins: &[TypeInfo], cin: &[Option<&Tensor>]) -> Vec
         | "LeakyRelu"
         | "HardSigmoid"
         | "HardSwish"
+        | "Swish"
         | "Elu"
         | "Selu"
         | "Celu"

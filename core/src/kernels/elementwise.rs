@@ -80,6 +80,7 @@ pub(crate) const KERNELS: &[KernelDef] = &[
     def("LeakyRelu", 1, LATEST, build_leaky_relu),
     def("HardSigmoid", 1, LATEST, build_hard_sigmoid),
     def("HardSwish", 14, LATEST, build_hard_swish),
+    def("Swish", 24, LATEST, build_swish),
     def("Elu", 1, LATEST, build_elu),
     def("Selu", 1, LATEST, build_selu),
     def("Celu", 12, LATEST, build_celu),
@@ -1776,6 +1777,15 @@ fn build_hard_swish(_: &Node) -> Result<Box<dyn Kernel>> {
     })
 }
 
+/// Swish: `x * sigmoid(alpha * x)`.
+fn build_swish(node: &Node) -> Result<Box<dyn Kernel>> {
+    let alpha = node.get_f("alpha", 1.0)? as f64;
+    kernel(move |inputs| {
+        out1(float_map!(tensor_in(inputs, 0)?, "Swish", |v: R| v
+            * sigmoid(R::c(alpha) * v))?)
+    })
+}
+
 fn build_elu(node: &Node) -> Result<Box<dyn Kernel>> {
     let alpha = node.get_f("alpha", 1.0)? as f64;
     kernel(move |inputs| {
@@ -3115,6 +3125,13 @@ mod tests {
                 [0.0, -0.20833333, 0.0, 0.43166664, 2.2916667],
             ),
             ("HardSigmoid", 22, vec![], [0.0, 0.4, 0.5, 0.64, 1.0]),
+            // x * sigmoid(2x)
+            (
+                "Swish",
+                24,
+                vec![("alpha", AttrValue::Float(2.0))],
+                [-0.0074178695, -0.13447071, 0.0, 0.5615287, 2.4832679],
+            ),
             (
                 "Softplus",
                 22,

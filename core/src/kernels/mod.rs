@@ -22,15 +22,18 @@ use crate::value::Value;
 pub mod attention;
 pub mod elementwise;
 pub mod linalg;
+pub mod loss;
 pub mod ml;
 pub mod nn;
 pub mod norm;
 pub mod quant;
+pub mod random;
 pub mod reduce;
 pub mod rnn;
 pub mod shape;
 pub mod signal;
 pub mod vision;
+pub mod training;
 
 /// Every kernel family's registrations. A family added to `kernels/` is listed here once.
 pub fn cpu_registry() -> KernelRegistry {
@@ -48,6 +51,9 @@ pub fn cpu_registry() -> KernelRegistry {
         ml::KERNELS,
         quant::KERNELS,
         vision::KERNELS,
+        loss::KERNELS,
+        training::KERNELS,
+        random::KERNELS,
     ] {
         r.extend(fam);
     }

@@ -2147,13 +2147,13 @@ fn unique_t<T: Plain>(x: &Tensor, axis: Option<i64>, sorted: bool) -> Result<Vec
 
 /// MT19937, seeded like numpy's `RandomState(seed)`, so seeded training-mode Dropout draws
 /// the same mask as the ONNX reference.
-struct Mt19937 {
+pub(crate) struct Mt19937 {
     mt: [u32; 624],
     idx: usize,
 }
 
 impl Mt19937 {
-    fn new(seed: u32) -> Self {
+    pub(crate) fn new(seed: u32) -> Self {
         let mut mt = [0u32; 624];
         mt[0] = seed;
         for i in 1..624 {
@@ -2183,7 +2183,7 @@ impl Mt19937 {
         y ^ (y >> 18)
     }
     /// A double in [0, 1) with 53 random bits.
-    fn next_f64(&mut self) -> f64 {
+    pub(crate) fn next_f64(&mut self) -> f64 {
         let a = (self.next_u32() >> 5) as f64;
         let b = (self.next_u32() >> 6) as f64;
         (a * 67108864.0 + b) / 9007199254740992.0
