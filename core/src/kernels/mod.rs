@@ -26,8 +26,10 @@ pub mod nn;
 pub mod norm;
 pub mod reduce;
 pub mod rnn;
+pub mod sequence;
 pub mod shape;
 pub mod signal;
+pub mod text;
 
 /// Every kernel family's registrations. A family added to `kernels/` is listed here once.
 pub fn cpu_registry() -> KernelRegistry {
@@ -42,6 +44,8 @@ pub fn cpu_registry() -> KernelRegistry {
         rnn::KERNELS,
         signal::KERNELS,
         ml::KERNELS,
+        sequence::KERNELS,
+        text::KERNELS,
     ] {
         r.extend(fam);
     }
