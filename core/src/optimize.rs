@@ -22,6 +22,7 @@ const NOT_FOLDABLE: &[&str] = &[
     "If",
     "Loop",
     "Scan",
+    "SequenceMap",
 ];
 
 /// Folded outputs may grow to at most this many bytes beyond twice their inputs (so folding

@@ -99,6 +99,9 @@ enum StepKind {
     Scan {
         body: Box<Plan>,
     },
+    SequenceMap {
+        body: Box<Plan>,
+    },
     /// A node no provider supports (only in analysis plans, never run).
     Missing,
 }
@@ -828,6 +831,11 @@ impl Session {
                                 inputs.iter().map(|v| v.cloned()).collect();
                             self.run_scan(body, node, &env, inputs).await?
                         }
+                        StepKind::SequenceMap { body } => {
+                            let inputs: Vec<Option<Value>> =
+                                inputs.iter().map(|v| v.cloned()).collect();
+                            self.run_sequence_map(body, node, &env, inputs).await?
+                        }
                         StepKind::Missing => {
                             return Err(Error::unsupported(&node.ctx(), "no provider runs it"))
                         }
@@ -1210,6 +1218,96 @@ impl Session {
     }
 }
 
+impl Session {
+    /// SequenceMap: runs the body once per item of the sequence inputs (tensor inputs are
+    /// passed whole to every run) and collects each body output into an output sequence.
+    async fn run_sequence_map(
+        &self,
+        body: &Plan,
+        node: &Node,
+        outer: &[Option<Value>],
+        inputs: Vec<Option<Value>>,
+    ) -> Result<Vec<Value>> {
+        let ctx = node.ctx();
+        let g = &*body.graph;
+        let inputs: Vec<Value> = inputs
+            .into_iter()
+            .map(|v| v.ok_or_else(|| Error::node(&ctx, "SequenceMap inputs may not be omitted")))
+            .collect::<Result<_>>()?;
+        let len = match inputs.first() {
+            Some(Value::Sequence { items, .. }) => items.len(),
+            _ => return Err(Error::node(&ctx, "SequenceMap input 0 must be a sequence")),
+        };
+        for v in &inputs {
+            match v {
+                Value::Sequence { items, .. } if items.len() != len => {
+                    return Err(Error::node(
+                        &ctx,
+                        alloc::format!(
+                            "SequenceMap sequence inputs differ in length ({} and {len})",
+                            items.len()
+                        ),
+                    ))
+                }
+                Value::Sequence { .. } | Value::Tensor(_) => {}
+                other => {
+                    return Err(Error::node(
+                        &ctx,
+                        alloc::format!("SequenceMap input is a {}", other.kind_name()),
+                    ))
+                }
+            }
+        }
+        if g.inputs.len() != inputs.len() {
+            return Err(Error::node(
+                &ctx,
+                alloc::format!(
+                    "SequenceMap body takes {} inputs, the node has {}",
+                    g.inputs.len(),
+                    inputs.len()
+                ),
+            ));
+        }
+        let n_out = g.outputs.len();
+        let mut outs: Vec<Vec<Value>> = vec![Vec::with_capacity(len); n_out];
+        for i in 0..len {
+            let body_in: Vec<Value> = inputs
+                .iter()
+                .map(|v| match v {
+                    Value::Sequence { items, .. } => items[i].clone(),
+                    other => other.clone(),
+                })
+                .collect();
+            let env = self.capture_env(body, node, outer, &body_in)?;
+            let res = self.run_plan(body, env, RunCx::default()).await?;
+            if res.len() != n_out {
+                return Err(Error::node(
+                    &ctx,
+                    "SequenceMap body returns the wrong number of values",
+                ));
+            }
+            for (o, v) in outs.iter_mut().zip(res) {
+                o.push(v);
+            }
+        }
+        Ok(outs
+            .into_iter()
+            .zip(&g.outputs)
+            .map(|(items, &id)| {
+                let elem = match items.first() {
+                    Some(Value::Tensor(t)) => TypeInfo::Tensor {
+                        dtype: Some(t.dtype()),
+                        shape: None,
+                    },
+                    Some(v) => v.type_info(),
+                    None => g.values[id].ty.clone(),
+                };
+                Value::Sequence { elem, items }
+            })
+            .collect())
+    }
+}
+
 /// Stacks per-iteration tensors along a new leading axis.
 fn stack_scan(items: Vec<Value>, ctx: &crate::error::NodeContext) -> Result<Value> {
     if items.is_empty() {
@@ -1345,6 +1443,15 @@ fn compile(
                     .ok_or_else(|| Error::node(&node.ctx(), "Scan without body"))?;
                 count(report, "cpu", 1);
                 StepKind::Scan {
+                    body: Box::new(compile(body, providers, report, Some(g))?),
+                }
+            }
+            ("", "SequenceMap") => {
+                let body = node
+                    .attr_g("body")?
+                    .ok_or_else(|| Error::node(&node.ctx(), "SequenceMap without body"))?;
+                count(report, "cpu", 1);
+                StepKind::SequenceMap {
                     body: Box::new(compile(body, providers, report, Some(g))?),
                 }
             }

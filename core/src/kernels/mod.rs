@@ -30,10 +30,12 @@ pub mod quant;
 pub mod random;
 pub mod reduce;
 pub mod rnn;
+pub mod sequence;
 pub mod shape;
 pub mod signal;
 pub mod vision;
 pub mod training;
+pub mod text;
 
 /// Every kernel family's registrations. A family added to `kernels/` is listed here once.
 pub fn cpu_registry() -> KernelRegistry {
@@ -54,6 +56,8 @@ pub fn cpu_registry() -> KernelRegistry {
         loss::KERNELS,
         training::KERNELS,
         random::KERNELS,
+        sequence::KERNELS,
+        text::KERNELS,
     ] {
         r.extend(fam);
     }
