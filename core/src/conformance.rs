@@ -186,7 +186,10 @@ pub async fn check_case(
     let mut feeds = Vec::with_capacity(inputs.len());
     for (k, bytes) in inputs.iter().enumerate() {
         let Some(info) = ins.get(k) else {
-            return Outcome::Error(format!("the case has more inputs ({}) than the model", inputs.len()));
+            return Outcome::Error(format!(
+                "the case has more inputs ({}) than the model",
+                inputs.len()
+            ));
         };
         match loader::value_from_proto_bytes(bytes, &info.ty) {
             Ok(v) => feeds.push((info.name.clone(), v)),
@@ -196,7 +199,10 @@ pub async fn check_case(
     let mut expected = Vec::with_capacity(outputs.len());
     for (k, bytes) in outputs.iter().enumerate() {
         let Some(info) = outs.get(k) else {
-            return Outcome::Error(format!("the case has more outputs ({}) than the model", outputs.len()));
+            return Outcome::Error(format!(
+                "the case has more outputs ({}) than the model",
+                outputs.len()
+            ));
         };
         match loader::value_from_proto_bytes(bytes, &info.ty) {
             Ok(v) => expected.push(v),
@@ -209,7 +215,11 @@ pub async fn check_case(
             Err(e) => return Outcome::Error(format!("run {run}: {e}")),
         };
         if got.len() < expected.len() {
-            return Outcome::Fail(format!("{} outputs, expected {}", got.len(), expected.len()));
+            return Outcome::Fail(format!(
+                "{} outputs, expected {}",
+                got.len(),
+                expected.len()
+            ));
         }
         let mut stats = ErrStats::default();
         for (k, ((name, g), w)) in got.iter().zip(&expected).enumerate() {
@@ -241,7 +251,14 @@ mod tests {
         assert!(compare(&t(&[1.0, 100.0]), &t(&[1.0, 100.2]), 1e-3, 1e-7, &mut s).is_err());
         assert!(compare(&t(&[f32::NAN]), &t(&[f32::NAN]), 0.0, 0.0, &mut s).is_ok());
         assert!(compare(&t(&[1.0]), &t(&[f32::NAN]), 1.0, 1.0, &mut s).is_err());
-        assert!(compare(&t(&[f32::INFINITY]), &t(&[f32::NEG_INFINITY]), 1.0, 1.0, &mut s).is_err());
+        assert!(compare(
+            &t(&[f32::INFINITY]),
+            &t(&[f32::NEG_INFINITY]),
+            1.0,
+            1.0,
+            &mut s
+        )
+        .is_err());
     }
 
     #[test]
@@ -252,6 +269,9 @@ mod tests {
         let i = Value::Tensor(Tensor::from_vec(&[2], vec![1i64, 2]).unwrap());
         assert!(compare(&i, &t(&[1.0, 2.0]), 1.0, 1.0, &mut s).is_err());
         let j = Value::Tensor(Tensor::from_vec(&[2], vec![1i64, 3]).unwrap());
-        assert!(compare(&i, &j, 1.0, 1.0, &mut s).is_err(), "integers compare exactly");
+        assert!(
+            compare(&i, &j, 1.0, 1.0, &mut s).is_err(),
+            "integers compare exactly"
+        );
     }
 }

@@ -101,7 +101,11 @@ fn run_case(case_dir: &Path, rtol: f64, atol: f64) -> Outcome {
     };
     // In planned mode the first run records sizes and builds the memory plan; the second runs
     // from the arena. Both must match.
-    let runs = if mode == nxrt::ExecMode::Planned { 2 } else { 1 };
+    let runs = if mode == nxrt::ExecMode::Planned {
+        2
+    } else {
+        1
+    };
     pollster::block_on(conformance::check_case(
         session.core(),
         &ins,

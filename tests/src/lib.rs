@@ -3,7 +3,6 @@
 
 use std::path::PathBuf;
 
-
 /// `$NXRT_CACHE`, default `~/.cache/nxrt`.
 pub fn cache_dir() -> PathBuf {
     match std::env::var_os("NXRT_CACHE") {

@@ -57,14 +57,15 @@ fn domain_name(d: &str) -> &str {
 
 fn generate() -> String {
     let manifest_path = cache_dir().join("conformance").join("node_manifest.json");
-    let manifest: Json = serde_json::from_slice(&std::fs::read(&manifest_path).unwrap_or_else(|e| {
-        eprintln!(
-            "{}: {e}\nfetch the node tests first: ../shared/conformance/fetch-node-tests.sh",
-            manifest_path.display()
-        );
-        std::process::exit(2)
-    }))
-    .expect("manifest is JSON");
+    let manifest: Json =
+        serde_json::from_slice(&std::fs::read(&manifest_path).unwrap_or_else(|e| {
+            eprintln!(
+                "{}: {e}\nfetch the node tests first: ../shared/conformance/fetch-node-tests.sh",
+                manifest_path.display()
+            );
+            std::process::exit(2)
+        }))
+        .expect("manifest is JSON");
     let native = record(Path::new("tests/conformance/native.json")).unwrap_or_default();
     let wasm = record(Path::new("tests/conformance/wasm.json"));
 
@@ -103,7 +104,10 @@ fn generate() -> String {
     keys.dedup();
 
     let total = all.len();
-    let npass = all.keys().filter(|c| native.get(*c).is_some_and(|r| r == "pass")).count();
+    let npass = all
+        .keys()
+        .filter(|c| native.get(*c).is_some_and(|r| r == "pass"))
+        .count();
     let mut s = String::new();
     let _ = writeln!(s, "# Operators\n");
     let _ = writeln!(
@@ -115,7 +119,10 @@ records `tests/conformance/native.json` and `tests/conformance/wasm.json`. Do no
     );
     let mut line = format!("Node tests passed: native CPU {npass} of {total}");
     if let Some(w) = &wasm {
-        let wpass = all.keys().filter(|c| w.get(*c).is_some_and(|r| r == "pass")).count();
+        let wpass = all
+            .keys()
+            .filter(|c| w.get(*c).is_some_and(|r| r == "pass"))
+            .count();
         let _ = write!(line, "; wasm (Node) {wpass} of {total}");
     }
     let _ = writeln!(

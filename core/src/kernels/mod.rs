@@ -33,9 +33,9 @@ pub mod rnn;
 pub mod sequence;
 pub mod shape;
 pub mod signal;
-pub mod vision;
-pub mod training;
 pub mod text;
+pub mod training;
+pub mod vision;
 
 /// Every kernel family's registrations. A family added to `kernels/` is listed here once.
 pub fn cpu_registry() -> KernelRegistry {
