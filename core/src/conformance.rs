@@ -239,6 +239,7 @@ pub fn load_error(e: impl ToString) -> Outcome {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use alloc::vec;
 
     fn t(v: &[f32]) -> Value {
         Value::Tensor(Tensor::from_vec(&[v.len()], v.to_vec()).unwrap())

@@ -14,6 +14,11 @@ use std::path::Path;
 use nxrt_tests::cache_dir;
 use serde_json::Value as Json;
 
+/// (domain, op).
+type OpKey = (String, String);
+/// (since opset, until opset, element types).
+type Registration = (i64, i64, String);
+
 #[derive(Default)]
 struct Counts {
     pass: usize,
@@ -71,7 +76,7 @@ fn generate() -> String {
 
     // (domain, op) -> registrations
     let reg = nxrt_core::kernels::cpu_registry();
-    let mut ops: BTreeMap<(String, String), Vec<(i64, i64, String)>> = BTreeMap::new();
+    let mut ops: BTreeMap<OpKey, Vec<Registration>> = BTreeMap::new();
     for d in reg.entries() {
         let types = if d.types.is_empty() {
             "checked by the kernel".to_string()
