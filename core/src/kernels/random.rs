@@ -1,4 +1,4 @@
-//! Kernel family: random sampling (Bernoulli).
+//! Kernel family: random sampling (Bernoulli, RandomUniform(Like), RandomNormal(Like)).
 //!
 //! Draws come from MT19937 (numpy's `RandomState` generator). With a `seed` attribute every run
 //! starts from that seed, so a seeded node is deterministic; without one each run of the kernel
@@ -21,7 +21,160 @@ use crate::tensor::Tensor;
 use crate::value::Value;
 use crate::{bail, unsupported};
 
-pub(crate) const KERNELS: &[KernelDef] = &[def("Bernoulli", 15, LATEST, build_bernoulli)];
+pub(crate) const KERNELS: &[KernelDef] = &[
+    def("Bernoulli", 15, LATEST, build_bernoulli),
+    def("RandomUniform", 1, LATEST, build_random_uniform),
+    def("RandomUniformLike", 1, LATEST, build_random_uniform_like),
+    def("RandomNormal", 1, LATEST, build_random_normal),
+    def("RandomNormalLike", 1, LATEST, build_random_normal_like),
+];
+
+/// Which distribution a Random* node draws from.
+#[derive(Clone, Copy)]
+enum Dist {
+    /// `low + (high - low) * u`, u uniform in [0, 1).
+    Uniform { low: f64, high: f64 },
+    /// `mean + scale * z`, z standard normal (Box-Muller over two uniform draws).
+    Normal { mean: f64, scale: f64 },
+}
+
+fn draw(dist: Dist, rng: &mut Mt19937, n: usize) -> Vec<f64> {
+    match dist {
+        Dist::Uniform { low, high } => (0..n)
+            .map(|_| low + (high - low) * rng.next_f64())
+            .collect(),
+        Dist::Normal { mean, scale } => (0..n)
+            .map(|_| {
+                // 1 - u keeps the logarithm's argument in (0, 1]
+                let u1 = 1.0 - rng.next_f64();
+                let u2 = rng.next_f64();
+                let z =
+                    libm::sqrt(-2.0 * libm::log(u1)) * libm::cos(2.0 * core::f64::consts::PI * u2);
+                mean + scale * z
+            })
+            .collect(),
+    }
+}
+
+/// A float tensor of type `dt` from f64 values.
+fn float_tensor(dt: DataType, shape: &[usize], v: Vec<f64>, op: &str) -> Result<Tensor> {
+    match dt {
+        DataType::Float => {
+            Tensor::from_vec(shape, v.into_iter().map(|x| x as f32).collect::<Vec<_>>())
+        }
+        DataType::Double => Tensor::from_vec(shape, v),
+        DataType::Float16 => {
+            Tensor::from_vec(shape, v.into_iter().map(f16::from_f64).collect::<Vec<_>>())
+        }
+        DataType::Bfloat16 => {
+            Tensor::from_vec(shape, v.into_iter().map(bf16::from_f64).collect::<Vec<_>>())
+        }
+        other => Err(bad_type(op, other)),
+    }
+}
+
+fn dist_attrs(node: &Node, uniform: bool) -> Result<Dist> {
+    Ok(if uniform {
+        let (low, high) = (
+            node.get_f("low", 0.0)? as f64,
+            node.get_f("high", 1.0)? as f64,
+        );
+        if low.is_nan() || high.is_nan() || low > high {
+            bail!("{}: low {low} is above high {high}", node.op_type);
+        }
+        Dist::Uniform { low, high }
+    } else {
+        Dist::Normal {
+            mean: node.get_f("mean", 0.0)? as f64,
+            scale: node.get_f("scale", 1.0)? as f64,
+        }
+    })
+}
+
+fn dtype_attr(node: &Node) -> Result<Option<DataType>> {
+    match node.attr_i("dtype")? {
+        None => Ok(None),
+        Some(c) => {
+            let dt = i32::try_from(c)
+                .ok()
+                .and_then(DataType::from_code)
+                .ok_or_else(|| {
+                    Error::Other(alloc::format!("unknown {} dtype {c}", node.op_type))
+                })?;
+            if !dt.is_float() {
+                unsupported!(
+                    "{} output type {dt} is not supported (float types only)",
+                    node.op_type
+                );
+            }
+            Ok(Some(dt))
+        }
+    }
+}
+
+/// RandomUniform / RandomNormal: the output shape comes from the `shape` attribute.
+fn build_random(node: &Node, uniform: bool) -> Result<Box<dyn Kernel>> {
+    let op = node.op_type.clone();
+    let dist = dist_attrs(node, uniform)?;
+    let dt = dtype_attr(node)?.unwrap_or(DataType::Float);
+    let shape: Vec<usize> = node
+        .attr_ints("shape")?
+        .ok_or_else(|| Error::Other(alloc::format!("{op} needs a shape attribute")))?
+        .iter()
+        .map(|&d| {
+            usize::try_from(d).map_err(|_| Error::Shape(alloc::format!("{op}: negative dim {d}")))
+        })
+        .collect::<Result<_>>()?;
+    let n = crate::tensor::numel(&shape)?;
+    if n > (1 << 31) {
+        bail!("{op}: {n} elements is too many");
+    }
+    let seed = seed_attr(node, &op)?;
+    let runs = AtomicU64::new(0);
+    Ok(Box::new(
+        move |_cx: &KernelCx<'_>, _inputs: &[Option<&Value>]| -> Result<Vec<Value>> {
+            let s = seed.unwrap_or_else(|| mix64(runs.fetch_add(1, Ordering::Relaxed)) as u32);
+            let mut rng = Mt19937::new(s);
+            out1(float_tensor(dt, &shape, draw(dist, &mut rng, n), &op)?)
+        },
+    ))
+}
+
+/// RandomUniformLike / RandomNormalLike: the shape (and by default the type) of the input.
+fn build_random_like(node: &Node, uniform: bool) -> Result<Box<dyn Kernel>> {
+    let op = node.op_type.clone();
+    let dist = dist_attrs(node, uniform)?;
+    let dt = dtype_attr(node)?;
+    let seed = seed_attr(node, &op)?;
+    let runs = AtomicU64::new(0);
+    Ok(Box::new(
+        move |_cx: &KernelCx<'_>, inputs: &[Option<&Value>]| -> Result<Vec<Value>> {
+            let x = tensor_in(inputs, 0)?;
+            let out_dt = dt.unwrap_or(x.dtype());
+            let s = seed.unwrap_or_else(|| mix64(runs.fetch_add(1, Ordering::Relaxed)) as u32);
+            let mut rng = Mt19937::new(s);
+            out1(float_tensor(
+                out_dt,
+                x.shape(),
+                draw(dist, &mut rng, x.len()),
+                &op,
+            )?)
+        },
+    ))
+}
+
+fn build_random_uniform(node: &Node) -> Result<Box<dyn Kernel>> {
+    build_random(node, true)
+}
+fn build_random_normal(node: &Node) -> Result<Box<dyn Kernel>> {
+    build_random(node, false)
+}
+fn build_random_uniform_like(node: &Node) -> Result<Box<dyn Kernel>> {
+    build_random_like(node, true)
+}
+fn build_random_normal_like(node: &Node) -> Result<Box<dyn Kernel>> {
+    build_random_like(node, false)
+}
 
 /// splitmix64's output function: spreads a counter over all 64 bits.
 fn mix64(mut z: u64) -> u64 {
@@ -188,6 +341,119 @@ mod tests {
         assert!(run(
             vec![("dtype", AttrValue::Int(DataType::String as i64))],
             Tensor::from_vec(&[1], vec![0.5f32]).unwrap()
+        )
+        .is_err());
+    }
+
+    fn run_op(op: &str, attrs: Vec<(&str, AttrValue)>, x: Option<Tensor>) -> Result<Tensor> {
+        let node = Node {
+            name: "n".to_string(),
+            op_type: op.to_string(),
+            domain: String::new(),
+            opset: 22,
+            inputs: Vec::new(),
+            outputs: vec![Some(0)],
+            attrs: attrs.into_iter().map(|(k, v)| (k.to_string(), v)).collect(),
+            implicit_inputs: Vec::new(),
+        };
+        let k = (KERNELS.iter().find(|d| d.op == op).unwrap().build)(&node)?;
+        let v = x.map(Value::Tensor);
+        let out = k.compute(&KernelCx::new(&ReferenceCpu), &[v.as_ref()])?;
+        out.into_iter().next().unwrap().into_tensor()
+    }
+
+    fn mean_var(v: &[f32]) -> (f64, f64) {
+        let n = v.len() as f64;
+        let m = v.iter().map(|&x| x as f64).sum::<f64>() / n;
+        (
+            m,
+            v.iter()
+                .map(|&x| (x as f64 - m) * (x as f64 - m))
+                .sum::<f64>()
+                / n,
+        )
+    }
+
+    #[test]
+    fn bernoulli_draws_ones_at_rate_p() {
+        // 100k draws at p = 0.3: the rate's standard error is 0.0014, so 0.3 +- 0.01 is > 7 sigma
+        let x = Tensor::from_vec(&[100_000], vec![0.3f32; 100_000]).unwrap();
+        let y = run(vec![("seed", AttrValue::Float(11.0))], x).unwrap();
+        let (m, _) = mean_var(&y.as_slice::<f32>().unwrap());
+        assert!((m - 0.3).abs() < 0.01, "rate {m}");
+    }
+
+    #[test]
+    fn random_uniform_and_normal_have_their_moments_shape_and_seed() {
+        let shape = AttrValue::Ints(vec![200, 500]);
+        let u = run_op(
+            "RandomUniform",
+            vec![
+                ("shape", shape.clone()),
+                ("low", AttrValue::Float(-2.0)),
+                ("high", AttrValue::Float(4.0)),
+                ("seed", AttrValue::Float(5.0)),
+            ],
+            None,
+        )
+        .unwrap();
+        assert_eq!(u.shape(), &[200, 500]);
+        let uv = u.as_slice::<f32>().unwrap().into_owned();
+        assert!(uv.iter().all(|&x| (-2.0..4.0).contains(&x)));
+        // uniform on [-2, 4): mean 1, variance 36/12 = 3
+        let (m, v) = mean_var(&uv);
+        assert!(
+            (m - 1.0).abs() < 0.03 && (v - 3.0).abs() < 0.05,
+            "mean {m} var {v}"
+        );
+        let n = run_op(
+            "RandomNormal",
+            vec![
+                ("shape", shape),
+                ("mean", AttrValue::Float(3.0)),
+                ("scale", AttrValue::Float(0.5)),
+                ("seed", AttrValue::Float(5.0)),
+                ("dtype", AttrValue::Int(11)),
+            ],
+            None,
+        )
+        .unwrap();
+        assert_eq!(n.dtype(), DataType::Double);
+        let nv: Vec<f32> = n.to_f32_vec().unwrap();
+        let (m, v) = mean_var(&nv);
+        assert!(
+            (m - 3.0).abs() < 0.01 && (v - 0.25).abs() < 0.01,
+            "mean {m} var {v}"
+        );
+        // same seed, same draws; the Like forms take the input's shape and type
+        let like = run_op(
+            "RandomUniformLike",
+            vec![
+                ("low", AttrValue::Float(-2.0)),
+                ("high", AttrValue::Float(4.0)),
+                ("seed", AttrValue::Float(5.0)),
+            ],
+            Some(Tensor::zeros(DataType::Float, &[200, 500]).unwrap()),
+        )
+        .unwrap();
+        assert_eq!(like.as_slice::<f32>().unwrap().into_owned(), uv);
+        let h = run_op(
+            "RandomNormalLike",
+            vec![],
+            Some(Tensor::zeros(DataType::Float16, &[3, 7]).unwrap()),
+        )
+        .unwrap();
+        assert_eq!(
+            (h.dtype(), h.shape()),
+            (DataType::Float16, &[3usize, 7][..])
+        );
+        assert!(run_op(
+            "RandomUniform",
+            vec![
+                ("shape", AttrValue::Ints(vec![2])),
+                ("dtype", AttrValue::Int(7))
+            ],
+            None
         )
         .is_err());
     }
