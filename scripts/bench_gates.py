@@ -18,7 +18,7 @@ Build the base first: scripts/bench_gates.sh does both builds and runs this.
 """
 import argparse, json, os, statistics, subprocess
 
-CACHE = os.environ.get("NXRT_CACHE", os.path.expanduser("~/.cache/nxrt"))
+from corpus_cases import first_case
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 
 
@@ -48,12 +48,7 @@ def main():
     print("| model | A: no profiling code | B: gates off | C: profiler on | B/A | C/B | plan phase in C |")
     print("|---|---:|---:|---:|---:|---:|---|")
     for m in a.models.split(","):
-        mdir = os.path.join(CACHE, "corpus", m)
-        case = sorted(os.listdir(os.path.join(mdir, "ref")))[0]
-        cdir = os.path.join(mdir, "ref", case)
-        io = json.load(open(os.path.join(cdir, "io.json")))
-        inputs = [(i["name"], os.path.join(cdir, i["file"])) for i in io["inputs"]]
-        model = os.path.join(mdir, "model.onnx")
+        model, _, inputs = first_case(m)
         arms = {"A": [], "B": [], "C": []}
         plan_rows = False
         for _ in range(a.reps):

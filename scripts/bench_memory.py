@@ -21,7 +21,7 @@ Run with the corpus venv's python ($NXRT_CACHE/corpus-venv/bin/python).
 """
 import argparse, json, os, re, statistics, subprocess, sys
 
-CACHE = os.environ.get("NXRT_CACHE", os.path.expanduser("~/.cache/nxrt"))
+from corpus_cases import corpus_models, first_case
 
 ORT_CHILD = r"""
 import sys, numpy as np
@@ -68,22 +68,13 @@ def main():
     ap.add_argument("--only", default="")
     ap.add_argument("--nxrt", default=os.path.join(os.path.dirname(__file__), "..", "target", "release", "nxrt"))
     a = ap.parse_args()
-    corpus = os.path.join(CACHE, "corpus")
-    models = sorted(m for m in os.listdir(corpus)
-                    if os.path.exists(os.path.join(corpus, m, "model.onnx")) and not m.startswith("tiny_llama_genai"))
-    if a.only:
-        models = [m for m in models if m in a.only.split(",")]
+    models = corpus_models(a.only)
     print(f"threads={a.threads} runs/process={a.runs} reps={a.reps} (peak RSS medians, MiB)\n")
     print("| model | nxrt planned | nxrt eager | ORT | ORT import only | planned/ORT | arena MiB | sum of activations MiB | reuse |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     worst = 0.0
     for m in models:
-        mdir = os.path.join(corpus, m)
-        case = sorted(os.listdir(os.path.join(mdir, "ref")))[0]
-        cdir = os.path.join(mdir, "ref", case)
-        io = json.load(open(os.path.join(cdir, "io.json")))
-        inputs = [(i["name"], os.path.join(cdir, i["file"])) for i in io["inputs"]]
-        model = os.path.join(mdir, "model.onnx")
+        model, _, inputs = first_case(m)
         base = [a.nxrt, "run", model, "--threads", str(a.threads), "--runs", str(a.runs), "--memory-report"]
         for n, p in inputs:
             base += ["--input", f"{n}={p}"]

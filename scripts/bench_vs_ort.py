@@ -14,7 +14,8 @@ import argparse, json, os, statistics, subprocess, sys, time
 import numpy as np
 import onnxruntime as ort
 
-CACHE = os.environ.get("NXRT_CACHE", os.path.expanduser("~/.cache/nxrt"))
+from corpus_cases import corpus_models, first_case
+
 
 
 def ort_median(sess, feed, warmup, runs):
@@ -48,32 +49,24 @@ def main():
     ap.add_argument("--only", default="")
     ap.add_argument("--nxrt", default=os.path.join(os.path.dirname(__file__), "..", "target", "release", "nxrt"))
     a = ap.parse_args()
-    corpus = os.path.join(CACHE, "corpus")
-    models = sorted(m for m in os.listdir(corpus)
-                    if os.path.exists(os.path.join(corpus, m, "model.onnx")) and not m.startswith("tiny_llama_genai"))
-    if a.only:
-        models = [m for m in models if m in a.only.split(",")]
+    models = corpus_models(a.only)
     print(f"threads={a.threads} reps={a.reps} runs/rep={a.runs} warmup={a.warmup} (medians; ratio = nxrt/ORT)\n")
     print("| model | case | ORT ms | nxrt ms | nxrt/ORT |")
     print("|---|---|---:|---:|---:|")
     for m in models:
-        mdir = os.path.join(corpus, m)
-        case = sorted(os.listdir(os.path.join(mdir, "ref")))[0]
-        cdir = os.path.join(mdir, "ref", case)
-        io = json.load(open(os.path.join(cdir, "io.json")))
-        inputs = [(i["name"], os.path.join(cdir, i["file"])) for i in io["inputs"]]
+        model, case, inputs = first_case(m)
         feed = {n: np.load(p) for n, p in inputs}
         so = ort.SessionOptions()
         so.intra_op_num_threads = a.threads
         so.inter_op_num_threads = 1
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         so.log_severity_level = 3
-        sess = ort.InferenceSession(os.path.join(mdir, "model.onnx"), so, providers=["CPUExecutionProvider"])
+        sess = ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
         o_t, n_t = [], []
         try:
             for _ in range(a.reps):
                 o_t.append(ort_median(sess, feed, a.warmup, a.runs))
-                n_t.append(nxrt_median(a.nxrt, os.path.join(mdir, "model.onnx"), inputs, a.threads, a.warmup, a.runs))
+                n_t.append(nxrt_median(a.nxrt, model, inputs, a.threads, a.warmup, a.runs))
         except RuntimeError as e:
             print(f"| {m} | {case} | {statistics.median(o_t) if o_t else float('nan'):.3f} | error: {str(e)[:80]} | |")
             continue

@@ -4,56 +4,13 @@
 
 use nxrt::{OptLevel, Session, Tensor};
 use nxrt_core::proto::{
-    attr_type, type_proto, AttributeProto, FunctionProto, GraphProto, ModelProto, NodeProto,
-    OperatorSetIdProto, TensorProto, TensorShapeProto, TypeProto, ValueInfoProto,
+    attr_type, AttributeProto, FunctionProto, GraphProto, ModelProto, OperatorSetIdProto,
+    TensorProto,
 };
 use prost::Message;
 
-fn vi(name: &str, elem: i32, dims: &[&str]) -> ValueInfoProto {
-    use nxrt_core::proto::tensor_shape_proto::{dimension::Value as D, Dimension};
-    ValueInfoProto {
-        name: name.into(),
-        r#type: Some(TypeProto {
-            value: Some(type_proto::Value::TensorType(type_proto::Tensor {
-                elem_type: elem,
-                shape: Some(TensorShapeProto {
-                    dim: dims
-                        .iter()
-                        .map(|d| Dimension {
-                            value: Some(match d.parse::<i64>() {
-                                Ok(n) => D::DimValue(n),
-                                Err(_) => D::DimParam(d.to_string()),
-                            }),
-                            ..Default::default()
-                        })
-                        .collect(),
-                }),
-            })),
-            ..Default::default()
-        }),
-        ..Default::default()
-    }
-}
-
-fn node(op: &str, i: &[&str], o: &[&str]) -> NodeProto {
-    NodeProto {
-        op_type: op.into(),
-        name: format!("{op}_{}", o[0]),
-        input: i.iter().map(|s| s.to_string()).collect(),
-        output: o.iter().map(|s| s.to_string()).collect(),
-        ..Default::default()
-    }
-}
-
-fn i64s(name: &str, v: &[i64]) -> TensorProto {
-    TensorProto {
-        name: name.into(),
-        dims: vec![v.len() as i64],
-        data_type: 7,
-        int64_data: v.to_vec(),
-        ..Default::default()
-    }
-}
+mod common;
+use common::{i64s, node, vi};
 
 fn model(graph: GraphProto, functions: Vec<FunctionProto>) -> Vec<u8> {
     ModelProto {

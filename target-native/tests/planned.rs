@@ -8,66 +8,14 @@
 //! - `GateGuard` restores the gates when dropped, also when a test panics.
 
 use nxrt::{ExecMode, GateGuard, Phase, Session, Tensor};
-use nxrt_core::proto::{
-    type_proto, GraphProto, ModelProto, NodeProto, OperatorSetIdProto, TensorProto,
-    TensorShapeProto, TypeProto, ValueInfoProto,
-};
+use nxrt_core::proto::{GraphProto, ModelProto, OperatorSetIdProto, ValueInfoProto};
 use prost::Message;
 
+mod common;
+use common::{f32s, i64s, node};
+
 fn vi(name: &str, dims: &[&str]) -> ValueInfoProto {
-    use nxrt_core::proto::tensor_shape_proto::{dimension::Value as D, Dimension};
-    ValueInfoProto {
-        name: name.into(),
-        r#type: Some(TypeProto {
-            value: Some(type_proto::Value::TensorType(type_proto::Tensor {
-                elem_type: 1,
-                shape: Some(TensorShapeProto {
-                    dim: dims
-                        .iter()
-                        .map(|d| Dimension {
-                            value: Some(match d.parse::<i64>() {
-                                Ok(n) => D::DimValue(n),
-                                Err(_) => D::DimParam(d.to_string()),
-                            }),
-                            ..Default::default()
-                        })
-                        .collect(),
-                }),
-            })),
-            ..Default::default()
-        }),
-        ..Default::default()
-    }
-}
-
-fn node(op: &str, i: &[&str], o: &[&str]) -> NodeProto {
-    NodeProto {
-        op_type: op.into(),
-        name: format!("{op}_{}", o[0]),
-        input: i.iter().map(|s| s.to_string()).collect(),
-        output: o.iter().map(|s| s.to_string()).collect(),
-        ..Default::default()
-    }
-}
-
-fn f32s(name: &str, dims: &[i64], v: &[f32]) -> TensorProto {
-    TensorProto {
-        name: name.into(),
-        dims: dims.to_vec(),
-        data_type: 1,
-        float_data: v.to_vec(),
-        ..Default::default()
-    }
-}
-
-fn i64s(name: &str, v: &[i64]) -> TensorProto {
-    TensorProto {
-        name: name.into(),
-        dims: vec![v.len() as i64],
-        data_type: 7,
-        int64_data: v.to_vec(),
-        ..Default::default()
-    }
+    common::vi(name, 1, dims)
 }
 
 /// x[N,64] -> Relu -> Add(bias) -> Reshape[-1] -> Sigmoid -> Mul(self) -> Reshape[N,64]

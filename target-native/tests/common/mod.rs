@@ -1,0 +1,66 @@
+//! Model-building helpers shared by the integration tests (each test file includes this module).
+#![allow(dead_code)]
+
+use nxrt_core::proto::{
+    type_proto, NodeProto, TensorProto, TensorShapeProto, TypeProto, ValueInfoProto,
+};
+
+/// A tensor value-info: element type code and dims (numbers are fixed, names symbolic).
+pub fn vi(name: &str, elem: i32, dims: &[&str]) -> ValueInfoProto {
+    use nxrt_core::proto::tensor_shape_proto::{dimension::Value as D, Dimension};
+    ValueInfoProto {
+        name: name.into(),
+        r#type: Some(TypeProto {
+            value: Some(type_proto::Value::TensorType(type_proto::Tensor {
+                elem_type: elem,
+                shape: Some(TensorShapeProto {
+                    dim: dims
+                        .iter()
+                        .map(|d| Dimension {
+                            value: Some(match d.parse::<i64>() {
+                                Ok(n) => D::DimValue(n),
+                                Err(_) => D::DimParam(d.to_string()),
+                            }),
+                            ..Default::default()
+                        })
+                        .collect(),
+                }),
+            })),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// A node named `<op>_<first output>`.
+pub fn node(op: &str, i: &[&str], o: &[&str]) -> NodeProto {
+    NodeProto {
+        op_type: op.into(),
+        name: format!("{op}_{}", o[0]),
+        input: i.iter().map(|s| s.to_string()).collect(),
+        output: o.iter().map(|s| s.to_string()).collect(),
+        ..Default::default()
+    }
+}
+
+/// A 1-D int64 initializer.
+pub fn i64s(name: &str, v: &[i64]) -> TensorProto {
+    TensorProto {
+        name: name.into(),
+        dims: vec![v.len() as i64],
+        data_type: 7,
+        int64_data: v.to_vec(),
+        ..Default::default()
+    }
+}
+
+/// A float initializer.
+pub fn f32s(name: &str, dims: &[i64], v: &[f32]) -> TensorProto {
+    TensorProto {
+        name: name.into(),
+        dims: dims.to_vec(),
+        data_type: 1,
+        float_data: v.to_vec(),
+        ..Default::default()
+    }
+}
