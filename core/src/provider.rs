@@ -176,6 +176,18 @@ pub enum Support {
     No(String),
 }
 
+/// Where a kernel wants one of its inputs when the graph is partitioned.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum InputPlacement {
+    /// In the provider's own memory (the default): a copy is inserted when it is elsewhere.
+    Provider,
+    /// On the host, wherever the kernel runs: small shape-like operands (Reshape's shape,
+    /// Slice's starts, Gather's indices) that a device kernel reads while it encodes its work.
+    Host,
+    /// Anywhere: the kernel reads only metadata (Shape and Size read the shape, not the data).
+    Any,
+}
+
 /// An execution provider: a target that owns a memory location and runs kernels there.
 ///
 /// The CPU provider's location is [`Location::Host`]; device providers (WebGPU, CUDA) own a
@@ -188,6 +200,10 @@ pub trait ExecutionProvider: Send + Sync {
     fn location(&self) -> Location;
     /// Whether this provider has a kernel for `node` given its inputs' element types.
     fn supports(&self, node: &Node, input_types: &[Option<DataType>]) -> Support;
+    /// Where the kernel for `node` wants its input `k` (see [`InputPlacement`]).
+    fn input_placement(&self, _node: &Node, _k: usize) -> InputPlacement {
+        InputPlacement::Provider
+    }
     /// Builds the kernel for `node`.
     fn create_kernel(
         &self,
@@ -207,6 +223,9 @@ pub trait ExecutionProvider: Send + Sync {
             )))
         }
     }
+    /// Frees what the provider caches between runs (buffer pools); called by
+    /// `Session::release`, and safe to call at any time: later runs allocate again.
+    fn release_cached(&self) {}
     /// Copies a tensor of this provider back to the host; async because device read-back is.
     fn download<'a>(&'a self, t: &'a Tensor) -> BoxFuture<'a, Result<Tensor>> {
         Box::pin(async move {

@@ -16,7 +16,7 @@ use crate::loader::Model;
 use crate::optimize;
 use crate::planner::{self, Activation, InPlace, MemoryPlan, MemoryPlanStats, PlanRequest, Region};
 use crate::profile::{self, Clock, Phase, PhaseProfile, RawSpan};
-use crate::provider::{BoxFuture, ExecutionProvider, Kernel, KernelCx, Support};
+use crate::provider::{BoxFuture, ExecutionProvider, InputPlacement, Kernel, KernelCx, Support};
 use crate::tensor::{Location, Tensor};
 use crate::value::{Dim, TypeInfo, Value};
 use core::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
@@ -82,6 +82,36 @@ pub struct PartitionReport {
     /// Explicit copies between locations.
     pub copies: usize,
     pub unsupported: Vec<Unsupported>,
+    /// (node name, op type, provider name) of every kernel node, subgraphs included, in
+    /// compile order.
+    pub assignments: Vec<(String, String, String)>,
+    /// Every copy the partition inserts, in the order they run (graph outputs read back last).
+    pub copy_list: Vec<CopyInfo>,
+    /// Nodes that run on a later provider than the first, with each earlier provider's reason.
+    pub fallbacks: Vec<Fallback>,
+}
+
+/// A node a preferred provider declined.
+#[derive(Clone, Debug)]
+pub struct Fallback {
+    pub node: String,
+    pub op: String,
+    /// The provider that runs it.
+    pub to: String,
+    /// (provider, reason) for each provider that declined it first.
+    pub declined: Vec<(String, String)>,
+}
+
+/// One copy between memory locations, inserted by the partitioner.
+#[derive(Clone, Debug)]
+pub struct CopyInfo {
+    /// The value copied.
+    pub value: String,
+    /// Provider names it moves between.
+    pub from: String,
+    pub to: String,
+    /// The node that reads it there (empty: a graph output read back after the run).
+    pub node: String,
 }
 
 enum StepKind {
@@ -354,6 +384,15 @@ impl Session {
                 ty: g.values[id].ty.clone(),
             })
             .collect()
+    }
+
+    /// Frees what the session caches between runs: its memory plans with their arenas, and
+    /// each provider's pooled buffers. The session stays usable; the next run allocates again.
+    pub fn release_cached(&self) {
+        self.plans.lock().clear();
+        for p in &self.providers {
+            p.release_cached();
+        }
     }
 
     pub fn partition(&self) -> &PartitionReport {
@@ -1458,19 +1497,31 @@ fn compile(
             _ => {
                 let mut chosen = None;
                 let mut reason = String::new();
+                let mut declined = Vec::new();
                 for (pi, p) in providers.iter().enumerate() {
                     match p.supports(node, &tys) {
                         Support::Yes => {
                             chosen = Some(pi);
                             break;
                         }
-                        Support::No(r) => reason = r,
+                        Support::No(r) => {
+                            declined.push((p.name().to_string(), r.clone()));
+                            reason = r;
+                        }
                     }
                 }
                 match chosen {
                     Some(pi) => match providers[pi].create_kernel(node, &tys) {
                         Ok(kernel) => {
                             count(report, providers[pi].name(), 1);
+                            if !declined.is_empty() {
+                                report.fallbacks.push(Fallback {
+                                    node: node.name.clone(),
+                                    op: node.op_type.clone(),
+                                    to: providers[pi].name().to_string(),
+                                    declined,
+                                });
+                            }
                             StepKind::Kernel {
                                 provider: pi,
                                 kernel,
@@ -1499,18 +1550,42 @@ fn compile(
             _ => host,
         };
         let mut copies = Vec::new();
-        for id in node
+        let wanted = node
             .inputs
             .iter()
-            .flatten()
-            .chain(node.implicit_inputs.iter())
-        {
-            let at = loc[*id].unwrap_or(host);
-            if providers[at].location() != providers[target].location() {
-                copies.push((*id, target));
+            .enumerate()
+            .filter_map(|(k, i)| Some((Some(k), (*i)?)))
+            .chain(node.implicit_inputs.iter().map(|&id| (None, id)));
+        for (k, id) in wanted {
+            let want = match (&kind, k) {
+                (StepKind::Kernel { provider, .. }, Some(k)) => {
+                    match providers[*provider].input_placement(node, k) {
+                        InputPlacement::Provider => target,
+                        InputPlacement::Host => host,
+                        InputPlacement::Any => continue,
+                    }
+                }
+                _ => target,
+            };
+            let at = loc[id].unwrap_or(host);
+            if providers[at].location() != providers[want].location() {
+                copies.push((id, want));
                 report.copies += 1;
-                loc[*id] = Some(target);
+                report.copy_list.push(CopyInfo {
+                    value: g.values[id].name.clone(),
+                    from: providers[at].name().to_string(),
+                    to: providers[want].name().to_string(),
+                    node: node.name.clone(),
+                });
+                loc[id] = Some(want);
             }
+        }
+        if let StepKind::Kernel { provider, .. } = &kind {
+            report.assignments.push((
+                node.name.clone(),
+                node.op_type.clone(),
+                providers[*provider].name().to_string(),
+            ));
         }
         for o in node.outputs.iter().flatten() {
             loc[*o] = Some(target);
@@ -1529,6 +1604,12 @@ fn compile(
         if let Some(p) = loc[o] {
             if providers[p].location() != Location::Host {
                 report.copies += 1;
+                report.copy_list.push(CopyInfo {
+                    value: g.values[o].name.clone(),
+                    from: providers[p].name().to_string(),
+                    to: providers[host].name().to_string(),
+                    node: String::new(),
+                });
             }
         }
     }

@@ -330,6 +330,14 @@ impl Tensor {
             Buffer::Device { provider, .. } => Location::Device(*provider),
         }
     }
+    /// The device buffer behind a device tensor (`None` for host and arena tensors).
+    pub fn device_buffer(&self) -> Option<&Arc<dyn DeviceBuffer>> {
+        match &self.buf {
+            Buffer::Device { buf, .. } => Some(buf),
+            _ => None,
+        }
+    }
+
     pub fn buffer(&self) -> &Buffer {
         &self.buf
     }

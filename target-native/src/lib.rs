@@ -36,6 +36,9 @@ use nxrt_core::provider::ExecutionProvider;
 use nxrt_core::session::SessionOptions;
 
 /// Provider names this build knows.
+#[cfg(feature = "webgpu")]
+pub const PROVIDERS: &[&str] = &["cpu", "webgpu"];
+#[cfg(not(feature = "webgpu"))]
 pub const PROVIDERS: &[&str] = &["cpu"];
 
 /// Nanoseconds since the first call (the clock the phase profiler reads).
@@ -241,6 +244,12 @@ impl SessionBuilder {
         for p in &self.providers {
             match p.as_str() {
                 "cpu" => {}
+                #[cfg(feature = "webgpu")]
+                "webgpu" => {
+                    let id = out.len() as u16;
+                    let gpu = pollster::block_on(nxrt_wasm::webgpu::WebGpuProvider::new(id))?;
+                    out.push(Arc::new(gpu));
+                }
                 other => {
                     return Err(Error::Provider(format!(
                         "provider '{other}' is not available in this build (available: {})",

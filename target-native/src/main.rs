@@ -555,6 +555,9 @@ fn inspect(a: InspectArgs) -> Result<(), Error> {
             "partition": {
                 "nodes_per_provider": report.nodes_per_provider.iter().map(|(p, n)| json!({"provider": p, "nodes": n})).collect::<Vec<_>>(),
                 "copies": report.copies,
+                "nodes": report.assignments.iter().map(|(n, op, p)| json!({"node": n, "op": op, "provider": p})).collect::<Vec<_>>(),
+                "copy_list": report.copy_list.iter().map(|c| json!({"value": c.value, "from": c.from, "to": c.to, "before_node": c.node})).collect::<Vec<_>>(),
+                "fallbacks": report.fallbacks.iter().map(|f| json!({"node": f.node, "op": f.op, "to": f.to, "declined": f.declined.iter().map(|(p, r)| json!({"provider": p, "reason": r})).collect::<Vec<_>>()})).collect::<Vec<_>>(),
             },
             "unsupported": report.unsupported.iter().map(|u| json!({"node": u.node, "op": u.op, "domain": u.domain, "opset": u.opset, "reason": u.reason})).collect::<Vec<_>>(),
         });
@@ -598,6 +601,32 @@ fn inspect(a: InspectArgs) -> Result<(), Error> {
         parts.join(", "),
         report.copies
     );
+    if report.nodes_per_provider.len() > 1 || a.provider != "cpu" {
+        println!("nodes by provider:");
+        for (n, op, p) in &report.assignments {
+            println!("  {p:<8} {op:<24} {n}");
+        }
+        if !report.fallbacks.is_empty() {
+            println!("fallbacks ({}):", report.fallbacks.len());
+            for f in &report.fallbacks {
+                let why: Vec<String> = f
+                    .declined
+                    .iter()
+                    .map(|(p, r)| format!("{p}: {r}"))
+                    .collect();
+                println!("  {} ({}) -> {}: {}", f.node, f.op, f.to, why.join("; "));
+            }
+        }
+        println!("copies ({}):", report.copy_list.len());
+        for c in &report.copy_list {
+            let at = if c.node.is_empty() {
+                "graph output".to_string()
+            } else {
+                format!("before {}", c.node)
+            };
+            println!("  {} {} -> {} ({at})", c.value, c.from, c.to);
+        }
+    }
     if report.unsupported.is_empty() {
         println!("unsupported nodes: none");
     } else {

@@ -58,6 +58,9 @@ pub fn build_session(bytes: &[u8], providers: &[String], opt: OptLevel) -> Resul
     )
 }
 
+#[cfg(feature = "webgpu")]
+pub mod webgpu;
+
 #[cfg(target_arch = "wasm32")]
 mod bindings;
 #[cfg(target_arch = "wasm32")]

@@ -114,6 +114,14 @@ impl ExecutionProvider for CpuProvider {
             l => Support::No(lookup_detail(&l)),
         }
     }
+    fn input_placement(&self, node: &Node, k: usize) -> crate::provider::InputPlacement {
+        // Shape and Size read only the shape, which a device tensor carries on the host
+        if node.domain.is_empty() && k == 0 && matches!(node.op_type.as_str(), "Shape" | "Size") {
+            crate::provider::InputPlacement::Any
+        } else {
+            crate::provider::InputPlacement::Provider
+        }
+    }
     fn create_kernel(
         &self,
         node: &Node,

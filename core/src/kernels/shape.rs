@@ -699,7 +699,7 @@ fn build_identity(_node: &Node) -> Result<Box<dyn Kernel>> {
 }
 
 /// Resolves an ONNX reshape target (0 copies a dim unless `allowzero`, -1 is inferred).
-pub(crate) fn reshape_dims(input: &[usize], spec: &[i64], allowzero: bool) -> Result<Vec<usize>> {
+pub fn reshape_dims(input: &[usize], spec: &[i64], allowzero: bool) -> Result<Vec<usize>> {
     let mut out = Vec::with_capacity(spec.len());
     let mut infer = None;
     for (i, &d) in spec.iter().enumerate() {

@@ -1,0 +1,755 @@
+//! The WebGPU execution provider: WGSL compute kernels on `wgpu`, the same code in the browser
+//! (the page's WebGPU) and natively (wgpu's Vulkan, Metal or DX12 backend; CI uses Mesa's
+//! software Vulkan, lavapipe).
+//!
+//! - Tensors on the device are [`GpuBuf`]s behind `Buffer::Device`: f32 as f32, and the
+//!   integer and bool types the kernels read (indices, masks) as 32-bit words. Every buffer
+//!   comes from the provider's pool, goes back to it when its last tensor is dropped, and is
+//!   reused by later nodes and runs; `release_cached` (and `Session::release_cached`) frees the
+//!   pool, dropping the provider frees everything.
+//! - Each kernel encodes its dispatches and submits them at once; nothing waits on the GPU
+//!   until a value is read back, which is async (`download`) so a browser never blocks.
+//! - The adapter's limits are read once: a tensor larger than `maxStorageBufferBindingSize` or
+//!   a dispatch larger than `maxComputeWorkgroupsPerDimension` in two dimensions is a clear error
+//!   before anything is submitted; one-dimensional work over more groups than one dimension
+//!   allows is folded into two.
+//! - Validation errors and a lost device are caught (never a panic) and returned by the next
+//!   call; a lost device stays an error for this provider, and a new provider (a new session)
+//!   works again.
+
+mod data;
+mod ew;
+mod matmul;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+
+use nxrt_core::ir::Node;
+use nxrt_core::provider::{
+    BoxFuture, CpuBackend, ExecutionProvider, InputPlacement, Kernel, KernelCx, ReferenceCpu,
+    Support,
+};
+use nxrt_core::tensor::DeviceBuffer;
+use nxrt_core::{DataType, Error, Location, Result, Tensor, Value};
+
+/// What a kernel does when it runs: read its inputs, dispatch, return its outputs.
+pub(crate) type Exec = Box<dyn Fn(&Gpu, &[Option<&Value>]) -> Result<Vec<Value>> + Send + Sync>;
+
+/// One WebGPU kernel registration.
+pub(crate) struct OpDef {
+    pub op: &'static str,
+    /// Lowest ai.onnx opset the kernel implements (it covers every later one).
+    pub since: i64,
+    /// The input whose element type must be f32.
+    pub type_input: usize,
+    /// Inputs the kernel reads on the host (shapes, axes, indices, scalars).
+    pub host: &'static [usize],
+    /// Checks attributes and builds the kernel (an error: the node stays on the CPU).
+    pub build: fn(&Node) -> Result<Exec>,
+}
+
+fn all_ops() -> impl Iterator<Item = &'static OpDef> {
+    ew::OPS
+        .iter()
+        .chain(ew::UNARY)
+        .chain(matmul::OPS)
+        .chain(data::OPS)
+}
+
+/// The op names the WebGPU provider has kernels for (docs, `inspect`).
+pub fn op_names() -> Vec<&'static str> {
+    let mut v: Vec<&str> = all_ops().map(|d| d.op).collect();
+    v.sort_unstable();
+    v.dedup();
+    v
+}
+
+/// What the adapter is and what it allows.
+#[derive(Clone, Debug)]
+pub struct AdapterSummary {
+    pub name: String,
+    pub backend: String,
+    pub device_type: String,
+    pub shader_f16: bool,
+    pub max_storage_buffer_binding_size: u64,
+    pub max_buffer_size: u64,
+    pub max_compute_workgroups_per_dimension: u32,
+    pub max_storage_buffers_per_shader_stage: u32,
+}
+
+/// The device, its queue and limits, the buffer pool and the pipeline cache.
+pub struct Gpu {
+    pub(crate) device: wgpu::Device,
+    pub(crate) queue: wgpu::Queue,
+    pub(crate) limits: wgpu::Limits,
+    summary: AdapterSummary,
+    id: u16,
+    pool: Mutex<HashMap<u64, Vec<wgpu::Buffer>>>,
+    pipelines: Mutex<HashMap<String, Arc<wgpu::ComputePipeline>>>,
+    /// First uncaptured error since the last check (validation, out of memory).
+    error: Arc<Mutex<Option<String>>>,
+    /// Set once the device is lost; sticky.
+    lost: Arc<Mutex<Option<String>>>,
+    /// Bytes of device buffers alive (in tensors or in the pool).
+    live_bytes: AtomicU64,
+    pooled_bytes: AtomicU64,
+    dispatches: AtomicU64,
+    me: Weak<Gpu>,
+}
+
+/// Counters for tests and reports.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GpuStats {
+    /// Bytes of device buffers that exist (held by tensors or pooled).
+    pub live_bytes: u64,
+    /// Of those, bytes waiting in the pool.
+    pub pooled_bytes: u64,
+    /// Compute dispatches since the provider was made.
+    pub dispatches: u64,
+}
+
+/// A device buffer: returns to its provider's pool when dropped.
+pub struct GpuBuf {
+    buf: Option<wgpu::Buffer>,
+    /// Bytes in use (the buffer itself may be larger: sizes round up to 4).
+    bytes: u64,
+    gpu: Weak<Gpu>,
+}
+
+impl std::fmt::Debug for GpuBuf {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "GpuBuf({} bytes)", self.bytes)
+    }
+}
+
+impl GpuBuf {
+    pub(crate) fn raw(&self) -> &wgpu::Buffer {
+        self.buf.as_ref().expect("a live buffer")
+    }
+}
+
+impl DeviceBuffer for GpuBuf {
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+    fn byte_len(&self) -> usize {
+        self.bytes as usize
+    }
+}
+
+impl Drop for GpuBuf {
+    fn drop(&mut self) {
+        if let (Some(b), Some(gpu)) = (self.buf.take(), self.gpu.upgrade()) {
+            gpu.pooled_bytes.fetch_add(b.size(), Ordering::Relaxed);
+            gpu.pool
+                .lock()
+                .unwrap()
+                .entry(b.size())
+                .or_default()
+                .push(b);
+        }
+    }
+}
+
+/// How a tensor of `dt` is stored on the device (bytes per element), `None`: not storable.
+fn word(dt: DataType) -> Option<u64> {
+    match dt {
+        DataType::Float | DataType::Int32 | DataType::Int64 | DataType::Bool => Some(4),
+        _ => None,
+    }
+}
+
+fn gpu_err(what: impl std::fmt::Display) -> Error {
+    Error::Provider(format!("webgpu: {what}"))
+}
+
+impl Gpu {
+    /// Fails when the device was lost or an earlier command raised an error.
+    pub(crate) fn check(&self) -> Result<()> {
+        if let Some(m) = self.lost.lock().unwrap().clone() {
+            return Err(gpu_err(format!(
+                "the device was lost ({m}); create a new session"
+            )));
+        }
+        if let Some(m) = self.error.lock().unwrap().take() {
+            return Err(gpu_err(m));
+        }
+        Ok(())
+    }
+
+    pub fn summary(&self) -> &AdapterSummary {
+        &self.summary
+    }
+
+    pub fn stats(&self) -> GpuStats {
+        GpuStats {
+            live_bytes: self.live_bytes.load(Ordering::Relaxed),
+            pooled_bytes: self.pooled_bytes.load(Ordering::Relaxed),
+            dispatches: self.dispatches.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Drops every pooled buffer.
+    pub fn trim(&self) {
+        let mut pool = self.pool.lock().unwrap();
+        for (size, bufs) in pool.drain() {
+            let n = size * bufs.len() as u64;
+            self.pooled_bytes.fetch_sub(n, Ordering::Relaxed);
+            self.live_bytes.fetch_sub(n, Ordering::Relaxed);
+            for b in bufs {
+                b.destroy();
+            }
+        }
+    }
+
+    /// A buffer of at least `bytes` bytes, from the pool when one of that size is free.
+    pub fn buffer(&self, bytes: u64, what: &str) -> Result<Arc<GpuBuf>> {
+        let size = bytes.max(4).div_ceil(4) * 4;
+        let lim = self
+            .limits
+            .max_storage_buffer_binding_size
+            .min(self.limits.max_buffer_size);
+        if size > lim {
+            return Err(gpu_err(format!(
+                "{what} needs {size} bytes, above this adapter's maxStorageBufferBindingSize / \
+                 maxBufferSize ({lim} bytes)"
+            )));
+        }
+        let pooled = self
+            .pool
+            .lock()
+            .unwrap()
+            .get_mut(&size)
+            .and_then(|v| v.pop());
+        let buf = match pooled {
+            Some(b) => {
+                self.pooled_bytes.fetch_sub(size, Ordering::Relaxed);
+                b
+            }
+            None => {
+                self.live_bytes.fetch_add(size, Ordering::Relaxed);
+                self.device.create_buffer(&wgpu::BufferDescriptor {
+                    label: Some("nxrt tensor"),
+                    size,
+                    usage: wgpu::BufferUsages::STORAGE
+                        | wgpu::BufferUsages::COPY_SRC
+                        | wgpu::BufferUsages::COPY_DST,
+                    mapped_at_creation: false,
+                })
+            }
+        };
+        Ok(Arc::new(GpuBuf {
+            buf: Some(buf),
+            bytes,
+            gpu: self.me.clone(),
+        }))
+    }
+
+    /// A new device tensor of `dt` and `shape` (contents undefined until a kernel writes it).
+    pub(crate) fn alloc(&self, dt: DataType, shape: &[usize]) -> Result<(Tensor, Arc<GpuBuf>)> {
+        let w = word(dt).ok_or_else(|| gpu_err(format!("no device storage for {dt}")))?;
+        let n = nxrt_core::tensor::numel(shape)? as u64;
+        let bytes = n
+            .checked_mul(w)
+            .ok_or_else(|| gpu_err(format!("tensor {shape:?} is too large")))?;
+        let b = self.buffer(bytes, &format!("a {dt} tensor of shape {shape:?}"))?;
+        let t = Tensor::from_device(dt, shape.to_vec(), self.id, b.clone());
+        Ok((t, b))
+    }
+
+    /// The compute pipeline for `key`, compiled from `wgsl()` the first time.
+    pub(crate) fn pipeline(
+        &self,
+        key: &str,
+        wgsl: impl FnOnce() -> String,
+    ) -> Result<Arc<wgpu::ComputePipeline>> {
+        if let Some(p) = self.pipelines.lock().unwrap().get(key) {
+            return Ok(p.clone());
+        }
+        let src = wgsl();
+        let module = self
+            .device
+            .create_shader_module(wgpu::ShaderModuleDescriptor {
+                label: Some(key),
+                source: wgpu::ShaderSource::Wgsl(src.into()),
+            });
+        let p = Arc::new(
+            self.device
+                .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                    label: Some(key),
+                    layout: None,
+                    module: &module,
+                    entry_point: Some("main"),
+                    compilation_options: Default::default(),
+                    cache: None,
+                }),
+        );
+        // a shader that does not compile reports through the error handler
+        self.check()
+            .map_err(|e| gpu_err(format!("kernel {key} failed to build: {e}")))?;
+        self.pipelines
+            .lock()
+            .unwrap()
+            .insert(key.to_string(), p.clone());
+        Ok(p)
+    }
+
+    /// Runs `pipe` over `count` invocations of `wg`-wide workgroups: binding 0 is `params`
+    /// (word 0 is filled in with the row width of a two-dimensional grid), bindings 1.. are
+    /// `bufs`. One-dimensional work beyond the per-dimension limit folds into two dimensions.
+    pub(crate) fn dispatch(
+        &self,
+        pipe: &wgpu::ComputePipeline,
+        params: &mut [u32],
+        bufs: &[&wgpu::Buffer],
+        count: u64,
+        wg: u32,
+    ) -> Result<()> {
+        if count == 0 {
+            return Ok(());
+        }
+        let max = self.limits.max_compute_workgroups_per_dimension as u64;
+        let groups = count.div_ceil(wg as u64);
+        let (x, y) = if groups <= max {
+            (groups, 1)
+        } else {
+            (max, groups.div_ceil(max))
+        };
+        if y > max {
+            return Err(gpu_err(format!(
+                "{count} invocations need {groups} workgroups, above this adapter's \
+                 maxComputeWorkgroupsPerDimension ({max}) squared"
+            )));
+        }
+        params[0] = (x * wg as u64) as u32;
+        self.dispatch_grid(pipe, params, bufs, [x as u32, y as u32, 1])
+    }
+
+    /// Runs `pipe` over an explicit grid of workgroups (checked against the limits).
+    pub(crate) fn dispatch_grid(
+        &self,
+        pipe: &wgpu::ComputePipeline,
+        params: &[u32],
+        bufs: &[&wgpu::Buffer],
+        grid: [u32; 3],
+    ) -> Result<()> {
+        let max = self.limits.max_compute_workgroups_per_dimension;
+        if grid.iter().any(|&g| g > max) {
+            return Err(gpu_err(format!(
+                "a dispatch of {grid:?} workgroups exceeds maxComputeWorkgroupsPerDimension ({max})"
+            )));
+        }
+        if grid.contains(&0) {
+            return Ok(());
+        }
+        if bufs.len() + 1 > self.limits.max_storage_buffers_per_shader_stage as usize {
+            return Err(gpu_err(format!(
+                "a kernel binding {} buffers exceeds maxStorageBuffersPerShaderStage ({})",
+                bufs.len() + 1,
+                self.limits.max_storage_buffers_per_shader_stage
+            )));
+        }
+        let pbuf = self.params_buffer(params)?;
+        let layout = pipe.get_bind_group_layout(0);
+        let mut entries = vec![wgpu::BindGroupEntry {
+            binding: 0,
+            resource: pbuf.as_entire_binding(),
+        }];
+        for (i, b) in bufs.iter().enumerate() {
+            entries.push(wgpu::BindGroupEntry {
+                binding: i as u32 + 1,
+                resource: b.as_entire_binding(),
+            });
+        }
+        let bg = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: None,
+            layout: &layout,
+            entries: &entries,
+        });
+        let mut enc = self
+            .device
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
+        {
+            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                label: None,
+                timestamp_writes: None,
+            });
+            pass.set_pipeline(pipe);
+            pass.set_bind_group(0, &bg, &[]);
+            pass.dispatch_workgroups(grid[0], grid[1], grid[2]);
+        }
+        self.queue.submit([enc.finish()]);
+        self.dispatches.fetch_add(1, Ordering::Relaxed);
+        self.check()
+    }
+
+    fn params_buffer(&self, params: &[u32]) -> Result<wgpu::Buffer> {
+        let one = [0u32];
+        let bytes: &[u8] = bytemuck::cast_slice(if params.is_empty() { &one } else { params });
+        let size = bytes.len() as u64;
+        let b = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("nxrt params"),
+            size,
+            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: true,
+        });
+        b.slice(..)
+            .get_mapped_range_mut()
+            .map_err(|e| {
+                self.check()
+                    .err()
+                    .unwrap_or_else(|| gpu_err(format!("writing kernel parameters: {e}")))
+            })?
+            .copy_from_slice(bytes);
+        b.unmap();
+        Ok(b)
+    }
+
+    /// Copies `bytes` bytes of `src` into `dst` at `dst_off` (both multiples of 4).
+    pub(crate) fn copy(
+        &self,
+        src: &wgpu::Buffer,
+        src_off: u64,
+        dst: &wgpu::Buffer,
+        dst_off: u64,
+        bytes: u64,
+    ) -> Result<()> {
+        if bytes == 0 {
+            return Ok(());
+        }
+        let mut enc = self
+            .device
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
+        enc.copy_buffer_to_buffer(src, src_off, dst, dst_off, bytes);
+        self.queue.submit([enc.finish()]);
+        self.check()
+    }
+
+    /// Uploads a host tensor (f32 as is; int64 narrowed to int32 with a range check; bool
+    /// and int32 as 32-bit words).
+    pub fn upload_tensor(&self, t: &Tensor) -> Result<Tensor> {
+        self.check()?;
+        let words: Vec<u32> = match t.dtype() {
+            DataType::Float => t.to_f32_vec()?.into_iter().map(f32::to_bits).collect(),
+            DataType::Int32 | DataType::Int64 | DataType::Bool => t
+                .to_i64_vec()?
+                .into_iter()
+                .map(|v| {
+                    i32::try_from(v).map(|v| v as u32).map_err(|_| {
+                        gpu_err(format!(
+                            "value {v} does not fit the 32-bit words int64 tensors use on the device"
+                        ))
+                    })
+                })
+                .collect::<Result<_>>()?,
+            dt => return Err(gpu_err(format!("{dt} tensors cannot be moved to the device"))),
+        };
+        let (out, buf) = self.alloc(t.dtype(), t.shape())?;
+        if !words.is_empty() {
+            self.queue
+                .write_buffer(buf.raw(), 0, bytemuck::cast_slice(&words));
+        }
+        Ok(out)
+    }
+
+    /// Reads a device tensor back (async: the browser resolves the map when the GPU is done).
+    pub async fn download_tensor(&self, t: &Tensor) -> Result<Tensor> {
+        self.check()?;
+        let b = dev_buf(t)?;
+        let n = t.len();
+        let bytes = n as u64 * 4;
+        let words: Vec<u32> = if n == 0 {
+            Vec::new()
+        } else {
+            let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("nxrt read-back"),
+                size: bytes,
+                usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            });
+            let mut enc = self
+                .device
+                .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
+            enc.copy_buffer_to_buffer(b.raw(), 0, &staging, 0, bytes);
+            self.queue.submit([enc.finish()]);
+            let (tx, rx) = futures_channel::oneshot::channel();
+            staging.map_async(wgpu::MapMode::Read, .., move |r| {
+                let _ = tx.send(r);
+            });
+            #[cfg(not(target_arch = "wasm32"))]
+            self.device
+                .poll(wgpu::PollType::wait_indefinitely())
+                .map_err(|e| gpu_err(format!("waiting for the device: {e}")))?;
+            rx.await
+                .map_err(|_| gpu_err("the read-back was cancelled"))?
+                .map_err(|e| gpu_err(format!("read-back failed: {e}")))?;
+            let v = {
+                let view = staging
+                    .get_mapped_range(..)
+                    .map_err(|e| gpu_err(format!("read-back failed: {e}")))?;
+                bytemuck::cast_slice::<u8, u32>(&view).to_vec()
+            };
+            staging.unmap();
+            v
+        };
+        self.check()?;
+        let shape = t.shape().to_vec();
+        match t.dtype() {
+            DataType::Float => {
+                Tensor::from_vec(&shape, words.into_iter().map(f32::from_bits).collect())
+            }
+            DataType::Int32 => {
+                Tensor::from_vec(&shape, words.into_iter().map(|w| w as i32).collect())
+            }
+            DataType::Int64 => {
+                Tensor::from_vec(&shape, words.into_iter().map(|w| w as i32 as i64).collect())
+            }
+            DataType::Bool => Tensor::from_vec(&shape, words.into_iter().map(|w| w != 0).collect()),
+            dt => Err(gpu_err(format!("no read-back for {dt}"))),
+        }
+    }
+}
+
+/// The [`GpuBuf`] behind a device tensor.
+pub(crate) fn dev_buf(t: &Tensor) -> Result<&GpuBuf> {
+    t.device_buffer()
+        .and_then(|b| b.as_any().downcast_ref::<GpuBuf>())
+        .ok_or_else(|| {
+            gpu_err(format!(
+                "expected a WebGPU tensor, got one on {:?}",
+                t.location()
+            ))
+        })
+}
+
+/// Input `k` as a device tensor and its buffer.
+pub(crate) fn dev_in<'a>(
+    inputs: &[Option<&'a Value>],
+    k: usize,
+) -> Result<(&'a Tensor, &'a GpuBuf)> {
+    let t = nxrt_core::kernels::tensor_in(inputs, k)?;
+    Ok((t, dev_buf(t)?))
+}
+
+/// The device tensor for `out` sharing `src`'s buffer (views: Reshape, Squeeze, ...).
+pub(crate) fn view_of(src: &Tensor, shape: Vec<usize>) -> Result<Tensor> {
+    let Location::Device(p) = src.location() else {
+        return Err(gpu_err("a view of a host tensor"));
+    };
+    let b = src
+        .device_buffer()
+        .cloned()
+        .ok_or_else(|| gpu_err("a view without a device buffer"))?;
+    Ok(Tensor::from_device(src.dtype(), shape, p, b))
+}
+
+/// A WGSL module with the conventional bindings: `p` (params, binding 0) and `bufs` in
+/// order from binding 1, each `(name, "read" | "read_write", element type)`, and a
+/// one-dimensional entry point whose flat index is `i` (`body` returns early past the end).
+pub(crate) fn shader_1d(bufs: &[(&str, &str, &str)], wg: u32, prelude: &str, body: &str) -> String {
+    let mut s = String::from("@group(0) @binding(0) var<storage, read> p: array<u32>;\n");
+    for (k, (name, access, ty)) in bufs.iter().enumerate() {
+        s.push_str(&format!(
+            "@group(0) @binding({}) var<storage, {access}> {name}: array<{ty}>;\n",
+            k + 1
+        ));
+    }
+    s.push_str(prelude);
+    s.push_str(&format!(
+        "\n@compute @workgroup_size({wg})\nfn main(@builtin(global_invocation_id) gid: vec3<u32>) {{\n  let i = gid.x + gid.y * p[0];\n{body}\n}}\n"
+    ));
+    s
+}
+
+/// The WebGPU execution provider.
+pub struct WebGpuProvider {
+    gpu: Arc<Gpu>,
+    host: ReferenceCpu,
+}
+
+impl WebGpuProvider {
+    /// Opens the system's preferred adapter (async: the browser's `requestAdapter`). `id` is
+    /// the provider's index in the session's provider list (tensors carry it).
+    pub async fn new(id: u16) -> Result<WebGpuProvider> {
+        // WGPU_BACKEND and friends choose the backend natively when set
+        let instance =
+            wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
+        let adapter = instance
+            .request_adapter(&wgpu::RequestAdapterOptions {
+                power_preference: wgpu::PowerPreference::HighPerformance,
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| gpu_err(format!("no WebGPU adapter: {e}")))?;
+        let info = adapter.get_info();
+        let alimits = adapter.limits();
+        let shader_f16 = adapter.features().contains(wgpu::Features::SHADER_F16);
+        // ask for what the adapter has: its real limits, not the portable defaults
+        let mut limits = wgpu::Limits::downlevel_defaults();
+        limits.max_storage_buffer_binding_size = alimits.max_storage_buffer_binding_size;
+        limits.max_buffer_size = alimits.max_buffer_size;
+        limits.max_compute_workgroups_per_dimension = alimits.max_compute_workgroups_per_dimension;
+        limits.max_storage_buffers_per_shader_stage = alimits.max_storage_buffers_per_shader_stage;
+        limits.max_compute_invocations_per_workgroup =
+            alimits.max_compute_invocations_per_workgroup;
+        limits.max_compute_workgroup_size_x = alimits.max_compute_workgroup_size_x;
+        limits.max_compute_workgroup_size_y = alimits.max_compute_workgroup_size_y;
+        limits.max_compute_workgroup_storage_size = alimits.max_compute_workgroup_storage_size;
+        let (device, queue) = adapter
+            .request_device(&wgpu::DeviceDescriptor {
+                label: Some("nxrt"),
+                required_features: wgpu::Features::empty(),
+                required_limits: limits.clone(),
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| gpu_err(format!("requesting a device: {e}")))?;
+        let error: Arc<Mutex<Option<String>>> = Arc::default();
+        let lost: Arc<Mutex<Option<String>>> = Arc::default();
+        {
+            let error = error.clone();
+            device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
+                let mut slot = error.lock().unwrap();
+                if slot.is_none() {
+                    *slot = Some(e.to_string());
+                }
+            }));
+            let lost = lost.clone();
+            device.set_device_lost_callback(move |reason, msg| {
+                *lost.lock().unwrap() = Some(format!("{reason:?}: {msg}"));
+            });
+        }
+        let limits = device.limits();
+        let summary = AdapterSummary {
+            name: info.name.clone(),
+            backend: format!("{:?}", info.backend),
+            device_type: format!("{:?}", info.device_type),
+            shader_f16,
+            max_storage_buffer_binding_size: limits.max_storage_buffer_binding_size,
+            max_buffer_size: limits.max_buffer_size,
+            max_compute_workgroups_per_dimension: limits.max_compute_workgroups_per_dimension,
+            max_storage_buffers_per_shader_stage: limits.max_storage_buffers_per_shader_stage,
+        };
+        let gpu = Arc::new_cyclic(|me| Gpu {
+            device,
+            queue,
+            limits,
+            summary,
+            id,
+            pool: Mutex::default(),
+            pipelines: Mutex::default(),
+            error,
+            lost,
+            live_bytes: AtomicU64::new(0),
+            pooled_bytes: AtomicU64::new(0),
+            dispatches: AtomicU64::new(0),
+            me: me.clone(),
+        });
+        Ok(WebGpuProvider {
+            gpu,
+            host: ReferenceCpu,
+        })
+    }
+
+    pub fn gpu(&self) -> &Arc<Gpu> {
+        &self.gpu
+    }
+
+    /// Simulates a lost device (tests): every later call on this provider fails.
+    pub fn lose_device_for_test(&self) {
+        self.gpu.device.destroy();
+    }
+
+    fn find(&self, node: &Node) -> Option<&'static OpDef> {
+        if !node.domain.is_empty() {
+            return None;
+        }
+        all_ops().find(|d| d.op == node.op_type && node.opset >= d.since)
+    }
+}
+
+struct GpuKernel {
+    gpu: Arc<Gpu>,
+    exec: Exec,
+}
+
+impl Kernel for GpuKernel {
+    fn compute(&self, _cx: &KernelCx<'_>, inputs: &[Option<&Value>]) -> Result<Vec<Value>> {
+        self.gpu.check()?;
+        (self.exec)(&self.gpu, inputs)
+    }
+}
+
+impl ExecutionProvider for WebGpuProvider {
+    fn name(&self) -> &str {
+        "webgpu"
+    }
+    fn location(&self) -> Location {
+        Location::Device(self.gpu.id)
+    }
+    fn supports(&self, node: &Node, input_types: &[Option<DataType>]) -> Support {
+        let Some(d) = self.find(node) else {
+            return Support::No(format!("no WebGPU kernel for {}", node.op_type));
+        };
+        match input_types.get(d.type_input).copied().flatten() {
+            Some(DataType::Float) => {}
+            Some(dt) => return Support::No(format!("the WebGPU kernel runs f32, not {dt}")),
+            None => return Support::No("input type unknown at load".into()),
+        }
+        match (d.build)(node) {
+            Ok(_) => Support::Yes,
+            Err(e) => Support::No(e.to_string()),
+        }
+    }
+    fn input_placement(&self, node: &Node, k: usize) -> InputPlacement {
+        match self.find(node) {
+            Some(d) if d.host.contains(&k) => InputPlacement::Host,
+            _ => InputPlacement::Provider,
+        }
+    }
+    fn create_kernel(&self, node: &Node, _types: &[Option<DataType>]) -> Result<Box<dyn Kernel>> {
+        let d = self
+            .find(node)
+            .ok_or_else(|| gpu_err(format!("no WebGPU kernel for {}", node.op_type)))?;
+        Ok(Box::new(GpuKernel {
+            gpu: self.gpu.clone(),
+            exec: (d.build)(node)?,
+        }))
+    }
+    fn cpu_backend(&self) -> &dyn CpuBackend {
+        &self.host
+    }
+    fn release_cached(&self) {
+        self.gpu.trim();
+    }
+    fn upload(&self, t: &Tensor) -> Result<Tensor> {
+        self.gpu.upload_tensor(t)
+    }
+    fn download<'a>(&'a self, t: &'a Tensor) -> BoxFuture<'a, Result<Tensor>> {
+        Box::pin(self.gpu.download_tensor(t))
+    }
+}
+
+/// Host tensor input `k` as i64 values (shape operands), `None` when omitted.
+pub(crate) fn host_i64s(inputs: &[Option<&Value>], k: usize) -> Result<Option<Vec<i64>>> {
+    match nxrt_core::kernels::opt_tensor_in(inputs, k)? {
+        Some(t) if t.location() == Location::Host => Ok(Some(t.to_i64_vec()?)),
+        Some(_) => Err(gpu_err(format!("input {k} should be on the host"))),
+        None => Ok(None),
+    }
+}
+
+/// Host tensor input `k` as one f32 (Clip's bounds), `None` when omitted.
+pub(crate) fn host_f32(inputs: &[Option<&Value>], k: usize) -> Result<Option<f32>> {
+    match nxrt_core::kernels::opt_tensor_in(inputs, k)? {
+        Some(t) if t.location() == Location::Host => Ok(t.to_f32_vec()?.first().copied()),
+        Some(_) => Err(gpu_err(format!("input {k} should be on the host"))),
+        None => Ok(None),
+    }
+}
+
+/// One output.
+pub(crate) fn out1(t: Tensor) -> Result<Vec<Value>> {
+    Ok(vec![Value::Tensor(t)])
+}

@@ -1,0 +1,565 @@
+//! The WebGPU provider's kernels, natively on whatever adapter wgpu finds (CI: Mesa's lavapipe
+//! through Vulkan). Each case runs one node on [webgpu, cpu] and on the CPU alone and compares;
+//! sizes are odd on purpose (1, primes, non-multiples of the workgroup and of the MatMul tile),
+//! with broadcasting, and one tensor spans more workgroups than one dispatch dimension allows.
+//! Without an adapter every test prints why and returns.
+#![cfg(all(not(target_arch = "wasm32"), feature = "webgpu"))]
+
+use std::sync::{Arc, OnceLock};
+
+use nxrt_core::kernels::{broadcast_shapes, CpuProvider};
+use nxrt_core::proto::{
+    attr_type, type_proto, AttributeProto, GraphProto, ModelProto, NodeProto, OperatorSetIdProto,
+    TensorProto, TensorShapeProto, TypeProto, ValueInfoProto,
+};
+use nxrt_core::provider::{ExecutionProvider, ReferenceCpu};
+use nxrt_core::{loader, DataType, Session, SessionOptions, Tensor, Value};
+use nxrt_wasm::webgpu::WebGpuProvider;
+use prost::Message;
+
+/// The shared provider (kernel tests), or `None` with the reason printed.
+fn gpu() -> Option<Arc<WebGpuProvider>> {
+    static P: OnceLock<Result<Arc<WebGpuProvider>, String>> = OnceLock::new();
+    match P.get_or_init(|| {
+        pollster::block_on(WebGpuProvider::new(0))
+            .map(Arc::new)
+            .map_err(|e| e.to_string())
+    }) {
+        Ok(p) => Some(p.clone()),
+        Err(e) => {
+            eprintln!("skipped: no WebGPU adapter here ({e})");
+            None
+        }
+    }
+}
+
+fn fresh_gpu() -> Option<Arc<WebGpuProvider>> {
+    match pollster::block_on(WebGpuProvider::new(0)) {
+        Ok(p) => Some(Arc::new(p)),
+        Err(e) => {
+            eprintln!("skipped: no WebGPU adapter here ({e})");
+            None
+        }
+    }
+}
+
+fn cpu() -> Arc<dyn ExecutionProvider> {
+    Arc::new(CpuProvider::new(Arc::new(ReferenceCpu)))
+}
+
+/// Deterministic values in about [-2, 2).
+fn vals(n: usize, seed: u32) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(2654435761).wrapping_add(12345);
+    (0..n)
+        .map(|_| {
+            s = s.wrapping_mul(1664525).wrapping_add(1013904223);
+            (s >> 8) as f32 / (1u32 << 24) as f32 * 4.0 - 2.0
+        })
+        .collect()
+}
+
+fn ft(shape: &[usize], seed: u32) -> Tensor {
+    Tensor::from_vec(shape, vals(shape.iter().product(), seed)).unwrap()
+}
+
+fn it(shape: &[usize], v: Vec<i64>) -> Tensor {
+    Tensor::from_vec(shape, v).unwrap()
+}
+
+fn vi(name: &str, dt: DataType, shape: &[usize]) -> ValueInfoProto {
+    use nxrt_core::proto::tensor_shape_proto::{dimension::Value as D, Dimension};
+    ValueInfoProto {
+        name: name.into(),
+        r#type: Some(TypeProto {
+            value: Some(type_proto::Value::TensorType(type_proto::Tensor {
+                elem_type: dt.code(),
+                shape: Some(TensorShapeProto {
+                    dim: shape
+                        .iter()
+                        .map(|&d| Dimension {
+                            value: Some(D::DimValue(d as i64)),
+                            ..Default::default()
+                        })
+                        .collect(),
+                }),
+            })),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+fn init(name: &str, t: &Tensor) -> TensorProto {
+    let mut p = TensorProto {
+        name: name.into(),
+        dims: t.shape().iter().map(|&d| d as i64).collect(),
+        data_type: t.dtype().code(),
+        ..Default::default()
+    };
+    match t.dtype() {
+        DataType::Float => p.float_data = t.to_f32_vec().unwrap(),
+        _ => p.int64_data = t.to_i64_vec().unwrap(),
+    }
+    p
+}
+
+pub fn ai(name: &str, v: i64) -> AttributeProto {
+    AttributeProto {
+        name: name.into(),
+        r#type: attr_type::INT,
+        i: v,
+        ..Default::default()
+    }
+}
+
+pub fn af(name: &str, v: f32) -> AttributeProto {
+    AttributeProto {
+        name: name.into(),
+        r#type: attr_type::FLOAT,
+        f: v,
+        ..Default::default()
+    }
+}
+
+pub fn ais(name: &str, v: &[i64]) -> AttributeProto {
+    AttributeProto {
+        name: name.into(),
+        r#type: attr_type::INTS,
+        ints: v.to_vec(),
+        ..Default::default()
+    }
+}
+
+/// One node: `feeds` are graph inputs, `consts` initializers (in input order after the
+/// feeds; an empty name leaves that input out).
+struct Case {
+    op: &'static str,
+    opset: i64,
+    attrs: Vec<AttributeProto>,
+    feeds: Vec<Tensor>,
+    consts: Vec<Option<Tensor>>,
+    /// absolute tolerance (relative is 1e-4)
+    atol: f32,
+}
+
+impl Case {
+    fn new(op: &'static str, feeds: Vec<Tensor>) -> Case {
+        Case {
+            op,
+            opset: 18,
+            attrs: vec![],
+            feeds,
+            consts: vec![],
+            atol: 1e-5,
+        }
+    }
+    /// Long dot products sum in another order than the CPU's.
+    fn atol(mut self, v: f32) -> Self {
+        self.atol = v;
+        self
+    }
+    fn attr(mut self, a: AttributeProto) -> Self {
+        self.attrs.push(a);
+        self
+    }
+    fn consts(mut self, c: Vec<Option<Tensor>>) -> Self {
+        self.consts = c;
+        self
+    }
+    fn opset(mut self, v: i64) -> Self {
+        self.opset = v;
+        self
+    }
+
+    fn model(&self) -> Vec<u8> {
+        let mut inputs = Vec::new();
+        let mut names = Vec::new();
+        for (k, t) in self.feeds.iter().enumerate() {
+            let n = format!("x{k}");
+            inputs.push(vi(&n, t.dtype(), t.shape()));
+            names.push(n);
+        }
+        let mut inits = Vec::new();
+        for (k, c) in self.consts.iter().enumerate() {
+            match c {
+                Some(t) => {
+                    let n = format!("c{k}");
+                    inits.push(init(&n, t));
+                    names.push(n);
+                }
+                None => names.push(String::new()),
+            }
+        }
+        ModelProto {
+            ir_version: 9,
+            opset_import: vec![OperatorSetIdProto {
+                domain: String::new(),
+                version: self.opset,
+            }],
+            graph: Some(GraphProto {
+                name: "one".into(),
+                node: vec![NodeProto {
+                    op_type: self.op.into(),
+                    name: "n0".into(),
+                    input: names,
+                    output: vec!["y".into()],
+                    attribute: self.attrs.clone(),
+                    ..Default::default()
+                }],
+                initializer: inits,
+                input: inputs,
+                output: vec![ValueInfoProto {
+                    name: "y".into(),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+        .encode_to_vec()
+    }
+
+    fn run_on(
+        &self,
+        providers: Vec<Arc<dyn ExecutionProvider>>,
+    ) -> (Session, Vec<f32>, Vec<usize>) {
+        let m = loader::load_model(&self.model(), &loader::NoExternalData).unwrap();
+        let s = Session::new(m, providers, &SessionOptions::default()).unwrap();
+        let feeds = self
+            .feeds
+            .iter()
+            .enumerate()
+            .map(|(k, t)| (format!("x{k}"), Value::Tensor(t.clone())))
+            .collect();
+        let out = pollster::block_on(s.run_async(feeds)).unwrap();
+        let Value::Tensor(y) = &out[0].1 else {
+            panic!("a tensor")
+        };
+        assert_eq!(y.location(), nxrt_core::Location::Host);
+        (s, y.to_f32_vec().unwrap(), y.shape().to_vec())
+    }
+
+    /// Runs on WebGPU (asserting the node ran there) and on the CPU; compares.
+    #[track_caller]
+    fn check(self) {
+        let Some(g) = gpu() else { return };
+        let (s, got, gs) = self.run_on(vec![g, cpu()]);
+        let placed = &s.partition().assignments;
+        assert_eq!(
+            placed[0].2,
+            "webgpu",
+            "{} did not run on WebGPU: {:?}",
+            self.op,
+            s.partition().unsupported
+        );
+        let (_, want, ws) = self.run_on(vec![cpu()]);
+        assert_eq!(gs, ws, "{}: shapes", self.op);
+        close(self.op, &got, &want, 1e-4, self.atol);
+    }
+}
+
+#[track_caller]
+fn close(what: &str, got: &[f32], want: &[f32], rtol: f32, atol: f32) {
+    assert_eq!(got.len(), want.len(), "{what}: lengths");
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        let ok = (g.is_nan() && w.is_nan()) || (g - w).abs() <= atol + rtol * w.abs();
+        assert!(ok, "{what}: element {i}: webgpu {g} vs cpu {w}");
+    }
+}
+
+#[test]
+fn binary_ops_broadcast_over_odd_shapes() {
+    let shapes: &[(&[usize], &[usize])] = &[
+        (&[1], &[1]),
+        (&[7, 13], &[7, 13]),
+        (&[3, 1, 5], &[4, 1]),
+        (&[2, 3, 4, 5], &[5]),
+        (&[257], &[]),
+        (&[1, 1031], &[3, 1]),
+    ];
+    for op in ["Add", "Sub", "Mul", "Div", "Max", "Min", "PRelu"] {
+        for (k, (a, b)) in shapes.iter().enumerate() {
+            // PRelu's slope broadcasts one way only
+            if op == "PRelu" && broadcast_shapes(a, b).unwrap() != a.to_vec() {
+                continue;
+            }
+            Case::new(op, vec![ft(a, k as u32), ft(b, 100 + k as u32)]).check();
+        }
+    }
+    // Pow: non-negative bases with real exponents, negative bases with integral ones
+    let base = Tensor::from_vec(&[2, 3], vec![-2.0f32, -1.5, 0.5, 3.0, -0.25, 2.0]).unwrap();
+    let exp = Tensor::from_vec(&[3], vec![2.0f32, 3.0, -1.0]).unwrap();
+    Case::new("Pow", vec![base, exp]).check();
+}
+
+#[test]
+fn unary_ops_match_the_cpu() {
+    let x = ft(&[3, 67], 7);
+    for op in [
+        "Relu",
+        "Sigmoid",
+        "Tanh",
+        "Exp",
+        "Neg",
+        "Abs",
+        "Floor",
+        "Ceil",
+        "Sin",
+        "Cos",
+        "Erf",
+        "LeakyRelu",
+        "Elu",
+        "Selu",
+        "Celu",
+        "HardSigmoid",
+        "HardSwish",
+        "Softplus",
+        "Softsign",
+        "Gelu",
+        "Round",
+        "Sign",
+        "Mish",
+    ] {
+        Case::new(op, vec![x.clone()]).opset(20).check();
+    }
+    let pos =
+        Tensor::from_vec(&[131], vals(131, 3).iter().map(|v| v.abs() + 0.1).collect()).unwrap();
+    for op in ["Log", "Sqrt", "Reciprocal"] {
+        Case::new(op, vec![pos.clone()]).check();
+    }
+    Case::new("LeakyRelu", vec![x.clone()])
+        .attr(af("alpha", 0.3))
+        .check();
+    Case::new("Clip", vec![x.clone()])
+        .consts(vec![
+            Some(Tensor::scalar(-0.5f32)),
+            Some(Tensor::scalar(0.75f32)),
+        ])
+        .check();
+    Case::new("Clip", vec![x])
+        .consts(vec![None, Some(Tensor::scalar(0.25f32))])
+        .check();
+}
+
+#[test]
+fn where_selects_with_a_broadcast_condition() {
+    let c = Tensor::from_vec(&[3, 1], vec![true, false, true]).unwrap();
+    Case::new("Where", vec![c, ft(&[3, 5], 1), ft(&[5], 2)]).check();
+}
+
+#[test]
+fn matmul_over_odd_sizes_and_broadcast_batches() {
+    let cases: &[(&[usize], &[usize])] = &[
+        (&[1, 1], &[1, 1]),
+        (&[7, 13], &[13, 5]),
+        (&[65, 17], &[17, 131]),
+        (&[2, 3, 33, 19], &[19, 70]),
+        (&[3, 1, 9, 4], &[2, 4, 11]),
+        (&[13], &[13, 6]),
+        (&[4, 13], &[13]),
+        (&[1, 128, 384], &[384, 96]),
+    ];
+    for (k, (a, b)) in cases.iter().enumerate() {
+        Case::new("MatMul", vec![ft(a, k as u32), ft(b, 50 + k as u32)])
+            .atol(1e-4)
+            .check();
+    }
+}
+
+#[test]
+fn gemm_with_transposes_alpha_beta_and_a_broadcast_c() {
+    for (ta, tb) in [(0, 0), (1, 0), (0, 1), (1, 1)] {
+        let a = if ta == 1 {
+            ft(&[11, 7], 1)
+        } else {
+            ft(&[7, 11], 1)
+        };
+        let b = if tb == 1 {
+            ft(&[67, 11], 2)
+        } else {
+            ft(&[11, 67], 2)
+        };
+        for c in [ft(&[67], 3), ft(&[7, 1], 4), ft(&[7, 67], 5)] {
+            Case::new("Gemm", vec![a.clone(), b.clone()])
+                .consts(vec![Some(c)])
+                .attr(ai("transA", ta))
+                .attr(ai("transB", tb))
+                .attr(af("alpha", 0.75))
+                .attr(af("beta", 1.5))
+                .check();
+        }
+    }
+    Case::new("Gemm", vec![ft(&[5, 3], 1), ft(&[3, 4], 2)]).check();
+}
+
+#[test]
+fn data_movement_ops() {
+    let x = ft(&[2, 3, 5, 7], 9);
+    Case::new("Transpose", vec![x.clone()])
+        .attr(ais("perm", &[0, 2, 3, 1]))
+        .check();
+    Case::new("Transpose", vec![x.clone()]).check();
+    Case::new("Slice", vec![x.clone()])
+        .consts(vec![
+            Some(it(&[2], vec![1, -1])),
+            Some(it(&[2], vec![4, -100])),
+            Some(it(&[2], vec![2, 3])),
+            Some(it(&[2], vec![2, -2])),
+        ])
+        .check();
+    Case::new("Slice", vec![x.clone()])
+        .consts(vec![Some(it(&[1], vec![1])), Some(it(&[1], vec![3]))])
+        .check();
+    Case::new("Gather", vec![x.clone()])
+        .consts(vec![Some(it(&[2, 2], vec![4, -1, 0, 2]))])
+        .attr(ai("axis", 2))
+        .check();
+    Case::new("Gather", vec![x.clone()])
+        .consts(vec![Some(it(&[], vec![1]))])
+        .check();
+    Case::new(
+        "Concat",
+        vec![ft(&[3, 5], 1), ft(&[2, 5], 2), ft(&[1, 5], 3)],
+    )
+    .attr(ai("axis", 0))
+    .check();
+    Case::new("Concat", vec![ft(&[2, 3, 5], 1), ft(&[2, 1, 5], 2)])
+        .attr(ai("axis", -2))
+        .check();
+    Case::new("Reshape", vec![x.clone()])
+        .consts(vec![Some(it(&[3], vec![0, -1, 7]))])
+        .check();
+    Case::new("Flatten", vec![x.clone()])
+        .attr(ai("axis", 2))
+        .check();
+    Case::new("Unsqueeze", vec![x.clone()])
+        .consts(vec![Some(it(&[2], vec![0, -1]))])
+        .check();
+    Case::new("Squeeze", vec![ft(&[1, 3, 1, 2], 4)])
+        .consts(vec![Some(it(&[1], vec![2]))])
+        .check();
+}
+
+#[test]
+fn one_dimension_of_workgroups_is_not_a_limit() {
+    let Some(g) = gpu() else { return };
+    let max = g.gpu().summary().max_compute_workgroups_per_dimension as usize;
+    // more 256-wide workgroups than one dimension holds
+    let n = max * 256 + 3;
+    let x = Tensor::from_vec(&[n], (0..n).map(|i| (i % 1000) as f32 - 500.0).collect()).unwrap();
+    let (_, got, _) = Case::new("Relu", vec![x]).run_on(vec![g, cpu()]);
+    assert_eq!(got.len(), n);
+    for (i, v) in got.iter().enumerate() {
+        let want = ((i % 1000) as f32 - 500.0).max(0.0);
+        assert_eq!(*v, want, "element {i}");
+    }
+}
+
+#[test]
+fn a_chain_stays_on_the_device_and_is_read_back_once() {
+    let Some(g) = fresh_gpu() else { return };
+    // x -> MatMul(w) -> Add(b) -> Relu -> Shape-free chain -> y
+    let m = ModelProto {
+        ir_version: 9,
+        opset_import: vec![OperatorSetIdProto {
+            domain: String::new(),
+            version: 18,
+        }],
+        graph: Some(GraphProto {
+            name: "chain".into(),
+            node: vec![
+                NodeProto {
+                    op_type: "MatMul".into(),
+                    name: "mm".into(),
+                    input: vec!["x".into(), "w".into()],
+                    output: vec!["h".into()],
+                    ..Default::default()
+                },
+                NodeProto {
+                    op_type: "Add".into(),
+                    name: "add".into(),
+                    input: vec!["h".into(), "b".into()],
+                    output: vec!["a".into()],
+                    ..Default::default()
+                },
+                NodeProto {
+                    op_type: "Relu".into(),
+                    name: "relu".into(),
+                    input: vec!["a".into()],
+                    output: vec!["y".into()],
+                    ..Default::default()
+                },
+            ],
+            initializer: vec![init("w", &ft(&[9, 4], 1)), init("b", &ft(&[4], 2))],
+            input: vec![vi("x", DataType::Float, &[3, 9])],
+            output: vec![ValueInfoProto {
+                name: "y".into(),
+                ..Default::default()
+            }],
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+    .encode_to_vec();
+    let s = Session::new(
+        loader::load_model(&m, &loader::NoExternalData).unwrap(),
+        vec![g.clone(), cpu()],
+        &SessionOptions::default(),
+    )
+    .unwrap();
+    let r = s.partition();
+    assert!(
+        r.assignments.iter().all(|(_, _, p)| p == "webgpu"),
+        "{:?}",
+        r.assignments
+    );
+    // x, w, b up; y down
+    assert_eq!(r.copies, 4, "{:?}", r.copy_list);
+    let feeds = || vec![("x".to_string(), Value::Tensor(ft(&[3, 9], 3)))];
+    let _ = pollster::block_on(s.run_async(feeds())).unwrap();
+    let after_one = g.gpu().stats();
+    assert_eq!(after_one.dispatches, 3, "one dispatch per node");
+    let _ = pollster::block_on(s.run_async(feeds())).unwrap();
+    let after_two = g.gpu().stats();
+    // the second run reuses the first run's buffers: nothing new is allocated
+    assert_eq!(after_two.live_bytes, after_one.live_bytes);
+    assert!(after_one.live_bytes > 0);
+    // release: the pool is emptied and, once the session is gone, nothing is left
+    s.release_cached();
+    drop(s);
+    g.release_cached();
+    assert_eq!(g.gpu().stats().live_bytes, 0, "{:?}", g.gpu().stats());
+}
+
+#[test]
+fn a_lost_device_is_an_error_and_a_new_provider_works() {
+    let Some(g) = fresh_gpu() else { return };
+    let case = Case::new("Relu", vec![ft(&[17], 1)]);
+    let m = loader::load_model(&case.model(), &loader::NoExternalData).unwrap();
+    let s = Session::new(m, vec![g.clone(), cpu()], &SessionOptions::default()).unwrap();
+    let feeds = || vec![("x0".to_string(), Value::Tensor(ft(&[17], 1)))];
+    pollster::block_on(s.run_async(feeds())).unwrap();
+    g.lose_device_for_test();
+    let e = pollster::block_on(s.run_async(feeds()))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("lost") || e.contains("webgpu"), "{e}");
+    // a new provider (a new session) works
+    let Some(g2) = fresh_gpu() else { return };
+    let m = loader::load_model(&case.model(), &loader::NoExternalData).unwrap();
+    let s2 = Session::new(m, vec![g2, cpu()], &SessionOptions::default()).unwrap();
+    pollster::block_on(s2.run_async(feeds())).unwrap();
+}
+
+#[test]
+fn tensors_beyond_the_binding_limit_are_a_clear_error() {
+    let Some(g) = gpu() else { return };
+    let lim = g.gpu().summary().max_storage_buffer_binding_size;
+    let e = g
+        .gpu()
+        .buffer(lim + 4, "a test tensor")
+        .err()
+        .expect("an error above the limit")
+        .to_string();
+    assert!(e.contains("maxStorageBufferBindingSize"), "{e}");
+}
