@@ -1,0 +1,319 @@
+//! The harness of the WebGPU kernel tests: a one-node model run on [webgpu, cpu] and on the
+//! CPU alone, compared element by element. Each test file includes it (`mod gpu_common;`).
+#![allow(dead_code)]
+
+use std::sync::{Arc, OnceLock};
+
+use nxrt_core::kernels::CpuProvider;
+use nxrt_core::proto::{
+    attr_type, type_proto, AttributeProto, GraphProto, ModelProto, NodeProto, OperatorSetIdProto,
+    TensorProto, TensorShapeProto, TypeProto, ValueInfoProto,
+};
+use nxrt_core::provider::{ExecutionProvider, ReferenceCpu};
+use nxrt_core::{loader, DataType, Session, SessionOptions, Tensor, Value};
+use nxrt_wasm::webgpu::WebGpuProvider;
+use prost::Message;
+
+/// The shared provider (kernel tests), or `None` with the reason printed.
+pub fn gpu() -> Option<Arc<WebGpuProvider>> {
+    static P: OnceLock<Result<Arc<WebGpuProvider>, String>> = OnceLock::new();
+    match P.get_or_init(|| {
+        pollster::block_on(WebGpuProvider::new(0))
+            .map(Arc::new)
+            .map_err(|e| e.to_string())
+    }) {
+        Ok(p) => Some(p.clone()),
+        Err(e) => {
+            eprintln!("skipped: no WebGPU adapter here ({e})");
+            None
+        }
+    }
+}
+
+pub fn fresh_gpu() -> Option<Arc<WebGpuProvider>> {
+    match pollster::block_on(WebGpuProvider::new(0)) {
+        Ok(p) => Some(Arc::new(p)),
+        Err(e) => {
+            eprintln!("skipped: no WebGPU adapter here ({e})");
+            None
+        }
+    }
+}
+
+pub fn cpu() -> Arc<dyn ExecutionProvider> {
+    Arc::new(CpuProvider::new(Arc::new(ReferenceCpu)))
+}
+
+/// Deterministic values in about [-2, 2).
+pub fn vals(n: usize, seed: u32) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(2654435761).wrapping_add(12345);
+    (0..n)
+        .map(|_| {
+            s = s.wrapping_mul(1664525).wrapping_add(1013904223);
+            (s >> 8) as f32 / (1u32 << 24) as f32 * 4.0 - 2.0
+        })
+        .collect()
+}
+
+pub fn ft(shape: &[usize], seed: u32) -> Tensor {
+    Tensor::from_vec(shape, vals(shape.iter().product(), seed)).unwrap()
+}
+
+pub fn it(shape: &[usize], v: Vec<i64>) -> Tensor {
+    Tensor::from_vec(shape, v).unwrap()
+}
+
+pub fn vi(name: &str, dt: DataType, shape: &[usize]) -> ValueInfoProto {
+    use nxrt_core::proto::tensor_shape_proto::{dimension::Value as D, Dimension};
+    ValueInfoProto {
+        name: name.into(),
+        r#type: Some(TypeProto {
+            value: Some(type_proto::Value::TensorType(type_proto::Tensor {
+                elem_type: dt.code(),
+                shape: Some(TensorShapeProto {
+                    dim: shape
+                        .iter()
+                        .map(|&d| Dimension {
+                            value: Some(D::DimValue(d as i64)),
+                            ..Default::default()
+                        })
+                        .collect(),
+                }),
+            })),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+pub fn init(name: &str, t: &Tensor) -> TensorProto {
+    let mut p = TensorProto {
+        name: name.into(),
+        dims: t.shape().iter().map(|&d| d as i64).collect(),
+        data_type: t.dtype().code(),
+        ..Default::default()
+    };
+    match t.dtype() {
+        DataType::Float => p.float_data = t.to_f32_vec().unwrap(),
+        _ => p.int64_data = t.to_i64_vec().unwrap(),
+    }
+    p
+}
+
+pub fn ai(name: &str, v: i64) -> AttributeProto {
+    AttributeProto {
+        name: name.into(),
+        r#type: attr_type::INT,
+        i: v,
+        ..Default::default()
+    }
+}
+
+pub fn af(name: &str, v: f32) -> AttributeProto {
+    AttributeProto {
+        name: name.into(),
+        r#type: attr_type::FLOAT,
+        f: v,
+        ..Default::default()
+    }
+}
+
+pub fn astr(name: &str, v: &str) -> AttributeProto {
+    AttributeProto {
+        name: name.into(),
+        r#type: attr_type::STRING,
+        s: v.as_bytes().to_vec(),
+        ..Default::default()
+    }
+}
+
+pub fn afs(name: &str, v: &[f32]) -> AttributeProto {
+    AttributeProto {
+        name: name.into(),
+        r#type: attr_type::FLOATS,
+        floats: v.to_vec(),
+        ..Default::default()
+    }
+}
+
+pub fn ais(name: &str, v: &[i64]) -> AttributeProto {
+    AttributeProto {
+        name: name.into(),
+        r#type: attr_type::INTS,
+        ints: v.to_vec(),
+        ..Default::default()
+    }
+}
+
+/// One node: `feeds` are graph inputs, `consts` initializers (in input order after the
+/// feeds; an empty name leaves that input out).
+pub struct Case {
+    pub op: &'static str,
+    pub opset: i64,
+    pub attrs: Vec<AttributeProto>,
+    pub feeds: Vec<Tensor>,
+    pub consts: Vec<Option<Tensor>>,
+    /// absolute tolerance (relative is 1e-4)
+    pub atol: f32,
+    /// outputs the node has (all compared; f32 ones as floats, others exactly)
+    pub outputs: usize,
+}
+
+impl Case {
+    pub fn new(op: &'static str, feeds: Vec<Tensor>) -> Case {
+        Case {
+            op,
+            opset: 18,
+            attrs: vec![],
+            feeds,
+            consts: vec![],
+            atol: 1e-5,
+            outputs: 1,
+        }
+    }
+    pub fn outputs(mut self, n: usize) -> Self {
+        self.outputs = n;
+        self
+    }
+    /// Long dot products sum in another order than the CPU's.
+    pub fn atol(mut self, v: f32) -> Self {
+        self.atol = v;
+        self
+    }
+    pub fn attr(mut self, a: AttributeProto) -> Self {
+        self.attrs.push(a);
+        self
+    }
+    pub fn consts(mut self, c: Vec<Option<Tensor>>) -> Self {
+        self.consts = c;
+        self
+    }
+    pub fn opset(mut self, v: i64) -> Self {
+        self.opset = v;
+        self
+    }
+
+    pub fn model(&self) -> Vec<u8> {
+        let mut inputs = Vec::new();
+        let mut names = Vec::new();
+        for (k, t) in self.feeds.iter().enumerate() {
+            let n = format!("x{k}");
+            inputs.push(vi(&n, t.dtype(), t.shape()));
+            names.push(n);
+        }
+        let mut inits = Vec::new();
+        for (k, c) in self.consts.iter().enumerate() {
+            match c {
+                Some(t) => {
+                    let n = format!("c{k}");
+                    inits.push(init(&n, t));
+                    names.push(n);
+                }
+                None => names.push(String::new()),
+            }
+        }
+        ModelProto {
+            ir_version: 9,
+            opset_import: vec![OperatorSetIdProto {
+                domain: String::new(),
+                version: self.opset,
+            }],
+            graph: Some(GraphProto {
+                name: "one".into(),
+                node: vec![NodeProto {
+                    op_type: self.op.into(),
+                    name: "n0".into(),
+                    input: names,
+                    output: (0..self.outputs).map(|k| format!("y{k}")).collect(),
+                    attribute: self.attrs.clone(),
+                    ..Default::default()
+                }],
+                initializer: inits,
+                input: inputs,
+                output: (0..self.outputs)
+                    .map(|k| ValueInfoProto {
+                        name: format!("y{k}"),
+                        ..Default::default()
+                    })
+                    .collect(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+        .encode_to_vec()
+    }
+
+    pub fn run_on(
+        &self,
+        providers: Vec<Arc<dyn ExecutionProvider>>,
+    ) -> (Session, Vec<f32>, Vec<usize>) {
+        let (s, mut outs) = self.run_all(providers);
+        let (v, shape) = outs.swap_remove(0);
+        (s, v, shape)
+    }
+
+    /// Every output as (values as f32, shape).
+    pub fn run_all(
+        &self,
+        providers: Vec<Arc<dyn ExecutionProvider>>,
+    ) -> (Session, Vec<(Vec<f32>, Vec<usize>)>) {
+        let m = loader::load_model(&self.model(), &loader::NoExternalData).unwrap();
+        let s = Session::new(m, providers, &SessionOptions::default()).unwrap();
+        let feeds = self
+            .feeds
+            .iter()
+            .enumerate()
+            .map(|(k, t)| (format!("x{k}"), Value::Tensor(t.clone())))
+            .collect();
+        let out = pollster::block_on(s.run_async(feeds)).unwrap();
+        let outs = out
+            .iter()
+            .map(|(_, v)| {
+                let Value::Tensor(y) = v else {
+                    panic!("a tensor")
+                };
+                assert_eq!(y.location(), nxrt_core::Location::Host);
+                let vals = match y.dtype() {
+                    DataType::Float => y.to_f32_vec().unwrap(),
+                    _ => y
+                        .to_i64_vec()
+                        .unwrap()
+                        .into_iter()
+                        .map(|v| v as f32)
+                        .collect(),
+                };
+                (vals, y.shape().to_vec())
+            })
+            .collect();
+        (s, outs)
+    }
+
+    /// Runs on WebGPU (asserting the node ran there) and on the CPU; compares.
+    #[track_caller]
+    pub fn check(self) {
+        let Some(g) = gpu() else { return };
+        let (s, got) = self.run_all(vec![g, cpu()]);
+        let placed = &s.partition().assignments;
+        assert_eq!(
+            placed[0].2,
+            "webgpu",
+            "{} did not run on WebGPU: {:?}",
+            self.op,
+            s.partition().unsupported
+        );
+        let (_, want) = self.run_all(vec![cpu()]);
+        for (k, ((g, gs), (w, ws))) in got.iter().zip(&want).enumerate() {
+            assert_eq!(gs, ws, "{} output {k}: shapes", self.op);
+            close(&format!("{} output {k}", self.op), g, w, 1e-4, self.atol);
+        }
+    }
+}
+
+#[track_caller]
+pub fn close(what: &str, got: &[f32], want: &[f32], rtol: f32, atol: f32) {
+    assert_eq!(got.len(), want.len(), "{what}: lengths");
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        let ok = (g.is_nan() && w.is_nan()) || (g - w).abs() <= atol + rtol * w.abs();
+        assert!(ok, "{what}: element {i}: webgpu {g} vs cpu {w}");
+    }
+}
