@@ -4,6 +4,11 @@
 //!
 //! Needs the corpus (`../shared/corpus/fetch_corpus.sh`) and the `nxrt` binary (found next to
 //! this test's target dir, or at `$NXRT_BIN`). Prints each model's worst absolute/relative error.
+//!
+//! The same models run again with `--provider webgpu` (WebGPU first, the CPU for what it
+//! declines) when the machine has a WebGPU adapter (CI: Mesa's lavapipe through Vulkan), held
+//! to the same tolerance; the table adds how many nodes ran on WebGPU and how many copies the
+//! partition needed. Without an adapter that test prints why and passes.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -100,6 +105,7 @@ fn sorted_maps(v: Value) -> Value {
 
 fn check_case(
     bin: &Path,
+    provider: &str,
     model_name: &str,
     model: &Path,
     case_dir: &Path,
@@ -115,6 +121,8 @@ fn check_case(
     // the planned arena
     cmd.arg("run")
         .arg(model)
+        .arg("--provider")
+        .arg(provider)
         .arg("--runs")
         .arg("2")
         .arg("--output-dir")
@@ -179,6 +187,49 @@ fn check_case(
 
 #[test]
 fn corpus_models_match_onnx_runtime() {
+    parity("cpu");
+}
+
+#[test]
+fn corpus_models_match_onnx_runtime_on_webgpu() {
+    let bin = nxrt_bin();
+    // the embedded model is the probe: no adapter, no test
+    let probe = Command::new(&bin)
+        .args(["run", "--provider", "webgpu"])
+        .output()
+        .expect("nxrt runs");
+    if !probe.status.success() {
+        let e = String::from_utf8_lossy(&probe.stderr);
+        assert!(
+            e.contains("no WebGPU adapter") || e.contains("not available in this build"),
+            "the webgpu probe failed for another reason: {e}"
+        );
+        println!("skipped: {}", e.trim());
+        return;
+    }
+    parity("webgpu");
+}
+
+/// (nodes on WebGPU, all nodes, copies) from `nxrt inspect --provider webgpu --json`.
+fn webgpu_partition(bin: &Path, model: &Path) -> Option<(u64, u64, u64)> {
+    let out = Command::new(bin)
+        .args(["inspect", "--json", "--provider", "webgpu"])
+        .arg(model)
+        .output()
+        .ok()?;
+    let j: Json = serde_json::from_slice(&out.stdout).ok()?;
+    let per = j["partition"]["nodes_per_provider"].as_array()?;
+    let count = |name: &str| {
+        per.iter()
+            .filter(|p| p["provider"] == name)
+            .filter_map(|p| p["nodes"].as_u64())
+            .sum::<u64>()
+    };
+    let all: u64 = per.iter().filter_map(|p| p["nodes"].as_u64()).sum();
+    Some((count("webgpu"), all, j["partition"]["copies"].as_u64()?))
+}
+
+fn parity(provider: &str) {
     let corpus = cache_dir().join("corpus");
     assert!(
         corpus.join("manifest.json").exists(),
@@ -208,7 +259,7 @@ fn corpus_models_match_onnx_runtime() {
         "expected the 19 corpus models, found {}",
         models.len()
     );
-    let tmp = std::env::temp_dir().join(format!("nxrt-parity-{}", std::process::id()));
+    let tmp = std::env::temp_dir().join(format!("nxrt-parity-{provider}-{}", std::process::id()));
     let mut failures = Vec::new();
     println!(
         "{:<24} {:<16} {:>12} {:>12}  result",
@@ -216,6 +267,11 @@ fn corpus_models_match_onnx_runtime() {
     );
     for m in &models {
         let name = m.file_name().unwrap().to_string_lossy().to_string();
+        if provider == "webgpu" {
+            if let Some((on, all, copies)) = webgpu_partition(&bin, &m.join("model.onnx")) {
+                println!("{name:<24} partition: {on} of {all} nodes on webgpu, {copies} copies");
+            }
+        }
         let mut cases: Vec<PathBuf> = std::fs::read_dir(m.join("ref"))
             .map(|r| r.filter_map(|e| e.ok().map(|e| e.path())).collect())
             .unwrap_or_default();
@@ -226,7 +282,15 @@ fn corpus_models_match_onnx_runtime() {
             let out = tmp.join(&name).join(&case);
             std::fs::create_dir_all(&out).unwrap();
             let mut notes = Vec::new();
-            match check_case(&bin, &name, &m.join("model.onnx"), &c, &out, &mut notes) {
+            match check_case(
+                &bin,
+                provider,
+                &name,
+                &m.join("model.onnx"),
+                &c,
+                &out,
+                &mut notes,
+            ) {
                 Ok(s) => {
                     let tag = if notes.is_empty() {
                         "ok"
@@ -251,7 +315,7 @@ fn corpus_models_match_onnx_runtime() {
     let _ = std::fs::remove_dir_all(&tmp);
     assert!(
         failures.is_empty(),
-        "{} case(s) differ from ONNX Runtime:\n{}",
+        "{} case(s) differ from ONNX Runtime on {provider}:\n{}",
         failures.len(),
         failures.join("\n")
     );
