@@ -34,7 +34,7 @@ export interface ValueMetadata {
 export type OnnxValue = Tensor | OnnxValue[] | Map<number | bigint | string, number | OnnxValue> | null;
 
 export interface SessionOptions {
-  /** Providers in preference order: 'wasm' (alias 'cpu'). Default ['wasm']. */
+  /** Providers in preference order: 'webgpu', 'wasm' (alias 'cpu'). Default ['wasm']. With 'webgpu', nodes it has no kernel for run on the CPU with explicit copies (see partitionReport()). */
   executionProviders?: (string | { name: string })[];
   graphOptimizationLevel?: 'disabled' | 'basic' | 'extended' | 'all';
 }
@@ -47,6 +47,12 @@ export declare class InferenceSession {
   readonly outputMetadata: readonly ValueMetadata[];
   /** Which provider runs how many nodes, and how many copies the partition needs. */
   readonly partition: string;
+  /** Which node runs where, every copy between providers, and why nodes fell back. */
+  partitionReport(): {
+    nodes: { node: string; op: string; provider: string }[];
+    copies: { value: string; from: string; to: string; node: string }[];
+    fallbacks: { node: string; op: string; to: string; reasons: string }[];
+  };
   run(feeds: Record<string, Tensor>, fetches?: readonly string[]): Promise<Record<string, OnnxValue>>;
   release(): Promise<void>;
 }

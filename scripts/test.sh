@@ -30,6 +30,8 @@ if [ "${SKIP_SETUP:-0}" != 1 ]; then
   bash "$SHARED/conformance/fetch-node-tests.sh" "$NXRT_CACHE/conformance"
 fi
 [ -f /opt/nxrt-tools/env.sh ] && source /opt/nxrt-tools/env.sh
+# the Vulkan loader (lavapipe, for the WebGPU tests) wants a runtime dir
+export XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-$(mktemp -d)}"
 rustup component list --installed 2>/dev/null | grep -q clippy || rustup component add clippy rustfmt
 for t in wasm32v1-none wasm32-unknown-unknown; do
   rustup target list --installed | grep -qx "$t" || rustup target add "$t"

@@ -223,6 +223,11 @@ pub trait ExecutionProvider: Send + Sync {
             )))
         }
     }
+    /// Counters for reports (`nxrt run` prints them): e.g. a device provider's dispatches,
+    /// uploads, downloads and bytes on the device. Empty by default.
+    fn counters(&self) -> Vec<(&'static str, u64)> {
+        Vec::new()
+    }
     /// Frees what the provider caches between runs (buffer pools); called by
     /// `Session::release`, and safe to call at any time: later runs allocate again.
     fn release_cached(&self) {}

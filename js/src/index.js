@@ -251,7 +251,8 @@ export class InferenceSession {
     const providers = providerNames(options.executionProviders);
     const level = options.graphOptimizationLevel ?? 'all';
     try {
-      return new InferenceSession(new wasm.WasmSession(bytes, providers, level));
+      // async: 'webgpu' opens the adapter (navigator.gpu.requestAdapter) first
+      return new InferenceSession(await wasm.WasmSession.create(bytes, providers, level));
     } catch (e) {
       throw asError(e);
     }
@@ -268,6 +269,15 @@ export class InferenceSession {
   /** Where each node runs, e.g. `wasm: 52 nodes; 0 copies`. */
   get partition() {
     return this.#live().partition();
+  }
+
+  /**
+   * The partition in full: `{nodes: [{node, op, provider}], copies: [{value, from, to, node}],
+   * fallbacks: [{node, op, to, reasons}]}`: which node runs where, every copy between the GPU
+   * and the CPU (node '' = a graph output read back), and why a preferred provider declined.
+   */
+  partitionReport() {
+    return this.#live().partitionReport();
   }
 
   #live() {
@@ -309,9 +319,13 @@ export class InferenceSession {
     return result;
   }
 
-  /** Frees the model's memory now (the wasm heap keeps the pages for the next session). */
+  /**
+   * Frees the model's memory now: its memory plans, its WebGPU buffers and device (the wasm
+   * heap keeps the pages for the next session).
+   */
   async release() {
     if (this.#inner) {
+      this.#inner.releaseCached();
       this.#inner.free();
       this.#inner = null;
     }

@@ -55,6 +55,36 @@ for (const model of corpusModels()) {
   });
 }
 
+// The same models with executionProviders ['webgpu', 'wasm'] on the page's WebGPU adapter
+// (SwiftShader here: CPU emulation, so no timing is meant), to the same tolerance.
+for (const model of corpusModels()) {
+  test(`Chromium WebGPU: corpus ${model} matches native`, async (t) => {
+    const adapter = await page.evaluate(() => window.webgpuAdapter());
+    if (adapter.none) {
+      t.skip(`no WebGPU adapter: ${adapter.none}`);
+      return;
+    }
+    for (const c of corpusCases(model)) {
+      const want = nativeOutputs(model, c);
+      const got = await page.evaluate(
+        ([m, d, i]) => window.runCase(m, d, i, ['webgpu', 'wasm']),
+        [model, c.case, c.io.inputs],
+      );
+      const part = await page.evaluate(() => window.partitionOf());
+      let worst = 0;
+      for (const [name, w] of Object.entries(want)) {
+        const g = unplain(got[name]);
+        if (g && g.type && (g.type === 'int64' || g.type === 'uint64')) g.data = g.data.map(BigInt);
+        worst = Math.max(worst, compareOutput(`webgpu ${model}/${c.case}/${name}`, g, w).maxAbs);
+      }
+      console.log(
+        `chromium webgpu ${model}/${c.case}: ${part.webgpu} of ${part.nodes} nodes on webgpu, ` +
+          `${part.copies} copies, max |webgpu - native| = ${worst.toExponential(2)}`,
+      );
+    }
+  });
+}
+
 test('Chromium: bad input rejects with messages; the session stays usable', async () => {
   const r = await page.evaluate(() => window.badInput('ort_mul_1'));
   assert.equal(r.msgs.length, 3);

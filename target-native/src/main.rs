@@ -395,9 +395,33 @@ fn run(a: RunArgs) -> Result<(), Error> {
     for _ in 1..a.runs {
         session.run(feeds.clone())?;
     }
+    let counters = |s: &Session| -> Vec<(String, Vec<(&'static str, u64)>)> {
+        s.core()
+            .providers()
+            .iter()
+            .map(|p| (p.name().to_string(), p.counters()))
+            .filter(|(_, c)| !c.is_empty())
+            .collect()
+    };
+    let before = counters(&session);
     let t0 = Instant::now();
     let outs = session.run(feeds)?;
     let ms = t0.elapsed().as_secs_f64() * 1e3;
+    // device providers' counters for the reported run, on stderr (stdout keeps its format)
+    for ((name, after), (_, was)) in counters(&session).iter().zip(&before) {
+        let parts: Vec<String> = after
+            .iter()
+            .zip(was)
+            .map(|((k, v), (_, w))| {
+                if k.ends_with("bytes") {
+                    format!("{k} {v}")
+                } else {
+                    format!("{k} {}", v - w)
+                }
+            })
+            .collect();
+        eprintln!("provider {name} (this run): {}", parts.join(", "));
+    }
     println!("model: {label}");
     println!(
         "load: {:.3} ms, run: {:.3} ms ({} thread{}, provider {})",

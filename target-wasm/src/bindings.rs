@@ -147,6 +147,67 @@ impl WasmSession {
         Ok(WasmSession { inner: Rc::new(s) })
     }
 
+    /// Loads a model, opening the WebGPU adapter first when `providers` names `webgpu`
+    /// (async, as `requestAdapter` is). Resolves to a `WasmSession`.
+    pub fn create(bytes: Vec<u8>, providers: Vec<String>, opt: String) -> js_sys::Promise {
+        wasm_bindgen_futures::future_to_promise(async move {
+            let level = opt_level(&opt).map_err(js_err)?;
+            let s = crate::build_session_async(&bytes, &providers, level)
+                .await
+                .map_err(js_err)?;
+            Ok(JsValue::from(WasmSession { inner: Rc::new(s) }))
+        })
+    }
+
+    /// Frees cached memory now: memory plans and the WebGPU buffer pool.
+    #[wasm_bindgen(js_name = releaseCached)]
+    pub fn release_cached(&self) {
+        self.inner.release_cached();
+    }
+
+    /// The partition as an object: `{nodes: [{node, op, provider}], copies: [{value, from, to,
+    /// node}], fallbacks: [{node, op, to, reasons}]}`.
+    #[wasm_bindgen(js_name = partitionReport)]
+    pub fn partition_report(&self) -> Object {
+        let r = self.inner.partition();
+        let o = Object::new();
+        let nodes = Array::new();
+        for (n, op, p) in &r.assignments {
+            let e = Object::new();
+            set(&e, "node", &JsValue::from_str(n));
+            set(&e, "op", &JsValue::from_str(op));
+            set(&e, "provider", &JsValue::from_str(p));
+            nodes.push(&e);
+        }
+        let copies = Array::new();
+        for c in &r.copy_list {
+            let e = Object::new();
+            set(&e, "value", &JsValue::from_str(&c.value));
+            set(&e, "from", &JsValue::from_str(&c.from));
+            set(&e, "to", &JsValue::from_str(&c.to));
+            set(&e, "node", &JsValue::from_str(&c.node));
+            copies.push(&e);
+        }
+        let fallbacks = Array::new();
+        for f in &r.fallbacks {
+            let e = Object::new();
+            set(&e, "node", &JsValue::from_str(&f.node));
+            set(&e, "op", &JsValue::from_str(&f.op));
+            set(&e, "to", &JsValue::from_str(&f.to));
+            let why: Vec<String> = f
+                .declined
+                .iter()
+                .map(|(p, r)| format!("{p}: {r}"))
+                .collect();
+            set(&e, "reasons", &JsValue::from_str(&why.join("; ")));
+            fallbacks.push(&e);
+        }
+        set(&o, "nodes", &nodes);
+        set(&o, "copies", &copies);
+        set(&o, "fallbacks", &fallbacks);
+        o
+    }
+
     #[wasm_bindgen(getter, js_name = inputNames)]
     pub fn input_names(&self) -> Vec<String> {
         self.inner.inputs().into_iter().map(|i| i.name).collect()

@@ -21,6 +21,9 @@ pub fn version() -> &'static str {
 }
 
 /// Provider names the browser build knows (`cpu` is an alias of `wasm`).
+#[cfg(feature = "webgpu")]
+pub const PROVIDERS: &[&str] = &["webgpu", "wasm", "cpu"];
+#[cfg(not(feature = "webgpu"))]
 pub const PROVIDERS: &[&str] = &["wasm", "cpu"];
 
 /// Parses onnxruntime-web's `graphOptimizationLevel` names.
@@ -37,25 +40,61 @@ pub fn opt_level(name: &str) -> Result<OptLevel> {
     })
 }
 
-/// Builds a session from model bytes for the named providers (in preference order).
-pub fn build_session(bytes: &[u8], providers: &[String], opt: OptLevel) -> Result<Session> {
+fn check_providers(providers: &[String]) -> Result<()> {
     for p in providers {
         if !PROVIDERS.contains(&p.as_str()) {
             return Err(Error::Provider(format!(
-                "execution provider '{p}' is not available in this build (available: wasm)"
+                "execution provider '{p}' is not available in this build (available: {})",
+                PROVIDERS.join(", ")
             )));
         }
     }
+    Ok(())
+}
+
+fn session_with(
+    bytes: &[u8],
+    mut list: Vec<Arc<dyn ExecutionProvider>>,
+    opt: OptLevel,
+) -> Result<Session> {
     let model = loader::load_model(bytes, &loader::NoExternalData)?;
-    let cpu: Arc<dyn ExecutionProvider> = Arc::new(CpuProvider::new(Arc::new(ReferenceCpu)));
+    list.push(Arc::new(CpuProvider::new(Arc::new(ReferenceCpu))));
     Session::new(
         model,
-        vec![cpu],
+        list,
         &SessionOptions {
             optimization: opt,
             ..Default::default()
         },
     )
+}
+
+/// Builds a session from model bytes for the named CPU providers (`webgpu` needs
+/// [`build_session_async`]: opening an adapter is async in a browser).
+pub fn build_session(bytes: &[u8], providers: &[String], opt: OptLevel) -> Result<Session> {
+    check_providers(providers)?;
+    if providers.iter().any(|p| p == "webgpu") {
+        return Err(Error::Provider(
+            "the webgpu provider is opened asynchronously: use build_session_async".into(),
+        ));
+    }
+    session_with(bytes, Vec::new(), opt)
+}
+
+/// Builds a session for the named providers in preference order; `webgpu` opens the
+/// platform's WebGPU adapter first (the CPU always runs what it declines, with explicit copies).
+pub async fn build_session_async(
+    bytes: &[u8],
+    providers: &[String],
+    opt: OptLevel,
+) -> Result<Session> {
+    check_providers(providers)?;
+    let mut list: Vec<Arc<dyn ExecutionProvider>> = Vec::new();
+    #[cfg(feature = "webgpu")]
+    if providers.iter().any(|p| p == "webgpu") {
+        list.push(Arc::new(webgpu::WebGpuProvider::new(0).await?));
+    }
+    session_with(bytes, list, opt)
 }
 
 #[cfg(feature = "webgpu")]
@@ -166,11 +205,11 @@ mod tests {
 
     #[test]
     fn unknown_providers_are_refused_by_name() {
-        let e = build_session(&[], &["webgpu".into()], OptLevel::Basic)
+        let e = build_session(&[], &["webnn".into()], OptLevel::Basic)
             .err()
             .unwrap()
             .to_string();
-        assert!(e.contains("webgpu"), "{e}");
+        assert!(e.contains("webnn"), "{e}");
         let e = build_session(&[1, 2, 3], &["wasm".into()], OptLevel::Basic)
             .err()
             .unwrap()

@@ -95,6 +95,8 @@ pub struct Gpu {
     live_bytes: AtomicU64,
     pooled_bytes: AtomicU64,
     dispatches: AtomicU64,
+    uploads: AtomicU64,
+    downloads: AtomicU64,
     me: Weak<Gpu>,
 }
 
@@ -107,6 +109,9 @@ pub struct GpuStats {
     pub pooled_bytes: u64,
     /// Compute dispatches since the provider was made.
     pub dispatches: u64,
+    /// Host-to-device and device-to-host tensor copies since the provider was made.
+    pub uploads: u64,
+    pub downloads: u64,
 }
 
 /// A device buffer: returns to its provider's pool when dropped.
@@ -187,6 +192,8 @@ impl Gpu {
             live_bytes: self.live_bytes.load(Ordering::Relaxed),
             pooled_bytes: self.pooled_bytes.load(Ordering::Relaxed),
             dispatches: self.dispatches.load(Ordering::Relaxed),
+            uploads: self.uploads.load(Ordering::Relaxed),
+            downloads: self.downloads.load(Ordering::Relaxed),
         }
     }
 
@@ -430,6 +437,7 @@ impl Gpu {
     /// and int32 as 32-bit words).
     pub fn upload_tensor(&self, t: &Tensor) -> Result<Tensor> {
         self.check()?;
+        self.uploads.fetch_add(1, Ordering::Relaxed);
         let words: Vec<u32> = match t.dtype() {
             DataType::Float => t.to_f32_vec()?.into_iter().map(f32::to_bits).collect(),
             DataType::Int32 | DataType::Int64 | DataType::Bool => t
@@ -456,6 +464,7 @@ impl Gpu {
     /// Reads a device tensor back (async: the browser resolves the map when the GPU is done).
     pub async fn download_tensor(&self, t: &Tensor) -> Result<Tensor> {
         self.check()?;
+        self.downloads.fetch_add(1, Ordering::Relaxed);
         let b = dev_buf(t)?;
         let n = t.len();
         let bytes = n as u64 * 4;
@@ -644,6 +653,8 @@ impl WebGpuProvider {
             live_bytes: AtomicU64::new(0),
             pooled_bytes: AtomicU64::new(0),
             dispatches: AtomicU64::new(0),
+            uploads: AtomicU64::new(0),
+            downloads: AtomicU64::new(0),
             me: me.clone(),
         });
         Ok(WebGpuProvider {
@@ -722,6 +733,16 @@ impl ExecutionProvider for WebGpuProvider {
     }
     fn release_cached(&self) {
         self.gpu.trim();
+    }
+    fn counters(&self) -> Vec<(&'static str, u64)> {
+        let s = self.gpu.stats();
+        vec![
+            ("dispatches", s.dispatches),
+            ("uploads", s.uploads),
+            ("downloads", s.downloads),
+            ("device_bytes", s.live_bytes),
+            ("pooled_bytes", s.pooled_bytes),
+        ]
     }
     fn upload(&self, t: &Tensor) -> Result<Tensor> {
         self.gpu.upload_tensor(t)

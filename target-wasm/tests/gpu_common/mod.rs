@@ -145,6 +145,9 @@ pub fn ais(name: &str, v: &[i64]) -> AttributeProto {
     }
 }
 
+/// One output: its values as f32 and its shape.
+pub type Output = (Vec<f32>, Vec<usize>);
+
 /// One node: `feeds` are graph inputs, `consts` initializers (in input order after the
 /// feeds; an empty name leaves that input out).
 pub struct Case {
@@ -256,7 +259,7 @@ impl Case {
     pub fn run_all(
         &self,
         providers: Vec<Arc<dyn ExecutionProvider>>,
-    ) -> (Session, Vec<(Vec<f32>, Vec<usize>)>) {
+    ) -> (Session, Vec<Output>) {
         let m = loader::load_model(&self.model(), &loader::NoExternalData).unwrap();
         let s = Session::new(m, providers, &SessionOptions::default()).unwrap();
         let feeds = self
