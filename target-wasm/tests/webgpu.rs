@@ -265,7 +265,8 @@ fn a_chain_stays_on_the_device_and_is_read_back_once() {
     let feeds = || vec![("x".to_string(), Value::Tensor(ft(&[3, 9], 3)))];
     let _ = pollster::block_on(s.run_async(feeds())).unwrap();
     let after_one = g.gpu().stats();
-    assert_eq!(after_one.dispatches, 3, "one dispatch per node");
+    // MatMul, then Add and Relu fused into one
+    assert_eq!(after_one.dispatches, 2, "{after_one:?}");
     let _ = pollster::block_on(s.run_async(feeds())).unwrap();
     let after_two = g.gpu().stats();
     // the second run reuses the first run's buffers: nothing new is allocated
@@ -308,4 +309,115 @@ fn tensors_beyond_the_binding_limit_are_a_clear_error() {
         .expect_err("an error above the limit")
         .to_string();
     assert!(e.contains("maxStorageBufferBindingSize"), "{e}");
+}
+
+/// A graph of `nodes` (op, inputs, output) over float inputs `x0..` of the given shapes, with
+/// output `y`.
+fn graph_model(nodes: &[(&str, &[&str], &str)], inputs: &[&[usize]]) -> Vec<u8> {
+    ModelProto {
+        ir_version: 9,
+        opset_import: vec![OperatorSetIdProto {
+            domain: String::new(),
+            version: 18,
+        }],
+        graph: Some(GraphProto {
+            name: "g".into(),
+            node: nodes
+                .iter()
+                .enumerate()
+                .map(|(k, (op, ins, out))| NodeProto {
+                    op_type: op.to_string(),
+                    name: format!("n{k}"),
+                    input: ins.iter().map(|s| s.to_string()).collect(),
+                    output: vec![out.to_string()],
+                    ..Default::default()
+                })
+                .collect(),
+            input: inputs
+                .iter()
+                .enumerate()
+                .map(|(k, s)| vi(&format!("x{k}"), DataType::Float, s))
+                .collect(),
+            output: vec![ValueInfoProto {
+                name: "y".into(),
+                ..Default::default()
+            }],
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+    .encode_to_vec()
+}
+
+/// Runs `model` on a fresh provider and on the CPU; returns the dispatches of one WebGPU run.
+fn fused_run(model: &[u8], inputs: &[&[usize]]) -> Option<u64> {
+    let g = fresh_gpu()?;
+    let feeds = || -> Vec<(String, Value)> {
+        inputs
+            .iter()
+            .enumerate()
+            .map(|(k, s)| (format!("x{k}"), Value::Tensor(ft(s, k as u32 + 1))))
+            .collect()
+    };
+    let load = || loader::load_model(model, &loader::NoExternalData).unwrap();
+    let s = Session::new(load(), vec![g.clone(), cpu()], &SessionOptions::default()).unwrap();
+    let before = g.gpu().stats().dispatches;
+    let got = pollster::block_on(s.run_async(feeds())).unwrap();
+    let dispatches = g.gpu().stats().dispatches - before;
+    let c = Session::new(load(), vec![cpu()], &SessionOptions::default()).unwrap();
+    let want = pollster::block_on(c.run_async(feeds())).unwrap();
+    let (Value::Tensor(a), Value::Tensor(b)) = (&got[0].1, &want[0].1) else {
+        panic!("tensors")
+    };
+    assert_eq!(a.shape(), b.shape());
+    close(
+        "fused chain",
+        &a.to_f32_vec().unwrap(),
+        &b.to_f32_vec().unwrap(),
+        1e-4,
+        1e-5,
+    );
+    Some(dispatches)
+}
+
+#[test]
+fn element_wise_chains_run_as_one_dispatch() {
+    // SiLU, a broadcast bias, Tanh, a Clip: five nodes, one dispatch
+    let m = graph_model(
+        &[
+            ("Sigmoid", &["x0"], "s"),
+            ("Mul", &["x0", "s"], "m"),
+            ("Add", &["m", "x1"], "a"),
+            ("Tanh", &["a"], "t"),
+            ("Relu", &["t"], "y"),
+        ],
+        &[&[3, 5, 7], &[7]],
+    );
+    if let Some(d) = fused_run(&m, &[&[3, 5, 7], &[7]]) {
+        assert_eq!(d, 1, "the chain should be one dispatch");
+    }
+    // four leaves are more than one dispatch reads: one operand is computed first
+    let m = graph_model(
+        &[
+            ("Add", &["x0", "x1"], "a"),
+            ("Mul", &["x2", "x3"], "b"),
+            ("Sub", &["a", "b"], "y"),
+        ],
+        &[&[4, 6], &[6], &[4, 1], &[1]],
+    );
+    if let Some(d) = fused_run(&m, &[&[4, 6], &[6], &[4, 1], &[1]]) {
+        assert_eq!(d, 2);
+    }
+    // a value read by two consumers is recomputed by each, never wrong
+    let m = graph_model(
+        &[
+            ("Exp", &["x0"], "e"),
+            ("Neg", &["e"], "n"),
+            ("Div", &["e", "n"], "y"),
+        ],
+        &[&[2, 9]],
+    );
+    if let Some(d) = fused_run(&m, &[&[2, 9]]) {
+        assert_eq!(d, 1);
+    }
 }

@@ -1,11 +1,136 @@
 //! Element-wise kernels: unary activations, binary arithmetic with numpy broadcasting, Where,
 //! Clip, and the identity-like ops (views of their input's buffer, no dispatch).
+//!
+//! Unary and binary ops are fused: each returns a tensor whose contents are a [`Pending`]
+//! expression over up to three materialised tensors (its leaves, read with broadcast strides),
+//! and an op over a pending input extends that expression instead of reading its bytes. The
+//! expression runs as one dispatch when something needs the bytes (another kernel, a read-back),
+//! so `Add -> Relu`, `Sigmoid -> Mul` or a longer chain costs one dispatch and no intermediate
+//! buffer writes.
+
+use std::collections::BTreeMap;
 
 use nxrt_core::ir::Node;
 use nxrt_core::kernels::{broadcast_shapes, tensor_in};
-use nxrt_core::{DataType, Error, Result};
+use nxrt_core::{DataType, Error, Result, Tensor};
 
-use super::{dev_in, host_f32, out1, shader_1d, view_of, Exec, Gpu, OpDef};
+use super::{dev_buf, dev_in, host_f32, out1, shader_1d, view_of, Exec, Gpu, OpDef};
+
+/// Leaves one fused dispatch reads at most (plus params and output: within the 8 storage
+/// bindings every adapter has).
+const MAX_LEAVES: usize = 3;
+/// Past this much WGSL an operand is computed on its own first.
+const MAX_EXPR: usize = 4000;
+
+/// An element-wise result not computed yet: `expr` (WGSL, `$k` standing for leaf `k`'s
+/// element) over `leaves`, each a materialised device tensor read with element strides over the
+/// result's shape (0 where it broadcasts); `funcs` are the WGSL functions `expr` calls, by name.
+#[derive(Clone)]
+pub(crate) struct Pending {
+    shape: Vec<usize>,
+    leaves: Vec<(Tensor, Vec<u32>)>,
+    funcs: BTreeMap<String, String>,
+    expr: String,
+}
+
+/// A stable name for a WGSL function body (FNV-1a of its text).
+fn fname(prefix: &str, body: &str) -> String {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in body.bytes() {
+        h = (h ^ b as u64).wrapping_mul(0x0100_0000_01b3);
+    }
+    format!("{prefix}{h:016x}")
+}
+
+/// Operand `t` as an expression over its own shape: its pending expression, or itself as the
+/// one leaf.
+fn operand(t: &Tensor) -> Result<Pending> {
+    if let Some(p) = dev_buf(t)?.pending() {
+        if p.expr.len() <= MAX_EXPR {
+            return Ok(p);
+        }
+    }
+    Ok(leaf(t))
+}
+
+/// `p` over `from` re-expressed over the broadcast shape `to`.
+fn broadcast_to(mut p: Pending, from: &[usize], to: &[usize]) -> Pending {
+    let off = to.len() - from.len();
+    for (_, s) in p.leaves.iter_mut() {
+        let mut ns = vec![0u32; to.len()];
+        for i in 0..from.len() {
+            if !(from[i] == 1 && to[off + i] != 1) {
+                ns[off + i] = s[i];
+            }
+        }
+        *s = ns;
+    }
+    p.shape = to.to_vec();
+    p
+}
+
+/// Renumbers `$k` to `$(k + by)` (leaves are at most single digits).
+fn shift(expr: &str, by: usize) -> String {
+    let mut out = String::with_capacity(expr.len());
+    let mut it = expr.chars().peekable();
+    while let Some(c) = it.next() {
+        out.push(c);
+        if c == '$' {
+            if let Some(d) = it.next() {
+                let k = d.to_digit(10).unwrap_or(0) as usize + by;
+                out.push_str(&k.to_string());
+            }
+        }
+    }
+    out
+}
+
+/// Computes a pending expression into `out` (one dispatch).
+pub(crate) fn materialize(gpu: &Gpu, out: &wgpu::Buffer, p: Pending) -> Result<()> {
+    let n_leaves = p.leaves.len();
+    let dims: &[usize] = &p.shape;
+    if dims.len() > MAX_RANK {
+        return Err(Error::Other(format!(
+            "the WebGPU element-wise kernels take rank {MAX_RANK} at most, not {}",
+            dims.len()
+        )));
+    }
+    let n: usize = dims.iter().product();
+    if n == 0 {
+        return Ok(());
+    }
+    let mut params = vec![0, n as u32, dims.len() as u32];
+    params.extend(dims.iter().map(|&d| d as u32));
+    for (_, s) in &p.leaves {
+        params.extend(s);
+    }
+    let mut bufs: Vec<&wgpu::Buffer> = Vec::with_capacity(n_leaves + 1);
+    for (t, _) in &p.leaves {
+        bufs.push(dev_buf(t)?.raw());
+    }
+    bufs.push(out);
+    let mut expr = p.expr.clone();
+    for k in (0..n_leaves).rev() {
+        expr = expr.replace(&format!("${k}"), &format!("v{k}"));
+    }
+    let funcs: String = p.funcs.values().cloned().collect::<Vec<_>>().join("\n");
+    let key = format!("fused:{n_leaves}:{expr}:{funcs}");
+    let pipe = gpu.pipeline(&key, || {
+        let mut decl: Vec<(String, &str, &str)> = (0..n_leaves)
+            .map(|k| (format!("x{k}"), "read", "f32"))
+            .collect();
+        decl.push(("y".into(), "read_write", "f32"));
+        let decl_ref: Vec<(&str, &str, &str)> =
+            decl.iter().map(|(a, b, c)| (a.as_str(), *b, *c)).collect();
+        let mut body = format!("  if (i >= p[1]) {{ return; }}\n{}", offsets_code(n_leaves));
+        for k in 0..n_leaves {
+            body.push_str(&format!("  let v{k} = x{k}[o{k}];\n"));
+        }
+        body.push_str(&format!("  y[i] = {expr};"));
+        shader_1d(&decl_ref, WG, &format!("{ERF}\n{funcs}\n"), &body)
+    })?;
+    gpu.dispatch(&pipe, &mut params, &bufs, n as u64, WG)
+}
 
 const WG: u32 = 256;
 /// Broadcasting handles ranks up to this.
@@ -169,8 +294,8 @@ fn unary_expr(node: &Node) -> Result<String> {
             "tanh" => "0.5 * x * (1.0 + tanh(clamp(0.7978845608028654 * (x + 0.044715 * x * x * x), -30.0, 30.0)))".into(),
             a => return Err(Error::Other(format!("Gelu approximate='{a}'"))),
         },
-        // bounds arrive as params words 2 and 3
-        "Clip" => "clamp(x, bitcast<f32>(p[2]), bitcast<f32>(p[3]))".into(),
+        // the bounds are run-time host values: build_unary bakes them in per run
+        "Clip" => "x".into(),
         op => return Err(Error::Other(format!("no WebGPU kernel for {op}"))),
     })
 }
@@ -189,30 +314,35 @@ fn erf_(x: f32) -> f32 {
 ";
 
 fn build_unary(node: &Node) -> Result<Exec> {
-    let expr = unary_expr(node)?;
-    let key = format!("unary:{expr}");
-    let (cmin, cmax) = if node.op_type == "Clip" {
-        (f32::NEG_INFINITY, f32::INFINITY)
-    } else {
-        (0.0, 0.0)
-    };
-    Ok(Box::new(move |gpu: &Gpu, inputs| {
-        let (x, xb) = dev_in(inputs, 0)?;
-        let lo = host_f32(inputs, 1)?.unwrap_or(cmin);
-        let hi = host_f32(inputs, 2)?.unwrap_or(cmax);
-        let (y, yb) = gpu.alloc(DataType::Float, x.shape())?;
-        let pipe = gpu.pipeline(&key, || {
-            shader_1d(
-                &[("a", "read", "f32"), ("y", "read_write", "f32")],
-                WG,
-                ERF,
-                &format!("  if (i >= p[1]) {{ return; }}\n  let x = a[i];\n  y[i] = {expr};"),
-            )
-        })?;
-        let n = x.len() as u64;
-        let mut params = [0, n as u32, lo.to_bits(), hi.to_bits()];
-        gpu.dispatch(&pipe, &mut params, &[xb.raw(), yb.raw()], n, WG)?;
-        out1(y)
+    let body = unary_expr(node)?;
+    let clip = node.op_type == "Clip";
+    let fixed = (!clip).then(|| {
+        let def = format!("fn NAME(x: f32) -> f32 {{ return {body}; }}");
+        let name = fname("u", &def);
+        (name.clone(), def.replace("NAME", &name))
+    });
+    Ok(Box::new(move |_gpu: &Gpu, inputs| {
+        let (x, _) = dev_in(inputs, 0)?;
+        let (name, def) = match &fixed {
+            Some(f) => f.clone(),
+            None => {
+                // Clip: the bounds are this run's host values, baked into the function
+                let lo = host_f32(inputs, 1)?.unwrap_or(f32::NEG_INFINITY);
+                let hi = host_f32(inputs, 2)?.unwrap_or(f32::INFINITY);
+                let def = format!(
+                    "fn NAME(x: f32) -> f32 {{ return clamp(x, bitcast<f32>({}u), bitcast<f32>({}u)); }}",
+                    lo.to_bits(),
+                    hi.to_bits()
+                );
+                let name = fname("c", &def);
+                (name.clone(), def.replace("NAME", &name))
+            }
+        };
+        let mut p = operand(x)?;
+        p.expr = format!("{name}({})", p.expr);
+        p.funcs.insert(name, def);
+        let gpu = _gpu;
+        out1(gpu.alloc_pending(x.shape(), p)?)
     }))
 }
 
@@ -281,7 +411,7 @@ fn binary_expr(op: &str) -> Result<&'static str> {
 }
 
 fn build_binary(node: &Node) -> Result<Exec> {
-    let expr = binary_expr(&node.op_type)?;
+    let body = binary_expr(&node.op_type)?;
     let variadic = matches!(node.op_type.as_str(), "Max" | "Min");
     if variadic && node.inputs.len() != 2 {
         return Err(Error::Other(format!(
@@ -290,37 +420,64 @@ fn build_binary(node: &Node) -> Result<Exec> {
             node.inputs.len()
         )));
     }
-    let key = format!("binary:{}", node.op_type);
+    let def = format!("fn NAME(a: f32, b: f32) -> f32 {{ return {body}; }}");
+    let name = fname("b", &def);
+    let def = def.replace("NAME", &name);
     Ok(Box::new(move |gpu: &Gpu, inputs| {
-        let (a, ab) = dev_in(inputs, 0)?;
-        let (b, bb) = dev_in(inputs, 1)?;
+        let (a, _) = dev_in(inputs, 0)?;
+        let (b, _) = dev_in(inputs, 1)?;
         let out = broadcast_shapes(a.shape(), b.shape())?;
-        let (y, yb) = gpu.alloc(DataType::Float, &out)?;
-        let mut params = bcast_params(&out, &[a.shape(), b.shape()])?;
-        let pipe = gpu.pipeline(&key, || {
-            shader_1d(
-                &[
-                    ("xa", "read", "f32"),
-                    ("xb", "read", "f32"),
-                    ("y", "read_write", "f32"),
-                ],
-                WG,
-                "",
-                &format!(
-                    "  if (i >= p[1]) {{ return; }}\n{}  let a = xa[o0];\n  let b = xb[o1];\n  y[i] = {expr};",
-                    offsets_code(2)
-                ),
-            )
-        })?;
-        gpu.dispatch(
-            &pipe,
-            &mut params,
-            &[ab.raw(), bb.raw(), yb.raw()],
-            y.len() as u64,
-            WG,
-        )?;
-        out1(y)
+        if out.len() > MAX_RANK {
+            return Err(Error::Other(format!(
+                "the WebGPU element-wise kernels take rank {MAX_RANK} at most, not {}",
+                out.len()
+            )));
+        }
+        let mut pa = operand(a)?;
+        let mut pb = operand(b)?;
+        // too many leaves for one dispatch: compute the bigger operand on its own first
+        if pa.leaves.len() + pb.leaves.len() > MAX_LEAVES {
+            if pa.leaves.len() >= pb.leaves.len() {
+                dev_buf(a)?.raw();
+                pa = leaf(a);
+            } else {
+                dev_buf(b)?.raw();
+                pb = leaf(b);
+            }
+            if pa.leaves.len() + pb.leaves.len() > MAX_LEAVES {
+                dev_buf(a)?.raw();
+                dev_buf(b)?.raw();
+                pa = leaf(a);
+                pb = leaf(b);
+            }
+        }
+        let pa = broadcast_to(pa, a.shape(), &out);
+        let pb = broadcast_to(pb, b.shape(), &out);
+        let na = pa.leaves.len();
+        let mut funcs = pa.funcs;
+        funcs.extend(pb.funcs);
+        funcs.insert(name.clone(), def.clone());
+        let mut leaves = pa.leaves;
+        leaves.extend(pb.leaves);
+        let p = Pending {
+            shape: out.clone(),
+            leaves,
+            funcs,
+            expr: format!("{name}({}, {})", pa.expr, shift(&pb.expr, na)),
+        };
+        gpu.check()?;
+        out1(gpu.alloc_pending(&out, p)?)
     }))
+}
+
+/// `t` (already computed) as the single leaf of an expression.
+fn leaf(t: &Tensor) -> Pending {
+    Pending {
+        shape: t.shape().to_vec(),
+        leaves: vec![(t.clone(), bcast_strides(t.shape(), t.shape()))],
+        funcs: BTreeMap::new(),
+        expr: "$0".into(),
+    }
 }
 
 fn build_where(_node: &Node) -> Result<Exec> {

@@ -115,11 +115,16 @@ pub struct GpuStats {
 }
 
 /// A device buffer: returns to its provider's pool when dropped.
+///
+/// An element-wise result is computed lazily: its buffer holds a [`ew::Pending`] expression
+/// over the tensors it reads until something needs the bytes ([`GpuBuf::raw`]), so a chain of
+/// element-wise ops runs as one fused dispatch.
 pub struct GpuBuf {
     buf: Option<wgpu::Buffer>,
     /// Bytes in use (the buffer itself may be larger: sizes round up to 4).
     bytes: u64,
     gpu: Weak<Gpu>,
+    pending: Mutex<Option<ew::Pending>>,
 }
 
 impl std::fmt::Debug for GpuBuf {
@@ -129,8 +134,26 @@ impl std::fmt::Debug for GpuBuf {
 }
 
 impl GpuBuf {
+    /// The buffer, its contents computed first when they are still pending (a fused
+    /// element-wise chain). A failure there is recorded in the provider's error slot, which the
+    /// caller's next dispatch or read-back returns.
     pub(crate) fn raw(&self) -> &wgpu::Buffer {
-        self.buf.as_ref().expect("a live buffer")
+        let buf = self.buf.as_ref().expect("a live buffer");
+        let pending = self.pending.lock().unwrap().take();
+        if let (Some(p), Some(gpu)) = (pending, self.gpu.upgrade()) {
+            if let Err(e) = ew::materialize(&gpu, buf, p) {
+                let mut slot = gpu.error.lock().unwrap();
+                if slot.is_none() {
+                    *slot = Some(e.to_string());
+                }
+            }
+        }
+        buf
+    }
+
+    /// The pending expression, if the contents are not computed yet (cloned).
+    pub(crate) fn pending(&self) -> Option<ew::Pending> {
+        self.pending.lock().unwrap().clone()
     }
 }
 
@@ -250,7 +273,15 @@ impl Gpu {
             buf: Some(buf),
             bytes,
             gpu: self.me.clone(),
+            pending: Mutex::new(None),
         }))
+    }
+
+    /// A device tensor whose contents are `p`, computed when first needed.
+    pub(crate) fn alloc_pending(&self, shape: &[usize], p: ew::Pending) -> Result<Tensor> {
+        let (t, b) = self.alloc(DataType::Float, shape)?;
+        *b.pending.lock().unwrap() = Some(p);
+        Ok(t)
     }
 
     /// A new device tensor of `dt` and `shape` (contents undefined until a kernel writes it).

@@ -256,10 +256,7 @@ impl Case {
     }
 
     /// Every output as (values as f32, shape).
-    pub fn run_all(
-        &self,
-        providers: Vec<Arc<dyn ExecutionProvider>>,
-    ) -> (Session, Vec<Output>) {
+    pub fn run_all(&self, providers: Vec<Arc<dyn ExecutionProvider>>) -> (Session, Vec<Output>) {
         let m = loader::load_model(&self.model(), &loader::NoExternalData).unwrap();
         let s = Session::new(m, providers, &SessionOptions::default()).unwrap();
         let feeds = self
