@@ -3,7 +3,12 @@
 // runs) after a warm-up; prints a markdown table of medians and the nxrt/ORT ratio, plus both
 // runtimes' wasm sizes (raw and gzip -9).
 //
-//   node scripts/compare_web.mjs [--rounds R] [--runs K] [--models a,b,...]
+//   node scripts/compare_web.mjs [--rounds R] [--runs K] [--models a,b,...] [--webgpu]
+//
+// --webgpu compares the WebGPU providers instead (nxrt ['webgpu', 'wasm'] vs onnxruntime-web's
+// webgpu bundle with ['webgpu', 'wasm']). Headless Chromium's adapter is SwiftShader, a CPU
+// emulation of a GPU: those times say how much work each runtime sends the GPU and how it is
+// organised, not how fast either would be on real hardware; the table is labelled so.
 //
 // Needs the wasm build (bash js/build.sh), the corpus, and onnxruntime-web from npm
 // (installed into $NXRT_CACHE/ortweb on first use; pinned by ORT_WEB_VERSION, default 1.30.0).
@@ -20,6 +25,7 @@ const opt = (n, d) => (args.includes(n) ? args[args.indexOf(n) + 1] : d);
 const ROUNDS = Number(opt('--rounds', 5));
 const RUNS = Number(opt('--runs', 10));
 const VERSION = process.env.ORT_WEB_VERSION ?? '1.30.0';
+const WEBGPU = args.includes('--webgpu');
 
 const ortDir = join(CACHE, 'ortweb');
 const ortDist = join(ortDir, 'node_modules', 'onnxruntime-web', 'dist');
@@ -52,7 +58,7 @@ try {
     // a fresh page per model, so neither runtime inherits the other's heap
     const page = await browser.newPage();
     page.on('pageerror', (e) => console.error(`${model}: page error ${e.message}`));
-    await page.goto(`${srv.url}/compare.html`);
+    await page.goto(`${srv.url}/compare.html${WEBGPU ? '?webgpu' : ''}`);
     await page.waitForFunction(() => window.ready === true, null, { timeout: 60000 });
     const c = corpusCases(model)[0];
     const res = { model, nxrt: [], ort: [], err: {}, batch: 1 };
@@ -86,7 +92,12 @@ try {
 }
 
 const info = execFileSync('chromium', ['--version'], { encoding: 'utf8' }).trim();
-console.log(`\nnxrt (wasm, SIMD128, 1 thread) vs onnxruntime-web ${VERSION} (wasm EP, 1 thread), ${info}, headless;`);
+if (WEBGPU) {
+  console.log(`\nnxrt ['webgpu', 'wasm'] vs onnxruntime-web ${VERSION} webgpu bundle ['webgpu', 'wasm'], ${info}, headless;`);
+  console.log('the adapter is SwiftShader (CPU emulation of a GPU): not GPU speed, see the script header;');
+} else {
+  console.log(`\nnxrt (wasm, SIMD128, 1 thread) vs onnxruntime-web ${VERSION} (wasm EP, 1 thread), ${info}, headless;`);
+}
 console.log(`median ms per run over ${ROUNDS} interleaved rounds x ${RUNS} samples each (after 15 warm-up runs; a sample is one run, or the mean of a batch of runs where a run takes under 5 ms), first reference case's inputs.\n`);
 console.log('| model | nxrt ms | ORT-web ms | nxrt/ORT | runs per sample |');
 console.log('|---|---:|---:|---:|---:|');
@@ -97,9 +108,12 @@ for (const r of rows) {
   console.log(`| ${r.model} | ${cell(a, 'nxrt')} | ${cell(b, 'ort')} | ${a !== null && b !== null ? (a / b).toFixed(2) : '-'} | ${r.batch} |`);
 }
 const n = size(nxWasm);
-const o = size(join(ortDist, 'ort-wasm-simd-threaded.wasm'));
+const ortWasm = ['ort-wasm-simd-threaded.jsep.wasm', 'ort-wasm-simd-threaded.asyncify.wasm']
+  .map((f) => join(ortDist, f))
+  .find((f) => WEBGPU && existsSync(f)) ?? join(ortDist, 'ort-wasm-simd-threaded.wasm');
+const o = size(ortWasm);
 console.log('\n| wasm file | raw MB | gzip -9 MB |');
 console.log('|---|---:|---:|');
 console.log(`| nxrt \`nxrt_wasm_bg.wasm\` | ${mb(n.raw)} | ${mb(n.gz)} |`);
-console.log(`| onnxruntime-web \`ort-wasm-simd-threaded.wasm\` | ${mb(o.raw)} | ${mb(o.gz)} |`);
+console.log(`| onnxruntime-web \`${ortWasm.split('/').pop()}\` | ${mb(o.raw)} | ${mb(o.gz)} |`);
 console.log(`| ratio nxrt/ORT | ${(n.raw / o.raw).toFixed(2)} | ${(n.gz / o.gz).toFixed(2)} |`);
