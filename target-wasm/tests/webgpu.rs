@@ -305,8 +305,7 @@ fn tensors_beyond_the_binding_limit_are_a_clear_error() {
     let e = g
         .gpu()
         .buffer(lim + 4, "a test tensor")
-        .err()
-        .expect("an error above the limit")
+        .expect_err("an error above the limit")
         .to_string();
     assert!(e.contains("maxStorageBufferBindingSize"), "{e}");
 }

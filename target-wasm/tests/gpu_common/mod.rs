@@ -253,10 +253,7 @@ impl Case {
     }
 
     /// Every output as (values as f32, shape).
-    pub fn run_all(
-        &self,
-        providers: Vec<Arc<dyn ExecutionProvider>>,
-    ) -> (Session, Vec<(Vec<f32>, Vec<usize>)>) {
+    pub fn run_all(&self, providers: Vec<Arc<dyn ExecutionProvider>>) -> (Session, Outputs) {
         let m = loader::load_model(&self.model(), &loader::NoExternalData).unwrap();
         let s = Session::new(m, providers, &SessionOptions::default()).unwrap();
         let feeds = self
@@ -308,6 +305,9 @@ impl Case {
         }
     }
 }
+
+/// Every output of a run as (values as f32, shape).
+pub type Outputs = Vec<(Vec<f32>, Vec<usize>)>;
 
 #[track_caller]
 pub fn close(what: &str, got: &[f32], want: &[f32], rtol: f32, atol: f32) {
