@@ -1,8 +1,8 @@
-//! The WebGPU convolutions against the CPU: Conv (direct and implicit-GEMM paths) and
-//! ConvTranspose. Sizes are odd on purpose (1, primes, non-multiples of the workgroup and of
-//! the 64x64 GEMM tile); every attribute the kernels claim has a case; configurations they
-//! decline are checked to fall back to the CPU with the right answer. Without an adapter
-//! every test prints why and returns.
+//! The WebGPU convolution family against the CPU: Conv (direct and implicit-GEMM paths),
+//! ConvTranspose, MaxPool / AveragePool and the global pools. Sizes are odd on purpose (1,
+//! primes, non-multiples of the workgroup and of the 64x64 GEMM tile); every attribute the
+//! kernels claim has a case; configurations they decline are checked to fall back to the CPU
+//! with the right answer. Without an adapter every test prints why and returns.
 #![cfg(all(not(target_arch = "wasm32"), feature = "webgpu"))]
 
 mod gpu_common;
@@ -313,6 +313,150 @@ fn conv_transpose_attributes() {
     }
 }
 
+fn pool_case(op: &'static str, xs: &[usize], attrs: &[AttributeProto], seed: u32) -> Case {
+    let mut c = Case::new(op, vec![ft(xs, seed)]);
+    for a in attrs {
+        c = c.attr(a.clone());
+    }
+    c
+}
+
+#[test]
+fn max_and_average_pool_attributes() {
+    for op in ["MaxPool", "AveragePool"] {
+        pool_case(op, &[1, 3, 7, 9], &[ais("kernel_shape", &[3, 3])], 1).check();
+        pool_case(
+            op,
+            &[2, 3, 11, 13],
+            &[
+                ais("kernel_shape", &[3, 2]),
+                ais("strides", &[2, 3]),
+                ais("pads", &[1, 0, 2, 1]),
+            ],
+            2,
+        )
+        .check();
+        for ceil in [0, 1] {
+            pool_case(
+                op,
+                &[1, 2, 10, 9],
+                &[
+                    ais("kernel_shape", &[3, 3]),
+                    ais("strides", &[2, 2]),
+                    ais("pads", &[1, 1, 1, 1]),
+                    ai("ceil_mode", ceil),
+                ],
+                3,
+            )
+            .check();
+            // dilations (AveragePool has them from opset 19)
+            pool_case(
+                op,
+                &[1, 2, 12, 11],
+                &[
+                    ais("kernel_shape", &[2, 3]),
+                    ais("strides", &[3, 2]),
+                    ais("dilations", &[2, 2]),
+                    ai("ceil_mode", ceil),
+                ],
+                4,
+            )
+            .opset(19)
+            .check();
+        }
+        for ap in ["SAME_UPPER", "SAME_LOWER", "VALID"] {
+            pool_case(
+                op,
+                &[1, 3, 8, 7],
+                &[
+                    ais("kernel_shape", &[3, 2]),
+                    ais("strides", &[2, 2]),
+                    astr("auto_pad", ap),
+                ],
+                5,
+            )
+            .check();
+        }
+        // 1-D and 3-D
+        pool_case(
+            op,
+            &[2, 3, 31],
+            &[
+                ais("kernel_shape", &[4]),
+                ais("strides", &[3]),
+                ais("pads", &[2, 1]),
+                ai("ceil_mode", 1),
+            ],
+            6,
+        )
+        .check();
+        pool_case(
+            op,
+            &[1, 2, 5, 6, 7],
+            &[
+                ais("kernel_shape", &[2, 3, 2]),
+                ais("strides", &[1, 2, 2]),
+                ais("pads", &[1, 0, 1, 0, 1, 1]),
+            ],
+            7,
+        )
+        .check();
+        // a window as large as the input, and a 1x1 plane
+        pool_case(op, &[3, 2, 5, 4], &[ais("kernel_shape", &[5, 4])], 8).check();
+        pool_case(op, &[1, 1, 1, 1], &[ais("kernel_shape", &[1, 1])], 9).check();
+    }
+    // count_include_pad, with ceil_mode windows that run past the end padding
+    for include in [0, 1] {
+        for ceil in [0, 1] {
+            pool_case(
+                "AveragePool",
+                &[2, 3, 9, 10],
+                &[
+                    ais("kernel_shape", &[3, 4]),
+                    ais("strides", &[2, 3]),
+                    ais("pads", &[1, 2, 0, 1]),
+                    ai("count_include_pad", include),
+                    ai("ceil_mode", ceil),
+                ],
+                10,
+            )
+            .check();
+        }
+        pool_case(
+            "AveragePool",
+            &[1, 2, 7, 8],
+            &[
+                ais("kernel_shape", &[3, 3]),
+                ais("strides", &[2, 2]),
+                astr("auto_pad", "SAME_LOWER"),
+                ai("count_include_pad", include),
+            ],
+            11,
+        )
+        .check();
+    }
+}
+
+#[test]
+fn global_pools() {
+    for op in ["GlobalAveragePool", "GlobalMaxPool"] {
+        for (k, xs) in [
+            &[2, 3, 7, 9][..],
+            &[1, 1, 1, 1],
+            &[2, 5, 300],
+            &[3, 4],
+            &[1, 2, 3, 4, 5],
+            &[1, 1, 1031, 3],
+            &[67, 3, 2, 2],
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            Case::new(op, vec![ft(xs, k as u32)]).atol(1e-5).check();
+        }
+    }
+}
+
 /// Runs `case` on [webgpu, cpu], asserts its node ran on the CPU, and compares with the CPU
 /// alone.
 #[track_caller]
@@ -351,12 +495,21 @@ fn unsupported_configurations_fall_back_to_the_cpu() {
         &[ais("kernel_shape", &[2, 2, 2, 2])],
         1,
     ));
+    // MaxPool's Indices output
+    falls_back(pool_case("MaxPool", &[1, 2, 5, 6], &[ais("kernel_shape", &[2, 2])], 3).outputs(2));
 }
 
 #[test]
 fn ops_are_listed() {
     let names = nxrt_wasm::webgpu::op_names();
-    for op in ["Conv", "ConvTranspose"] {
+    for op in [
+        "Conv",
+        "ConvTranspose",
+        "MaxPool",
+        "AveragePool",
+        "GlobalAveragePool",
+        "GlobalMaxPool",
+    ] {
         assert!(names.contains(&op), "{op} missing from {names:?}");
     }
 }

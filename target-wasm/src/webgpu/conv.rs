@@ -1,4 +1,4 @@
-//! Convolutions.
+//! Convolutions and pooling.
 //!
 //! - Conv: an implicit GEMM (the MatMul kernel's 64x64 tiling, with the im2col matrix read
 //!   straight from X through a small per-K offset table) when a group has 16 or more output
@@ -6,9 +6,13 @@
 //!   and the group's input channels (depthwise and other thin convolutions).
 //! - ConvTranspose: a direct gather kernel, one invocation per output element over the taps
 //!   that land on it.
+//! - MaxPool / AveragePool: one invocation per output element; the global pools one
+//!   workgroup per plane (`pool.rs`).
 //!
-//! Convolutions handle 1 to 3 spatial dimensions (padded with unit leading axes to
+//! Convolutions and pools handle 1 to 3 spatial dimensions (padded with unit leading axes to
 //! 3); a node whose attributes say more stays on the CPU.
+
+mod pool;
 
 use nxrt_core::ir::Node;
 use nxrt_core::kernels::opt_tensor_in;
@@ -30,6 +34,34 @@ pub(crate) const OPS: &[OpDef] = &[
         type_input: 0,
         host: &[],
         build: build_conv_transpose,
+    },
+    OpDef {
+        op: "MaxPool",
+        since: 1,
+        type_input: 0,
+        host: &[],
+        build: pool::build_max_pool,
+    },
+    OpDef {
+        op: "AveragePool",
+        since: 1,
+        type_input: 0,
+        host: &[],
+        build: pool::build_average_pool,
+    },
+    OpDef {
+        op: "GlobalAveragePool",
+        since: 1,
+        type_input: 0,
+        host: &[],
+        build: pool::build_global_average_pool,
+    },
+    OpDef {
+        op: "GlobalMaxPool",
+        since: 1,
+        type_input: 0,
+        host: &[],
+        build: pool::build_global_max_pool,
     },
 ];
 
@@ -296,6 +328,78 @@ fn conv_geom(sp: &Spatial, inp: &[usize], k: &[usize]) -> Result<Geom> {
     Geom::set(&mut g.s, &s);
     Geom::set(&mut g.d, &d);
     Geom::set(&mut g.pb, &pbv);
+    Ok(g)
+}
+
+/// Output extents and begin/end pads of a pooling window (the ONNX pool rules, ceil_mode).
+pub(super) fn pool_geom(sp: &Spatial, inp: &[usize], ceil: bool) -> Result<Geom> {
+    let nd = inp.len();
+    let mut g = Geom::new(inp)?;
+    let k = sp
+        .kernel
+        .as_ref()
+        .ok_or_else(|| fail("pooling needs kernel_shape"))?;
+    if k.len() != nd {
+        return Err(fail(format!(
+            "kernel_shape has {} values for {nd} spatial dimensions",
+            k.len()
+        )));
+    }
+    let s = Spatial::per_dim(&sp.strides, nd, "strides", 1)?;
+    let d = Spatial::per_dim(&sp.dilations, nd, "dilations", 1)?;
+    let (pb, pe) = sp.pads(nd)?;
+    let mut out = vec![0; nd];
+    let mut pbv = vec![0; nd];
+    let mut pev = vec![0; nd];
+    for j in 0..nd {
+        let keff = (k[j] - 1) * d[j] + 1;
+        match sp.auto_pad {
+            AutoPad::NotSet | AutoPad::Valid => {
+                let (b, e) = if sp.auto_pad == AutoPad::Valid {
+                    (0, 0)
+                } else {
+                    (pb[j], pe[j])
+                };
+                let padded = inp[j] + b + e;
+                if padded < keff {
+                    return Err(fail(format!(
+                        "kernel extent {keff} exceeds the padded input extent {padded} (axis {})",
+                        j + 2
+                    )));
+                }
+                let span = padded - keff;
+                out[j] = if ceil {
+                    let mut o = span.div_ceil(s[j]) + 1;
+                    // the last window must start inside the input or its begin padding
+                    if (o - 1) * s[j] >= inp[j] + b {
+                        o -= 1;
+                    }
+                    o
+                } else {
+                    span / s[j] + 1
+                };
+                pbv[j] = b;
+                pev[j] = e;
+            }
+            AutoPad::SameUpper | AutoPad::SameLower => {
+                out[j] = inp[j].div_ceil(s[j]);
+                let total = ((out[j].max(1) - 1) * s[j] + keff).saturating_sub(inp[j]);
+                let b = if sp.auto_pad == AutoPad::SameUpper {
+                    total / 2
+                } else {
+                    total - total / 2
+                };
+                pbv[j] = b;
+                pev[j] = total - b;
+            }
+        }
+    }
+    Geom::set(&mut g.out, &out);
+    Geom::set(&mut g.k, k);
+    Geom::set(&mut g.s, &s);
+    Geom::set(&mut g.d, &d);
+    Geom::set(&mut g.pb, &pbv);
+    Geom::set(&mut g.pe, &pev);
     Ok(g)
 }
 
