@@ -1,15 +1,18 @@
 //! The WebGPU convolution family against the CPU: Conv (direct and implicit-GEMM paths),
-//! ConvTranspose, MaxPool / AveragePool and the global pools. Sizes are odd on purpose (1,
-//! primes, non-multiples of the workgroup and of the 64x64 GEMM tile); every attribute the
-//! kernels claim has a case; configurations they decline are checked to fall back to the CPU
-//! with the right answer. Without an adapter every test prints why and returns.
+//! ConvTranspose, MaxPool / AveragePool, the global pools, Resize and Pad. Sizes are odd on
+//! purpose (1, primes, non-multiples of the workgroup and of the 64x64 GEMM tile); every
+//! attribute the kernels claim has a case; configurations they decline are checked to fall
+//! back to the CPU with the right answer. Without an adapter every test prints why and returns.
 #![cfg(all(not(target_arch = "wasm32"), feature = "webgpu"))]
 
 mod gpu_common;
 use gpu_common::*;
 
-use nxrt_core::proto::AttributeProto;
-use nxrt_core::{loader, Session, SessionOptions};
+use nxrt_core::proto::{
+    AttributeProto, GraphProto, ModelProto, NodeProto, OperatorSetIdProto, ValueInfoProto,
+};
+use nxrt_core::{loader, DataType, Session, SessionOptions, Tensor, Value};
+use prost::Message;
 
 /// Conv of X `xs` with W `ws` (and a bias of W's first extent when `bias`).
 fn conv_case(
@@ -457,6 +460,232 @@ fn global_pools() {
     }
 }
 
+fn resize_case(
+    xs: &[usize],
+    scales: Option<&[f32]>,
+    sizes: Option<&[i64]>,
+    attrs: &[AttributeProto],
+    opset: i64,
+) -> Case {
+    let scales = scales.map(|s| Tensor::from_vec(&[s.len()], s.to_vec()).unwrap());
+    let sizes = sizes.map(|s| it(&[s.len()], s.to_vec()));
+    let mut c = Case::new("Resize", vec![ft(xs, xs.iter().sum::<usize>() as u32)])
+        .consts(vec![None, scales, sizes])
+        .opset(opset);
+    for a in attrs {
+        c = c.attr(a.clone());
+    }
+    c
+}
+
+#[test]
+fn resize_nearest_every_rounding_and_coordinate_mode() {
+    let coords = [
+        "half_pixel",
+        "asymmetric",
+        "align_corners",
+        "pytorch_half_pixel",
+        "half_pixel_symmetric",
+        "tf_half_pixel_for_nn",
+    ];
+    let rounds = ["round_prefer_floor", "round_prefer_ceil", "floor", "ceil"];
+    for coord in coords {
+        for round in rounds {
+            let attrs = [
+                astr("mode", "nearest"),
+                astr("coordinate_transformation_mode", coord),
+                astr("nearest_mode", round),
+            ];
+            // enlarge by odd factors, shrink, and by sizes
+            resize_case(&[1, 2, 5, 7], Some(&[1.0, 1.0, 2.6, 1.7]), None, &attrs, 19).check();
+            resize_case(
+                &[2, 3, 11, 9],
+                Some(&[1.0, 1.0, 0.5, 0.7]),
+                None,
+                &attrs,
+                19,
+            )
+            .check();
+            resize_case(&[1, 1, 4, 6], None, Some(&[1, 1, 9, 5]), &attrs, 19).check();
+            // every axis resized, rank 3
+            resize_case(&[3, 4, 5], Some(&[2.0, 0.75, 1.5]), None, &attrs, 19).check();
+        }
+    }
+}
+
+#[test]
+fn resize_linear_and_cubic() {
+    let coords = [
+        "half_pixel",
+        "asymmetric",
+        "align_corners",
+        "pytorch_half_pixel",
+        "half_pixel_symmetric",
+    ];
+    for mode in ["linear", "cubic"] {
+        for coord in coords {
+            let attrs = [
+                astr("mode", mode),
+                astr("coordinate_transformation_mode", coord),
+            ];
+            resize_case(&[1, 2, 5, 7], Some(&[1.0, 1.0, 2.6, 1.7]), None, &attrs, 19).check();
+            resize_case(
+                &[2, 3, 11, 9],
+                Some(&[1.0, 1.0, 0.5, 0.7]),
+                None,
+                &attrs,
+                19,
+            )
+            .check();
+            resize_case(&[1, 1, 4, 6], None, Some(&[1, 1, 9, 1]), &attrs, 19).check();
+            // a 1x1 plane enlarged (pytorch_half_pixel's special case at output size 1)
+            resize_case(&[1, 2, 1, 1], None, Some(&[1, 2, 3, 1]), &attrs, 19).check();
+        }
+    }
+    // linear over three axes and over a leading axis with a scale of 1 elsewhere
+    let lin = [astr("mode", "linear")];
+    resize_case(&[2, 5, 6, 7], Some(&[1.0, 1.6, 0.5, 2.0]), None, &lin, 19).check();
+    resize_case(&[3, 4, 5], Some(&[2.0, 1.0, 1.0]), None, &lin, 19).check();
+    // cubic options, antialiasing, opset 11 and 13
+    for exclude in [0, 1] {
+        resize_case(
+            &[1, 2, 6, 5],
+            Some(&[1.0, 1.0, 1.7, 2.2]),
+            None,
+            &[
+                astr("mode", "cubic"),
+                af("cubic_coeff_a", -0.5),
+                ai("exclude_outside", exclude),
+            ],
+            19,
+        )
+        .check();
+    }
+    for mode in ["linear", "cubic"] {
+        resize_case(
+            &[1, 2, 17, 13],
+            Some(&[1.0, 1.0, 0.3, 0.45]),
+            None,
+            &[astr("mode", mode), ai("antialias", 1)],
+            19,
+        )
+        .check();
+    }
+    for opset in [11, 13] {
+        resize_case(
+            &[1, 2, 5, 4],
+            Some(&[1.0, 1.0, 1.5, 2.5]),
+            None,
+            &[astr("mode", "linear")],
+            opset,
+        )
+        .consts(vec![
+            Some(Tensor::from_vec(&[0], Vec::<f32>::new()).unwrap()),
+            Some(Tensor::from_vec(&[4], vec![1.0f32, 1.0, 1.5, 2.5]).unwrap()),
+        ])
+        .check();
+    }
+}
+
+#[test]
+fn resize_axes_policies_and_crop() {
+    // opset 18: axes, keep_aspect_ratio_policy
+    for policy in ["stretch", "not_larger", "not_smaller"] {
+        resize_case(
+            &[1, 3, 7, 5],
+            None,
+            Some(&[11, 4]),
+            &[
+                astr("mode", "linear"),
+                ais("axes", &[2, -1]),
+                astr("keep_aspect_ratio_policy", policy),
+            ],
+            18,
+        )
+        .check();
+    }
+    resize_case(
+        &[2, 3, 4, 5],
+        Some(&[2.5]),
+        None,
+        &[astr("mode", "nearest"), ais("axes", &[3])],
+        18,
+    )
+    .check();
+    // tf_crop_and_resize with an extrapolation value
+    for mode in ["nearest", "linear"] {
+        let roi = Tensor::from_vec(&[8], vec![0.0f32, 0.0, -0.2, 0.1, 1.0, 1.0, 0.8, 1.3]).unwrap();
+        Case::new("Resize", vec![ft(&[1, 2, 6, 7], 3)])
+            .consts(vec![Some(roi), None, Some(it(&[4], vec![1, 2, 5, 9]))])
+            .attr(astr("mode", mode))
+            .attr(astr("coordinate_transformation_mode", "tf_crop_and_resize"))
+            .attr(af("extrapolation_value", 7.5))
+            .check();
+    }
+}
+
+fn pad_case(
+    xs: &[usize],
+    pads: &[i64],
+    mode: &str,
+    value: Option<f32>,
+    axes: Option<&[i64]>,
+) -> Case {
+    let value = value.map(|v| Tensor::from_vec(&[], vec![v]).unwrap());
+    let axes = axes.map(|a| it(&[a.len()], a.to_vec()));
+    Case::new("Pad", vec![ft(xs, pads.len() as u32)])
+        .consts(vec![Some(it(&[pads.len()], pads.to_vec())), value, axes])
+        .attr(astr("mode", mode))
+}
+
+#[test]
+fn pad_every_mode() {
+    for mode in ["constant", "reflect", "edge", "wrap"] {
+        pad_case(&[3, 5], &[1, 2, 2, 3], mode, None, None).check();
+        pad_case(
+            &[2, 3, 4, 5],
+            &[0, 1, 2, 3, 1, 0, 3, 2],
+            mode,
+            Some(1.5),
+            None,
+        )
+        .check();
+        // negative pads crop
+        pad_case(&[1, 2, 7, 6], &[0, 0, -2, 3, 0, 0, 1, -3], mode, None, None).check();
+        // wider than the axis (wrap and reflect fold more than once)
+        pad_case(&[4, 3], &[0, 7, 0, 5], mode, Some(-2.0), None).check();
+        // axes input, and a rank-1 and rank-5 input
+        pad_case(
+            &[2, 3, 4, 5],
+            &[1, 2, 3, 1],
+            mode,
+            Some(0.25),
+            Some(&[-1, 1]),
+        )
+        .check();
+        pad_case(&[1031], &[3, 257], mode, None, None).check();
+        pad_case(
+            &[2, 1, 3, 2, 3],
+            &[1, 0, 2, 1, 1, 0, 1, 0, 1, 2],
+            mode,
+            None,
+            None,
+        )
+        .check();
+    }
+    // a one-element axis under reflect
+    pad_case(&[2, 1], &[0, 2, 0, 3], "reflect", None, None).check();
+    // opset 2 (pads and value attributes)
+    for mode in ["constant", "edge", "reflect"] {
+        Case::new("Pad", vec![ft(&[3, 4], 1)])
+            .attr(astr("mode", mode))
+            .attr(ais("pads", &[1, 2, 0, 1]))
+            .attr(af("value", 3.0))
+            .opset(2)
+            .check();
+    }
+}
+
 /// Runs `case` on [webgpu, cpu], asserts its node ran on the CPU, and compares with the CPU
 /// alone.
 #[track_caller]
@@ -497,6 +726,97 @@ fn unsupported_configurations_fall_back_to_the_cpu() {
     ));
     // MaxPool's Indices output
     falls_back(pool_case("MaxPool", &[1, 2, 5, 6], &[ais("kernel_shape", &[2, 2])], 3).outputs(2));
+    // Resize-10 (its legacy rounding)
+    falls_back(
+        Case::new("Resize", vec![ft(&[1, 1, 3, 4], 4)])
+            .consts(vec![Some(
+                Tensor::from_vec(&[4], vec![1.0f32, 1.0, 2.5, 1.5]).unwrap(),
+            )])
+            .opset(10),
+    );
+}
+
+#[test]
+fn a_vision_chain_stays_on_the_device() {
+    let Some(g) = gpu() else { return };
+    // x -> Conv(w, b) -> Relu -> MaxPool -> Resize(scales) -> Pad -> GlobalAveragePool -> y
+    let node = |op: &str, ins: &[&str], out: &str, attribute: Vec<AttributeProto>| NodeProto {
+        op_type: op.into(),
+        name: out.into(),
+        input: ins.iter().map(|s| s.to_string()).collect(),
+        output: vec![out.into()],
+        attribute,
+        ..Default::default()
+    };
+    let m = ModelProto {
+        ir_version: 9,
+        opset_import: vec![OperatorSetIdProto {
+            domain: String::new(),
+            version: 18,
+        }],
+        graph: Some(GraphProto {
+            name: "vision".into(),
+            node: vec![
+                node(
+                    "Conv",
+                    &["x", "w", "b"],
+                    "c",
+                    vec![ais("pads", &[1, 1, 1, 1]), ais("strides", &[2, 2])],
+                ),
+                node("Relu", &["c"], "r", vec![]),
+                node("MaxPool", &["r"], "m", vec![ais("kernel_shape", &[2, 2])]),
+                node(
+                    "Resize",
+                    &["m", "", "scales"],
+                    "z",
+                    vec![astr("mode", "linear")],
+                ),
+                node("Pad", &["z", "pads"], "p", vec![astr("mode", "reflect")]),
+                node("GlobalAveragePool", &["p"], "y", vec![]),
+            ],
+            initializer: vec![
+                init("w", &ft(&[20, 3, 3, 3], 1)),
+                init("b", &ft(&[20], 2)),
+                init(
+                    "scales",
+                    &Tensor::from_vec(&[4], vec![1.0f32, 1.0, 1.5, 2.0]).unwrap(),
+                ),
+                init("pads", &it(&[8], vec![0, 0, 1, 2, 0, 0, 2, 1])),
+            ],
+            input: vec![vi("x", DataType::Float, &[2, 3, 17, 15])],
+            output: vec![ValueInfoProto {
+                name: "y".into(),
+                ..Default::default()
+            }],
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+    .encode_to_vec();
+    let run = |providers| {
+        let s = Session::new(
+            loader::load_model(&m, &loader::NoExternalData).unwrap(),
+            providers,
+            &SessionOptions::default(),
+        )
+        .unwrap();
+        let feeds = vec![("x".to_string(), Value::Tensor(ft(&[2, 3, 17, 15], 3)))];
+        let out = pollster::block_on(s.run_async(feeds)).unwrap();
+        let Value::Tensor(y) = &out[0].1 else {
+            panic!("a tensor")
+        };
+        (
+            s.partition().assignments.clone(),
+            y.to_f32_vec().unwrap(),
+            y.shape().to_vec(),
+        )
+    };
+    let (r, got, gs) = run(vec![g, cpu()]);
+    assert!(r.iter().all(|(_, _, p)| p == "webgpu"), "{r:?}");
+    let (_, want, ws) = run(vec![cpu()]);
+    assert_eq!(gs, ws);
+    assert_eq!(gs, vec![2, 20, 1, 1]);
+    close("the chain", &got, &want, 1e-4, 1e-4);
 }
 
 #[test]
@@ -509,6 +829,8 @@ fn ops_are_listed() {
         "AveragePool",
         "GlobalAveragePool",
         "GlobalMaxPool",
+        "Resize",
+        "Pad",
     ] {
         assert!(names.contains(&op), "{op} missing from {names:?}");
     }

@@ -1,4 +1,4 @@
-//! Convolutions and pooling.
+//! Convolutions, pooling, Resize and Pad.
 //!
 //! - Conv: an implicit GEMM (the MatMul kernel's 64x64 tiling, with the im2col matrix read
 //!   straight from X through a small per-K offset table) when a group has 16 or more output
@@ -8,11 +8,14 @@
 //!   that land on it.
 //! - MaxPool / AveragePool: one invocation per output element; the global pools one
 //!   workgroup per plane (`pool.rs`).
+//! - Resize and Pad: per-axis tables (source index and weight per output position, built on
+//!   the host exactly as the CPU kernels build theirs) and one gather kernel (`resize.rs`).
 //!
 //! Convolutions and pools handle 1 to 3 spatial dimensions (padded with unit leading axes to
 //! 3); a node whose attributes say more stays on the CPU.
 
 mod pool;
+mod resize;
 
 use nxrt_core::ir::Node;
 use nxrt_core::kernels::opt_tensor_in;
@@ -62,6 +65,20 @@ pub(crate) const OPS: &[OpDef] = &[
         type_input: 0,
         host: &[],
         build: pool::build_global_max_pool,
+    },
+    OpDef {
+        op: "Resize",
+        since: 11,
+        type_input: 0,
+        host: &[1, 2, 3],
+        build: resize::build_resize,
+    },
+    OpDef {
+        op: "Pad",
+        since: 1,
+        type_input: 0,
+        host: &[1, 2, 3],
+        build: resize::build_pad,
     },
 ];
 
