@@ -17,6 +17,7 @@
 //!   call; a lost device stays an error for this provider, and a new provider (a new session)
 //!   works again.
 
+mod conv;
 mod data;
 mod ew;
 mod matmul;
@@ -55,6 +56,7 @@ fn all_ops() -> impl Iterator<Item = &'static OpDef> {
         .chain(ew::UNARY)
         .chain(matmul::OPS)
         .chain(data::OPS)
+        .chain(conv::OPS)
 }
 
 /// The op names the WebGPU provider has kernels for (docs, `inspect`).

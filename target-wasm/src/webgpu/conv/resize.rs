@@ -1,0 +1,719 @@
+//! Resize and Pad as one gather kernel over per-axis tables.
+//!
+//! Each axis gets, per output position, `taps` source indices (a sentinel marks a position
+//! outside the input: Pad's constant, tf_crop_and_resize's extrapolation value) and weights.
+//! The tables are built on the host, in f64, by the same rules as the CPU kernels, so nearest
+//! indices agree exactly; an output element sums weight products over the taps of the axes
+//! that have more than one (a pure gather when none has).
+
+use nxrt_core::ir::Node;
+use nxrt_core::kernels::opt_tensor_in;
+use nxrt_core::{DataType, Location, Result, Tensor, Value};
+
+use super::super::ew::MAX_RANK;
+use super::super::{dev_in, host_f32, host_i64s, out1, shader_1d, Exec, Gpu};
+use super::{fail, word};
+
+const WG: u32 = 256;
+/// A table entry for a position outside the input.
+const OOB: u32 = u32::MAX;
+
+/// Source indices (`OOB` outside the input) and weights of every output position of one axis;
+/// a 1-tap table has weight 1 everywhere.
+struct AxisTab {
+    taps: usize,
+    idx: Vec<u32>,
+    w: Vec<f32>,
+}
+
+/// Params: [row, total, rank, fill bits, out dims (r), input strides (r), taps (r), index
+/// table offsets (r), weight table offsets (r)].
+fn gather_shader() -> String {
+    shader_1d(
+        &[
+            ("tab", "read", "u32"),
+            ("x", "read", "f32"),
+            ("y", "read_write", "f32"),
+        ],
+        WG,
+        "",
+        &format!(
+            "  if (i >= p[1]) {{ return; }}
+  let r = p[2];
+  var co: array<u32, {MAX_RANK}>;
+  var rem = i;
+  for (var d = r; d > 0u; d--) {{
+    let a = d - 1u;
+    let dim = p[4u + a];
+    co[a] = rem % dim;
+    rem = rem / dim;
+  }}
+  var base = 0u;
+  var ncomb = 1u;
+  for (var a = 0u; a < r; a++) {{
+    let T = p[4u + 2u * r + a];
+    let e = tab[p[4u + 3u * r + a] + co[a] * T];
+    if (e == {OOB}u) {{ y[i] = bitcast<f32>(p[3]); return; }}
+    if (T == 1u) {{ base += e * p[4u + r + a]; }} else {{ ncomb *= T; }}
+  }}
+  if (ncomb == 1u) {{ y[i] = x[base]; return; }}
+  var acc = 0.0;
+  for (var c = 0u; c < ncomb; c++) {{
+    var cr = c;
+    var off = base;
+    var wt = 1.0;
+    for (var a = 0u; a < r; a++) {{
+      let T = p[4u + 2u * r + a];
+      if (T == 1u) {{ continue; }}
+      let t = cr % T;
+      cr = cr / T;
+      let e = co[a] * T + t;
+      off += tab[p[4u + 3u * r + a] + e] * p[4u + r + a];
+      wt *= bitcast<f32>(tab[p[4u + 4u * r + a] + e]);
+    }}
+    acc = fma(wt, x[off], acc);
+  }}
+  y[i] = acc;"
+        ),
+    )
+}
+
+/// Runs the gather of `x` (device) into a new tensor of `out` through `tabs`.
+fn gather(
+    gpu: &Gpu,
+    inputs: &[Option<&Value>],
+    out: &[usize],
+    tabs: &[AxisTab],
+    fill: f32,
+) -> Result<Vec<Value>> {
+    let (x, xb) = dev_in(inputs, 0)?;
+    let r = out.len();
+    if r > MAX_RANK {
+        return Err(fail(format!(
+            "the WebGPU gather takes rank {MAX_RANK} at most, not {r}"
+        )));
+    }
+    let (y, yb) = gpu.alloc(DataType::Float, out)?;
+    if y.is_empty() {
+        return out1(y);
+    }
+    let mut strides = vec![1usize; r];
+    for a in (0..r.saturating_sub(1)).rev() {
+        strides[a] = strides[a + 1] * x.shape()[a + 1];
+    }
+    let mut words: Vec<u32> = Vec::new();
+    let mut ioff = Vec::with_capacity(r);
+    for t in tabs {
+        ioff.push(word(words.len(), "a table offset")?);
+        words.extend(&t.idx);
+    }
+    let mut woff = Vec::with_capacity(r);
+    for t in tabs {
+        woff.push(word(words.len(), "a table offset")?);
+        words.extend(t.w.iter().map(|v| v.to_bits()));
+    }
+    let mut params = vec![
+        0,
+        word(y.len(), "an output size")?,
+        r as u32,
+        fill.to_bits(),
+    ];
+    for &d in out {
+        params.push(word(d, "an extent")?);
+    }
+    for &s in &strides {
+        params.push(word(s, "a stride")?);
+    }
+    for t in tabs {
+        params.push(word(t.taps, "a tap count")?);
+    }
+    params.extend(ioff);
+    params.extend(woff);
+    if words.is_empty() {
+        words.push(0);
+    }
+    let tbytes: &[u8] = bytemuck::cast_slice(&words);
+    let tbuf = gpu.buffer(tbytes.len() as u64, "a Resize/Pad table")?;
+    gpu.queue.write_buffer(tbuf.raw(), 0, tbytes);
+    let pipe = gpu.pipeline("gather:tables", gather_shader)?;
+    gpu.dispatch(
+        &pipe,
+        &mut params,
+        &[tbuf.raw(), xb.raw(), yb.raw()],
+        y.len() as u64,
+        WG,
+    )?;
+    out1(y)
+}
+
+/// Host input `k`, `None` when omitted or empty.
+fn host_in<'a>(inputs: &[Option<&'a Value>], k: usize) -> Result<Option<&'a Tensor>> {
+    match opt_tensor_in(inputs, k)? {
+        Some(t) if t.location() != Location::Host => {
+            Err(fail(format!("input {k} should be on the host")))
+        }
+        Some(t) if t.is_empty() => Ok(None),
+        t => Ok(t),
+    }
+}
+
+fn norm_axes(axes: &[i64], r: usize) -> Result<Vec<usize>> {
+    let mut seen = vec![false; r];
+    let mut v = Vec::with_capacity(axes.len());
+    for &a in axes {
+        let n = if a < 0 { a + r as i64 } else { a };
+        if !(0..r as i64).contains(&n) || seen[n as usize] {
+            return Err(fail(format!("axes {axes:?} for rank {r}")));
+        }
+        seen[n as usize] = true;
+        v.push(n as usize);
+    }
+    Ok(v)
+}
+
+// ----------------------------------------------------------------------------- Resize
+
+#[derive(Clone, Copy, PartialEq, Debug)]
+enum Interp {
+    Nearest,
+    Linear,
+    Cubic,
+}
+
+#[derive(Clone, Copy, PartialEq, Debug)]
+enum Coord {
+    HalfPixel,
+    HalfPixelSymmetric,
+    PytorchHalfPixel,
+    AlignCorners,
+    Asymmetric,
+    TfCropAndResize,
+    TfHalfPixelForNn,
+}
+
+#[derive(Clone, Copy, PartialEq, Debug)]
+enum Rounding {
+    PreferFloor,
+    PreferCeil,
+    Floor,
+    Ceil,
+}
+
+#[derive(Clone, Copy, PartialEq, Debug)]
+enum Policy {
+    Stretch,
+    NotLarger,
+    NotSmaller,
+}
+
+#[derive(Clone, Debug)]
+struct ResizeSpec {
+    interp: Interp,
+    coord: Coord,
+    rounding: Rounding,
+    cubic_a: f64,
+    exclude_outside: bool,
+    extrapolation: f32,
+    antialias: bool,
+    policy: Policy,
+    axes: Option<Vec<i64>>,
+}
+
+pub(super) fn build_resize(node: &Node) -> Result<Exec> {
+    if node.opset < 11 {
+        return Err(fail("Resize-10 stays on the CPU"));
+    }
+    let interp = match node.get_s("mode", "nearest")?.as_str() {
+        "nearest" => Interp::Nearest,
+        "linear" => Interp::Linear,
+        "cubic" => Interp::Cubic,
+        m => return Err(fail(format!("Resize mode '{m}'"))),
+    };
+    let coord = match node
+        .get_s("coordinate_transformation_mode", "half_pixel")?
+        .as_str()
+    {
+        "half_pixel" => Coord::HalfPixel,
+        "half_pixel_symmetric" => Coord::HalfPixelSymmetric,
+        "pytorch_half_pixel" => Coord::PytorchHalfPixel,
+        "align_corners" => Coord::AlignCorners,
+        "asymmetric" => Coord::Asymmetric,
+        "tf_crop_and_resize" => Coord::TfCropAndResize,
+        "tf_half_pixel_for_nn" => Coord::TfHalfPixelForNn,
+        m => return Err(fail(format!("Resize coordinate_transformation_mode '{m}'"))),
+    };
+    let rounding = match node.get_s("nearest_mode", "round_prefer_floor")?.as_str() {
+        "round_prefer_floor" => Rounding::PreferFloor,
+        "round_prefer_ceil" => Rounding::PreferCeil,
+        "floor" => Rounding::Floor,
+        "ceil" => Rounding::Ceil,
+        m => return Err(fail(format!("Resize nearest_mode '{m}'"))),
+    };
+    let (antialias, axes, policy) = if node.opset >= 18 {
+        let policy = match node.get_s("keep_aspect_ratio_policy", "stretch")?.as_str() {
+            "stretch" => Policy::Stretch,
+            "not_larger" => Policy::NotLarger,
+            "not_smaller" => Policy::NotSmaller,
+            m => return Err(fail(format!("Resize keep_aspect_ratio_policy '{m}'"))),
+        };
+        (
+            node.get_i("antialias", 0)? != 0,
+            node.attr_ints("axes")?,
+            policy,
+        )
+    } else {
+        (false, None, Policy::Stretch)
+    };
+    let spec = ResizeSpec {
+        interp,
+        coord,
+        rounding,
+        cubic_a: node.get_f("cubic_coeff_a", -0.75)? as f64,
+        exclude_outside: node.get_i("exclude_outside", 0)? != 0,
+        extrapolation: node.get_f("extrapolation_value", 0.0)?,
+        antialias,
+        policy,
+        axes,
+    };
+    Ok(Box::new(move |gpu: &Gpu, inputs| {
+        resize_run(&spec, gpu, inputs)
+    }))
+}
+
+/// Per-axis scale (as the coordinate transform uses it) and output extent.
+fn resize_geometry(
+    in_shape: &[usize],
+    axes: &[usize],
+    scales: Option<&[f32]>,
+    sizes: Option<&[i64]>,
+    policy: Policy,
+) -> Result<(Vec<f64>, Vec<usize>)> {
+    let mut scale = vec![1.0f64; in_shape.len()];
+    let mut out = in_shape.to_vec();
+    match (scales, sizes) {
+        (Some(_), Some(_)) => return Err(fail("Resize with both scales and sizes")),
+        (None, None) => return Err(fail("Resize with neither scales nor sizes")),
+        (Some(s), None) => {
+            if s.len() != axes.len() {
+                return Err(fail(format!(
+                    "Resize scales has {} values, expected {}",
+                    s.len(),
+                    axes.len()
+                )));
+            }
+            for (&a, &v) in axes.iter().zip(s) {
+                if !(v > 0.0 && v.is_finite()) {
+                    return Err(fail(format!("Resize scale {v}")));
+                }
+                scale[a] = v as f64;
+                out[a] = (v as f64 * in_shape[a] as f64).floor() as usize;
+            }
+        }
+        (None, Some(z)) => {
+            if z.len() != axes.len() {
+                return Err(fail(format!(
+                    "Resize sizes has {} values, expected {}",
+                    z.len(),
+                    axes.len()
+                )));
+            }
+            for (&a, &v) in axes.iter().zip(z) {
+                if v < 0 {
+                    return Err(fail(format!("Resize size {v}")));
+                }
+                if in_shape[a] == 0 {
+                    if v != 0 {
+                        return Err(fail(format!("Resize of an empty axis to {v}")));
+                    }
+                    continue;
+                }
+                scale[a] = v as f64 / in_shape[a] as f64;
+                out[a] = v as usize;
+            }
+            if policy != Policy::Stretch && !axes.is_empty() {
+                let first = scale[axes[0]];
+                let s = axes.iter().map(|&a| scale[a]).fold(first, |acc, v| {
+                    if policy == Policy::NotLarger {
+                        acc.min(v)
+                    } else {
+                        acc.max(v)
+                    }
+                });
+                for &a in axes {
+                    scale[a] = s;
+                    out[a] = (s * in_shape[a] as f64 + 0.5).floor() as usize;
+                }
+            }
+        }
+    }
+    Ok((scale, out))
+}
+
+/// Input coordinate of output position `o` along one axis.
+fn src_coord(
+    coord: Coord,
+    o: usize,
+    scale: f64,
+    n_in: usize,
+    n_out: usize,
+    roi: (f64, f64),
+) -> f64 {
+    let y = o as f64;
+    let lin = n_in as f64;
+    // the unrounded resized length
+    let lout = scale * lin;
+    match coord {
+        Coord::HalfPixel => (y + 0.5) / scale - 0.5,
+        Coord::HalfPixelSymmetric => {
+            let adj = n_out as f64 / lout;
+            lin / 2.0 * (1.0 - adj) + (y + 0.5) / scale - 0.5
+        }
+        Coord::PytorchHalfPixel => {
+            if lout > 1.0 {
+                (y + 0.5) / scale - 0.5
+            } else {
+                0.0
+            }
+        }
+        Coord::AlignCorners => {
+            if lout == 1.0 {
+                0.0
+            } else {
+                y * (lin - 1.0) / (lout - 1.0)
+            }
+        }
+        Coord::Asymmetric => y / scale,
+        Coord::TfCropAndResize => {
+            let (s, e) = roi;
+            let v = if lout == 1.0 {
+                (e - s) * (lin - 1.0) / 2.0
+            } else {
+                y * (e - s) * (lin - 1.0) / (lout - 1.0)
+            };
+            v + s * (lin - 1.0)
+        }
+        Coord::TfHalfPixelForNn => (y + 0.5) / scale,
+    }
+}
+
+fn nearest(x: f64, rounding: Rounding) -> i64 {
+    let fl = x.floor();
+    if fl == x {
+        return x as i64;
+    }
+    let frac = x - fl;
+    let up = match rounding {
+        Rounding::PreferFloor => frac > 0.5,
+        Rounding::PreferCeil => frac >= 0.5,
+        Rounding::Floor => false,
+        Rounding::Ceil => true,
+    };
+    fl as i64 + i64::from(up)
+}
+
+fn cubic(d: f64, a: f64) -> f64 {
+    let d = d.abs();
+    if d <= 1.0 {
+        ((a + 2.0) * d - (a + 3.0)) * d * d + 1.0
+    } else if d < 2.0 {
+        ((a * d - 5.0 * a) * d + 8.0 * a) * d - 4.0 * a
+    } else {
+        0.0
+    }
+}
+
+fn axis_table(
+    spec: &ResizeSpec,
+    n_in: usize,
+    n_out: usize,
+    scale: f64,
+    roi: (f64, f64),
+) -> Result<AxisTab> {
+    let last = n_in as i64 - 1;
+    let crop = spec.coord == Coord::TfCropAndResize;
+    let outside = |x: f64| crop && (x < 0.0 || x > last as f64);
+    let ix = |v: i64| word(v as usize, "a Resize index");
+    if spec.interp == Interp::Nearest {
+        let mut idx = Vec::with_capacity(n_out);
+        for o in 0..n_out {
+            let x = src_coord(spec.coord, o, scale, n_in, n_out, roi);
+            idx.push(if outside(x) {
+                OOB
+            } else {
+                ix(nearest(x, spec.rounding).clamp(0, last))?
+            });
+        }
+        return Ok(AxisTab {
+            taps: 1,
+            idx,
+            w: vec![1.0; n_out],
+        });
+    }
+    // tap t of a window sits at x0 + i_start + t, at distance (i_start + t - ratio) from x
+    let s_eff = if spec.antialias { scale.min(1.0) } else { 1.0 };
+    let i_start: i64 = match (spec.interp, spec.antialias) {
+        (Interp::Cubic, true) => (-2.0 / s_eff).floor() as i64 + 1,
+        (Interp::Cubic, false) => -1,
+        (_, true) => (-1.0 / s_eff).floor() as i64 + 1,
+        (_, false) => 0,
+    };
+    let taps = (2 - 2 * i_start) as usize;
+    let mut idx = Vec::with_capacity(n_out * taps);
+    let mut wf = Vec::with_capacity(n_out * taps);
+    let mut oob = vec![false; n_out];
+    let mut ws = vec![0f64; taps];
+    for (o, out_of) in oob.iter_mut().enumerate() {
+        let x = src_coord(spec.coord, o, scale, n_in, n_out, roi);
+        if outside(x) {
+            *out_of = true;
+            idx.extend(std::iter::repeat_n(0, taps));
+            wf.extend(std::iter::repeat_n(0.0, taps));
+            continue;
+        }
+        let fl = x.floor();
+        let (x0, ratio) = if fl == x {
+            (fl - 1.0, 1.0)
+        } else {
+            (fl, x - fl)
+        };
+        let x0 = x0 as i64;
+        let mut sum = 0.0;
+        for (t, wt) in ws.iter_mut().enumerate() {
+            let d = ((i_start + t as i64) as f64 - ratio) * s_eff;
+            *wt = match spec.interp {
+                Interp::Cubic => cubic(d, spec.cubic_a),
+                _ => (1.0 - d.abs()).max(0.0),
+            };
+            sum += *wt;
+        }
+        if spec.antialias && sum != 0.0 {
+            ws.iter_mut().for_each(|v| *v /= sum);
+        }
+        if spec.exclude_outside {
+            let mut sum = 0.0;
+            for (t, wt) in ws.iter_mut().enumerate() {
+                let i = x0 + i_start + t as i64;
+                if i < 0 || i > last {
+                    *wt = 0.0;
+                }
+                sum += *wt;
+            }
+            if sum != 0.0 {
+                ws.iter_mut().for_each(|v| *v /= sum);
+            }
+        }
+        for (t, &wt) in ws.iter().enumerate() {
+            idx.push((x0 + i_start + t as i64).clamp(0, last.max(0)));
+            wf.push(wt);
+        }
+    }
+    // a table whose every position has one weight of exactly 1 (the rest 0) is a gather
+    let mut single = Vec::with_capacity(n_out);
+    for o in 0..n_out {
+        if oob[o] {
+            single.push(None);
+            continue;
+        }
+        let w = &wf[o * taps..][..taps];
+        let mut one = None;
+        let mut pure = true;
+        for (k, &v) in w.iter().enumerate() {
+            if v == 1.0 && one.is_none() {
+                one = Some(k);
+            } else if v != 0.0 {
+                pure = false;
+            }
+        }
+        match one {
+            Some(k) if pure => single.push(Some(idx[o * taps + k])),
+            _ => break,
+        }
+    }
+    if single.len() == n_out {
+        return Ok(AxisTab {
+            taps: 1,
+            idx: single
+                .into_iter()
+                .map(|v| v.map_or(Ok(OOB), ix))
+                .collect::<Result<_>>()?,
+            w: vec![1.0; n_out],
+        });
+    }
+    let mut tidx = Vec::with_capacity(idx.len());
+    for (o, chunk) in idx.chunks(taps).enumerate() {
+        for (t, &v) in chunk.iter().enumerate() {
+            tidx.push(if oob[o] && t == 0 { OOB } else { ix(v)? });
+        }
+    }
+    Ok(AxisTab {
+        taps,
+        idx: tidx,
+        w: wf.into_iter().map(|v| v as f32).collect(),
+    })
+}
+
+fn resize_run(spec: &ResizeSpec, gpu: &Gpu, inputs: &[Option<&Value>]) -> Result<Vec<Value>> {
+    let (x, _) = dev_in(inputs, 0)?;
+    let in_shape = x.shape().to_vec();
+    let r = in_shape.len();
+    let scales = host_in(inputs, 2)?.map(|t| t.to_f32_vec()).transpose()?;
+    let sizes = host_in(inputs, 3)?.map(|t| t.to_i64_vec()).transpose()?;
+    let axes = match &spec.axes {
+        Some(a) => norm_axes(a, r)?,
+        None => (0..r).collect(),
+    };
+    let (scale, out) = resize_geometry(
+        &in_shape,
+        &axes,
+        scales.as_deref(),
+        sizes.as_deref(),
+        spec.policy,
+    )?;
+    let mut roi = vec![(0.0f64, 1.0f64); r];
+    if spec.coord == Coord::TfCropAndResize {
+        let t =
+            host_in(inputs, 1)?.ok_or_else(|| fail("tf_crop_and_resize needs the roi input"))?;
+        let v: Vec<f64> = match t.dtype() {
+            DataType::Double => t.as_slice::<f64>()?.into_owned(),
+            _ => t.to_f32_vec()?.into_iter().map(f64::from).collect(),
+        };
+        if v.len() != 2 * axes.len() {
+            return Err(fail(format!(
+                "roi has {} values, expected {}",
+                v.len(),
+                2 * axes.len()
+            )));
+        }
+        for (i, &a) in axes.iter().enumerate() {
+            roi[a] = (v[i], v[axes.len() + i]);
+        }
+    }
+    nxrt_core::tensor::numel(&out)?;
+    if out.contains(&0) {
+        return gather(gpu, inputs, &out, &[], 0.0);
+    }
+    let tabs = (0..r)
+        .map(|a| axis_table(spec, in_shape[a], out[a], scale[a], roi[a]))
+        .collect::<Result<Vec<_>>>()?;
+    gather(gpu, inputs, &out, &tabs, spec.extrapolation)
+}
+
+// ----------------------------------------------------------------------------- Pad
+
+#[derive(Clone, Copy, PartialEq, Debug)]
+enum PadMode {
+    Constant,
+    Reflect,
+    Edge,
+    Wrap,
+}
+
+pub(super) fn build_pad(node: &Node) -> Result<Exec> {
+    let mode = match node.get_s("mode", "constant")?.as_str() {
+        "constant" => PadMode::Constant,
+        "reflect" => PadMode::Reflect,
+        "edge" => PadMode::Edge,
+        "wrap" => PadMode::Wrap,
+        m => return Err(fail(format!("Pad mode '{m}'"))),
+    };
+    // before opset 11 the pads and the value are attributes
+    let attrs = if node.opset < 11 {
+        let name = if node.opset < 2 { "paddings" } else { "pads" };
+        let Some(pads) = node.attr_ints(name)? else {
+            return Err(fail(format!("Pad without '{name}'")));
+        };
+        Some((pads, node.get_f("value", 0.0)?))
+    } else {
+        None
+    };
+    Ok(Box::new(move |gpu: &Gpu, inputs| {
+        let (x, _) = dev_in(inputs, 0)?;
+        let r = x.rank();
+        let (pads, value) = match &attrs {
+            Some((p, v)) => (p.clone(), *v),
+            None => {
+                let raw = host_i64s(inputs, 1)?.ok_or_else(|| fail("Pad without pads"))?;
+                let value = host_f32(inputs, 2)?.unwrap_or(0.0);
+                let pads = match host_i64s(inputs, 3)? {
+                    None => raw,
+                    Some(axes) => {
+                        let n = axes.len();
+                        if raw.len() != 2 * n {
+                            return Err(fail(format!("Pad has {} pads for {n} axes", raw.len())));
+                        }
+                        let axes = norm_axes(&axes, r)?;
+                        let mut full = vec![0i64; 2 * r];
+                        for (i, &a) in axes.iter().enumerate() {
+                            full[a] = raw[i];
+                            full[r + a] = raw[n + i];
+                        }
+                        full
+                    }
+                };
+                (pads, value)
+            }
+        };
+        if pads.len() != 2 * r {
+            return Err(fail(format!("Pad has {} pads for rank {r}", pads.len())));
+        }
+        let tabs = (0..r)
+            .map(|a| pad_table(x.shape()[a], pads[a], pads[r + a], mode))
+            .collect::<Result<Vec<_>>>()?;
+        let out: Vec<usize> = tabs.iter().map(|t| t.idx.len()).collect();
+        nxrt_core::tensor::numel(&out)?;
+        gather(gpu, inputs, &out, &tabs, value)
+    }))
+}
+
+/// The source index of every output position along one axis (`OOB`: the constant); negative
+/// pads crop first.
+fn pad_table(d: usize, pb: i64, pe: i64, mode: PadMode) -> Result<AxisTab> {
+    let d = d as i64;
+    let lo = (-pb).max(0);
+    let hi = d - (-pe).max(0);
+    let cd = hi - lo;
+    if cd < 0 {
+        return Err(fail(format!("Pad crops more than the extent {d}")));
+    }
+    let (pb, pe) = (pb.max(0), pe.max(0));
+    let n = cd + pb + pe;
+    if n > 0 && cd == 0 && mode != PadMode::Constant {
+        return Err(fail(format!("Pad mode {mode:?} of an empty axis")));
+    }
+    let mut idx = Vec::with_capacity(n as usize);
+    for o in 0..n {
+        let j = o - pb;
+        let k = if (0..cd).contains(&j) {
+            j
+        } else {
+            match mode {
+                PadMode::Constant => {
+                    idx.push(OOB);
+                    continue;
+                }
+                PadMode::Edge => j.clamp(0, cd - 1),
+                PadMode::Wrap => j.rem_euclid(cd),
+                PadMode::Reflect => {
+                    if cd == 1 {
+                        0
+                    } else {
+                        let p = 2 * (cd - 1);
+                        let m = j.rem_euclid(p);
+                        if m >= cd {
+                            p - m
+                        } else {
+                            m
+                        }
+                    }
+                }
+            }
+        };
+        idx.push(word((lo + k) as usize, "a Pad index")?);
+    }
+    let len = idx.len();
+    Ok(AxisTab {
+        taps: 1,
+        idx,
+        w: vec![1.0; len],
+    })
+}
