@@ -8,7 +8,7 @@ use alloc::vec::Vec;
 use crate::dtype::DataType;
 use crate::error::{Error, Result};
 use crate::ir::{AttrValue, Node};
-use crate::kernels::shape::concat;
+use crate::kernels::shape::{self, concat};
 use crate::kernels::{def, norm_axis, opt_tensor_in, out1, tensor_in, LATEST};
 use crate::provider::{Kernel, KernelCx, KernelDef};
 use crate::tensor::Tensor;
@@ -254,17 +254,16 @@ fn build_split_to_sequence(node: &Node) -> Result<Box<dyn Kernel>> {
                 }
             }
         };
-        let mut items = Vec::with_capacity(sizes.len());
-        let mut start = 0;
-        for len in sizes {
-            let mut part = x.slice_axis(a, start, len, 1)?.contiguous()?;
-            if squeeze {
+        // Split's copy, which handles float8 and complex items along any axis (a strided view
+        // of their raw storage cannot be made contiguous)
+        let mut items = shape::split(x, a, &sizes)?;
+        if squeeze {
+            for item in &mut items {
+                let part = item.as_tensor()?;
                 let mut s = part.shape().to_vec();
                 s.remove(a);
-                part = part.reshape(&s)?;
+                *item = Value::Tensor(part.reshape(&s)?);
             }
-            items.push(Value::Tensor(part));
-            start += len;
         }
         Ok(vec![Value::Sequence {
             elem: tensor_type(x.dtype()),

@@ -1016,7 +1016,8 @@ fn build_split(node: &Node) -> Result<Box<dyn Kernel>> {
     })
 }
 
-fn split(x: &Tensor, a: usize, sizes: &[usize]) -> Result<Vec<Value>> {
+/// `x` cut along axis `a` into pieces of `sizes` (which sum to its dim), as contiguous copies.
+pub(crate) fn split(x: &Tensor, a: usize, sizes: &[usize]) -> Result<Vec<Value>> {
     let dt = x.dtype();
     let shape = x.shape();
     let (outer, d, inner) = (prod(&shape[..a]), shape[a], prod(&shape[a + 1..]));
