@@ -90,8 +90,17 @@ pub fn lookup_detail(lookup: &Lookup<'_>) -> String {
         Lookup::NoOpsetVersion { have } => alloc::format!(
             "this opset version is not supported (kernels exist for opsets {have:?})"
         ),
-        Lookup::NoType { dtype } => {
-            alloc::format!("element type {dtype} is not supported by this op's kernel")
+        Lookup::NoType {
+            dtype,
+            input,
+            supported,
+        } => {
+            let list: Vec<&str> = supported.iter().map(|t| t.name()).collect();
+            alloc::format!(
+                "element type {dtype} (input {input}) is not supported by this op's kernel, \
+                 which takes {}",
+                list.join(", ")
+            )
         }
     }
 }
