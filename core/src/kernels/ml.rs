@@ -13,6 +13,7 @@ use super::{def_in, out1, tensor_in, LATEST};
 use crate::dtype::DataType;
 use crate::error::Result;
 use crate::ir::Node;
+use crate::kernels::types::{FLOATS, NUMERIC, PLAIN};
 use crate::provider::{Kernel, KernelCx, KernelDef};
 use crate::tensor::Tensor;
 use crate::value::{MapValue, TypeInfo, Value};
@@ -20,34 +21,89 @@ use crate::{bail, unsupported};
 
 const ML: &str = "ai.onnx.ml";
 
+/// What Imputer's float path (float, double) and integer path (int32, int64) read.
+const IMPUTER_TYPES: &[DataType] = &[
+    DataType::Float,
+    DataType::Double,
+    DataType::Int32,
+    DataType::Int64,
+];
+
+/// LabelEncoder-1 maps strings to int64 and int64 to strings.
+const LABEL_ENCODER1_TYPES: &[DataType] = &[DataType::String, DataType::Int64];
+
+/// What `keys_of` turns into lookup keys (LabelEncoder-2+; the keys' kind is checked at run).
+const KEY_TYPES: &[DataType] = &[
+    DataType::String,
+    DataType::Float,
+    DataType::Double,
+    DataType::Int8,
+    DataType::Int16,
+    DataType::Int32,
+    DataType::Int64,
+    DataType::Uint8,
+    DataType::Uint16,
+    DataType::Uint32,
+    DataType::Uint64,
+];
+
+/// OneHotEncoder: strings, or numbers read as int64 (`to_i64_vec`, which has no bfloat16).
+const ONE_HOT_ENCODER_TYPES: &[DataType] = &[
+    DataType::String,
+    DataType::Float,
+    DataType::Double,
+    DataType::Float16,
+    DataType::Int8,
+    DataType::Int16,
+    DataType::Int32,
+    DataType::Int64,
+    DataType::Uint8,
+    DataType::Uint16,
+    DataType::Uint32,
+    DataType::Uint64,
+];
+
+/// What `tree_input` reads (the opset-1 tree ensembles; TreeEnsemble-5 is float only).
+const TREE_INPUT_TYPES: &[DataType] = &[
+    DataType::Float,
+    DataType::Double,
+    DataType::Float16,
+    DataType::Bfloat16,
+    DataType::Int32,
+    DataType::Int64,
+];
+
 pub(crate) const KERNELS: &[KernelDef] = &[
-    def_in(ML, "LinearClassifier", 1, LATEST, build_linear_classifier),
-    def_in(ML, "LinearRegressor", 1, LATEST, build_linear_regressor),
-    def_in(ML, "Normalizer", 1, LATEST, build_normalizer),
-    def_in(ML, "ZipMap", 1, LATEST, build_zipmap),
-    def_in(ML, "Scaler", 1, LATEST, build_scaler),
-    def_in(ML, "Binarizer", 1, LATEST, build_binarizer),
-    def_in(ML, "Imputer", 1, LATEST, build_imputer),
-    def_in(ML, "LabelEncoder", 1, 1, build_label_encoder1),
-    def_in(ML, "LabelEncoder", 2, LATEST, build_label_encoder),
+    def_in(ML, "LinearClassifier", 1, LATEST, build_linear_classifier).types(NUMERIC),
+    def_in(ML, "LinearRegressor", 1, LATEST, build_linear_regressor).types(NUMERIC),
+    def_in(ML, "Normalizer", 1, LATEST, build_normalizer).types(NUMERIC),
+    def_in(ML, "ZipMap", 1, LATEST, build_zipmap).types(&[DataType::Float]),
+    def_in(ML, "Scaler", 1, LATEST, build_scaler).types(NUMERIC),
+    def_in(ML, "Binarizer", 1, LATEST, build_binarizer).types(FLOATS),
+    def_in(ML, "Imputer", 1, LATEST, build_imputer).types(IMPUTER_TYPES),
+    def_in(ML, "LabelEncoder", 1, 1, build_label_encoder1).types(LABEL_ENCODER1_TYPES),
+    def_in(ML, "LabelEncoder", 2, LATEST, build_label_encoder).types(KEY_TYPES),
     def_in(
         ML,
         "ArrayFeatureExtractor",
         1,
         LATEST,
         build_array_feature_extractor,
-    ),
-    def_in(ML, "FeatureVectorizer", 1, LATEST, build_feature_vectorizer),
-    def_in(ML, "OneHotEncoder", 1, LATEST, build_one_hot_encoder),
-    def_in(ML, "TreeEnsembleRegressor", 1, LATEST, build_tree_regressor),
+    )
+    .types(PLAIN),
+    // every input, not only the first, is checked by the kernel
+    def_in(ML, "FeatureVectorizer", 1, LATEST, build_feature_vectorizer).types(NUMERIC),
+    def_in(ML, "OneHotEncoder", 1, LATEST, build_one_hot_encoder).types(ONE_HOT_ENCODER_TYPES),
+    def_in(ML, "TreeEnsembleRegressor", 1, LATEST, build_tree_regressor).types(TREE_INPUT_TYPES),
     def_in(
         ML,
         "TreeEnsembleClassifier",
         1,
         LATEST,
         build_tree_classifier,
-    ),
-    def_in(ML, "TreeEnsemble", 5, LATEST, build_tree_ensemble),
+    )
+    .types(TREE_INPUT_TYPES),
+    def_in(ML, "TreeEnsemble", 5, LATEST, build_tree_ensemble).types(FLOATS),
 ];
 
 // ----------------------------------------------------------------------------- helpers

@@ -35,6 +35,7 @@ pub mod shape;
 pub mod signal;
 pub mod text;
 pub mod training;
+pub mod types;
 pub mod vision;
 
 /// Every kernel family's registrations. A family added to `kernels/` is listed here once.
@@ -140,7 +141,8 @@ impl ExecutionProvider for CpuProvider {
 
 // ----------------------------------------------------------------------------- helpers
 
-/// Registration shorthand: any element type.
+/// Registration shorthand (ai.onnx); declare the element types with `.types(..)` or
+/// `.types_at(input, ..)` (see [`types`]).
 pub(crate) const fn def(
     op: &'static str,
     since: i64,

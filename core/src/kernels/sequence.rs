@@ -9,6 +9,7 @@ use crate::dtype::DataType;
 use crate::error::{Error, Result};
 use crate::ir::{AttrValue, Node};
 use crate::kernels::shape::{self, concat};
+use crate::kernels::types::{ALL, INDEX, UNPACKED};
 use crate::kernels::{def, norm_axis, opt_tensor_in, out1, tensor_in, LATEST};
 use crate::provider::{Kernel, KernelCx, KernelDef};
 use crate::tensor::Tensor;
@@ -16,17 +17,21 @@ use crate::value::{TypeInfo, Value};
 use crate::{bail, unsupported};
 
 pub(crate) const KERNELS: &[KernelDef] = &[
+    // SequenceEmpty, SequenceLength and ConcatFromSequence have no tensor input to declare
+    // (types::UNDECLARED); the others' input 0 is a sequence, so a later input is declared
     def("SequenceEmpty", 11, LATEST, build_sequence_empty),
-    def("SequenceConstruct", 11, LATEST, build_sequence_construct),
-    def("SequenceAt", 11, LATEST, build_sequence_at),
-    def("SequenceInsert", 11, LATEST, build_sequence_insert),
-    def("SequenceErase", 11, LATEST, build_sequence_erase),
+    def("SequenceConstruct", 11, LATEST, build_sequence_construct).types(ALL),
+    def("SequenceAt", 11, LATEST, build_sequence_at).types_at(1, INDEX),
+    // the kernel checks that the tensor's type is the sequence's
+    def("SequenceInsert", 11, LATEST, build_sequence_insert).types_at(1, ALL),
+    def("SequenceErase", 11, LATEST, build_sequence_erase).types_at(1, INDEX),
     def("SequenceLength", 11, LATEST, build_sequence_length),
     def("ConcatFromSequence", 11, LATEST, build_concat_from_sequence),
-    def("SplitToSequence", 11, LATEST, build_split_to_sequence),
-    def("Optional", 15, LATEST, build_optional),
-    def("OptionalHasElement", 15, LATEST, build_optional_has_element),
-    def("OptionalGetElement", 15, LATEST, build_optional_get_element),
+    def("SplitToSequence", 11, LATEST, build_split_to_sequence).types(UNPACKED),
+    // these also take sequences and optionals, which have no tensor type at load
+    def("Optional", 15, LATEST, build_optional).types(ALL),
+    def("OptionalHasElement", 15, LATEST, build_optional_has_element).types(ALL),
+    def("OptionalGetElement", 15, LATEST, build_optional_get_element).types(ALL),
 ];
 
 fn kernel<F>(f: F) -> Result<Box<dyn Kernel>>
