@@ -193,6 +193,9 @@ pub const UNDECLARED: &[(&str, &str, &str)] = &[
 ];
 
 #[cfg(test)]
+mod audit;
+
+#[cfg(test)]
 mod tests {
     use super::*;
     use crate::kernels::cpu_registry;
