@@ -847,6 +847,13 @@ fn build_label_encoder(node: &Node) -> Result<Box<dyn Kernel>> {
         bail!("LabelEncoder needs exactly one keys_* and one values_* attribute");
     }
     let (keys, values) = (keys.remove(0), values.remove(0));
+    // `Encoder::apply` copies values out through `dispatch_any!`
+    if !PLAIN.contains(&values.dtype()) {
+        unsupported!(
+            "LabelEncoder values of type {} are not supported",
+            values.dtype()
+        );
+    }
     let default = match node.attr_t("default_tensor")? {
         Some(t) => t.clone(),
         None => match values.dtype() {
@@ -1935,6 +1942,32 @@ mod tests {
         let o = run(&n, &[t(&[3], vec![5i64, 6, 4])]);
         assert_eq!(o[0].as_tensor().unwrap().dtype(), DataType::Int16);
         assert_eq!(i64s(&o[0]), vec![8, -1, 7]);
+    }
+
+    #[test]
+    fn label_encoder_values_it_cannot_copy_are_refused_when_built() {
+        let int4 = |n| {
+            Tensor::from_data(
+                DataType::Int4,
+                vec![n],
+                crate::tensor::Data::Raw(vec![0x21]),
+            )
+            .unwrap()
+        };
+        let n = node(
+            "LabelEncoder",
+            4,
+            vec![
+                ("keys_int64s", ints(&[4, 5])),
+                ("values_tensor", AttrValue::Tensor(int4(2))),
+                ("default_tensor", AttrValue::Tensor(int4(1))),
+            ],
+        );
+        let err = build_label_encoder(&n)
+            .err()
+            .expect("int4 values are refused");
+        assert!(matches!(err, crate::Error::Unsupported { .. }), "{err}");
+        assert!(alloc::format!("{err}").contains("int4"), "{err}");
     }
 
     #[test]

@@ -1909,10 +1909,17 @@ fn build_trilu(node: &Node) -> Result<Box<dyn Kernel>> {
 
 fn build_eyelike(node: &Node) -> Result<Box<dyn Kernel>> {
     let dtype = match node.attr_i("dtype")? {
-        Some(c) => Some(
-            DataType::from_code(c as i32)
-                .ok_or_else(|| Error::Other(alloc::format!("unknown EyeLike dtype {c}")))?,
-        ),
+        Some(c) => {
+            let dt = i32::try_from(c)
+                .ok()
+                .and_then(DataType::from_code)
+                .ok_or_else(|| Error::Other(alloc::format!("unknown EyeLike dtype {c}")))?;
+            // the output types `dispatch_num!` fills below
+            if !NUMERIC_BOOL.contains(&dt) {
+                unsupported!("EyeLike output type {dt} is not supported");
+            }
+            Some(dt)
+        }
         None => None,
     };
     let k = node.get_i("k", 0)?;
@@ -3024,6 +3031,13 @@ mod tests {
         )
         .unwrap();
         assert_eq!(iv(&y), [0, 1, 0, 0, 0, 1]);
+        // an output type it cannot fill is refused when the kernel is built, before any input
+        let string = ("dtype", AttrValue::Int(DataType::String.code() as i64));
+        let err = build_eyelike(&node("EyeLike", 22, vec![string], 1))
+            .err()
+            .expect("a string identity is refused");
+        assert!(matches!(err, Error::Unsupported { .. }), "{err}");
+        assert!(err.to_string().contains("string"), "{err}");
     }
 
     #[test]
