@@ -83,6 +83,10 @@ pub type KernelFactory = fn(&Node) -> Result<Box<dyn Kernel>>;
 
 /// One registration: a kernel for `domain::op` over opsets `since..=until`, for the listed
 /// element types of input `type_input` (empty list: any type; the kernel checks).
+///
+/// The list is checked at load against the inferred type of that input, so a node whose
+/// type-deciding input has another type is an `Unsupported` error naming node, op, domain,
+/// opset and element type before anything runs. Other inputs are checked by the kernel.
 #[derive(Clone, Copy)]
 pub struct KernelDef {
     pub domain: &'static str,
@@ -94,12 +98,36 @@ pub struct KernelDef {
     pub build: KernelFactory,
 }
 
+impl KernelDef {
+    /// The same registration, declaring the element types input 0 may have.
+    pub const fn types(self, types: &'static [DataType]) -> KernelDef {
+        self.types_at(0, types)
+    }
+
+    /// The same registration, declaring the element types input `input` may have.
+    pub const fn types_at(self, input: usize, types: &'static [DataType]) -> KernelDef {
+        KernelDef {
+            type_input: input,
+            types,
+            ..self
+        }
+    }
+}
+
 /// Outcome of a registry lookup, precise enough for a useful error.
 pub enum Lookup<'a> {
     Found(&'a KernelDef),
     UnknownOp,
-    NoOpsetVersion { have: Vec<(i64, i64)> },
-    NoType { dtype: DataType },
+    NoOpsetVersion {
+        have: Vec<(i64, i64)>,
+    },
+    /// Input `input` has element type `dtype`, which no in-range registration lists (the last
+    /// one checked takes `supported`).
+    NoType {
+        dtype: DataType,
+        input: usize,
+        supported: &'static [DataType],
+    },
 }
 
 /// Kernels keyed by (domain, op type).
@@ -146,16 +174,22 @@ impl KernelRegistry {
                 have: defs.iter().map(|d| (d.since, d.until)).collect(),
             };
         }
-        let mut last_dt = None;
+        let mut refused = None;
         for d in in_range {
             let dt = input_types.get(d.type_input).copied().flatten();
             match dt {
-                Some(dt) if !d.types.is_empty() && !d.types.contains(&dt) => last_dt = Some(dt),
+                Some(dt) if !d.types.is_empty() && !d.types.contains(&dt) => {
+                    refused = Some((dt, d.type_input, d.types))
+                }
                 _ => return Lookup::Found(d),
             }
         }
+        // every in-range registration refused a known type (so `refused` is set)
+        let (dtype, input, supported) = refused.unwrap_or((DataType::Float, 0, &[]));
         Lookup::NoType {
-            dtype: last_dt.unwrap_or(DataType::Float),
+            dtype,
+            input,
+            supported,
         }
     }
 

@@ -11,6 +11,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write;
 use std::path::Path;
 
+use nxrt_core::kernels::types::{group_name, GROUPS};
 use nxrt_tests::cache_dir;
 use serde_json::Value as Json;
 
@@ -79,13 +80,20 @@ fn generate() -> String {
     let mut ops: BTreeMap<OpKey, Vec<Registration>> = BTreeMap::new();
     for d in reg.entries() {
         let types = if d.types.is_empty() {
-            "checked by the kernel".to_string()
+            "none (no tensor input)".to_string()
         } else {
-            d.types
-                .iter()
-                .map(|t| t.to_string())
-                .collect::<Vec<_>>()
-                .join(", ")
+            let list = group_name(d.types).map(String::from).unwrap_or_else(|| {
+                d.types
+                    .iter()
+                    .map(|t| t.to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            });
+            if d.type_input == 0 {
+                list
+            } else {
+                format!("input {}: {list}", d.type_input)
+            }
         };
         ops.entry((domain_name(d.domain).to_string(), d.op.to_string()))
             .or_default()
@@ -137,10 +145,17 @@ records `tests/conformance/native.json` and `tests/conformance/wasm.json`. Do no
     let _ = writeln!(
         s,
         "Opsets: the ranges kernels are registered for (the op's own versions inside a range all \
-run). Types: the element types a registration declares; \"checked by the kernel\" means the \
-kernel accepts what its code handles and names the op, node and type in an error otherwise. \
+run). Types: the element types a registration declares for its type-deciding input (input 0 \
+unless named), checked when a model loads: any other type is an error naming the node, op, \
+domain, opset and type. Other inputs and attribute-dependent paths are checked by the kernel. \
 Cases: node-test cases of that op, `_expanded` function bodies included; pass / fail / error.\n"
     );
+    let _ = writeln!(s, "Element-type groups (`core/src/kernels/types.rs`):\n");
+    for (name, types) in GROUPS {
+        let list: Vec<&str> = types.iter().map(|t| t.name()).collect();
+        let _ = writeln!(s, "- `{name}`: {}", list.join(", "));
+    }
+    s.push('\n');
     let _ = writeln!(
         s,
         "| domain | op | opsets | element types | cases | native pass / fail / error |{}",
@@ -157,20 +172,18 @@ Cases: node-test cases of that op, `_expanded` function bodies included; pass / 
     );
     for k in &keys {
         let regs = ops.get(k);
+        let range = |a: i64, b: i64| {
+            if b >= nxrt_core::kernels::LATEST_OPSET {
+                format!("{a}+")
+            } else if a == b {
+                format!("{a}")
+            } else {
+                format!("{a}-{b}")
+            }
+        };
         let opsets = match regs {
             Some(r) => {
-                let mut v: Vec<String> = r
-                    .iter()
-                    .map(|(a, b, _)| {
-                        if *b >= nxrt_core::kernels::LATEST_OPSET {
-                            format!("{a}+")
-                        } else if a == b {
-                            format!("{a}")
-                        } else {
-                            format!("{a}-{b}")
-                        }
-                    })
-                    .collect();
+                let mut v: Vec<String> = r.iter().map(|(a, b, _)| range(*a, *b)).collect();
                 v.sort();
                 v.dedup();
                 v.join(", ")
@@ -182,7 +195,18 @@ Cases: node-test cases of that op, `_expanded` function bodies included; pass / 
                 let mut v: Vec<&str> = r.iter().map(|x| x.2.as_str()).collect();
                 v.sort();
                 v.dedup();
-                v.join("; ")
+                if v.len() == 1 {
+                    v[0].to_string()
+                } else {
+                    // registrations that differ: each with its opsets
+                    let mut by_opset: Vec<&Registration> = r.iter().collect();
+                    by_opset.sort_by_key(|x| x.0);
+                    by_opset
+                        .iter()
+                        .map(|(a, b, t)| format!("{}: {t}", range(*a, *b)))
+                        .collect::<Vec<_>>()
+                        .join("; ")
+                }
             }
             None => "-".to_string(),
         };

@@ -15,24 +15,31 @@ use crate::bail;
 use crate::dtype::DataType;
 use crate::error::Result;
 use crate::ir::Node;
+use crate::kernels::types::{FLOATS, PLAIN};
 use crate::provider::{Kernel, KernelCx, KernelDef};
 use crate::tensor::Tensor;
 use crate::value::Value;
 
 pub(crate) const KERNELS: &[KernelDef] = &[
-    def("Attention", 23, LATEST, build_attention),
-    def("RotaryEmbedding", 23, LATEST, build_rotary),
-    def("TensorScatter", 24, LATEST, build_tensor_scatter),
-    def("SwiGLU", 28, LATEST, build_swiglu),
-    def("LinearAttention", 27, LATEST, build_linear_attention),
-    def("CausalConvWithState", 27, LATEST, build_causal_conv),
+    def("Attention", 23, LATEST, build_attention).types(FLOATS),
+    def("RotaryEmbedding", 23, LATEST, build_rotary).types(FLOATS),
+    def("TensorScatter", 24, LATEST, build_tensor_scatter).types(PLAIN),
+    def("SwiGLU", 28, LATEST, build_swiglu).types(FLOATS),
+    // computed in f32; the kernel refuses double
+    def("LinearAttention", 27, LATEST, build_linear_attention).types(&[
+        DataType::Float,
+        DataType::Float16,
+        DataType::Bfloat16,
+    ]),
+    def("CausalConvWithState", 27, LATEST, build_causal_conv).types(FLOATS),
     def_in(
         "ai.onnx.preview",
         "FlexAttention",
         1,
         1,
         build_flex_attention,
-    ),
+    )
+    .types(FLOATS),
 ];
 
 // ----------------------------------------------------------------------------- compute type

@@ -7,6 +7,7 @@ use alloc::vec::Vec;
 use crate::dtype::DataType;
 use crate::error::Result;
 use crate::ir::Node;
+use crate::kernels::types::{FLOATS, INT8, NUMERIC};
 use crate::kernels::{bad_type, broadcast_shapes, def, opt_tensor_in, out1, tensor_in, LATEST};
 use crate::provider::{Gemm, Kernel, KernelCx, KernelDef};
 use crate::tensor::{gather_strided, Elem, Tensor};
@@ -14,12 +15,13 @@ use crate::value::Value;
 use crate::{bail, unsupported};
 
 pub(crate) const KERNELS: &[KernelDef] = &[
-    def("MatMul", 1, LATEST, build_matmul),
-    def("Gemm", 1, LATEST, build_gemm),
-    def("MatMulInteger", 10, LATEST, build_matmul_integer),
-    def("QLinearMatMul", 10, LATEST, build_qlinear_matmul),
-    def("Einsum", 12, LATEST, build_einsum),
-    def("Det", 11, LATEST, build_det),
+    def("MatMul", 1, LATEST, build_matmul).types(NUMERIC),
+    def("Gemm", 1, LATEST, build_gemm).types(NUMERIC),
+    def("MatMulInteger", 10, LATEST, build_matmul_integer).types(INT8),
+    // scales and zero points are checked by the kernel
+    def("QLinearMatMul", 10, LATEST, build_qlinear_matmul).types(INT8),
+    def("Einsum", 12, LATEST, build_einsum).types(NUMERIC),
+    def("Det", 11, LATEST, build_det).types(FLOATS),
 ];
 
 // ----------------------------------------------------------------------------- numeric trait

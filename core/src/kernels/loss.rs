@@ -17,14 +17,15 @@ use super::{bad_type, def, opt_tensor_in, tensor_in, LATEST};
 use crate::dtype::DataType;
 use crate::error::Result;
 use crate::ir::Node;
+use crate::kernels::types::FLOATS;
 use crate::provider::{Kernel, KernelCx, KernelDef};
 use crate::tensor::Tensor;
 use crate::value::Value;
 use crate::{bail, unsupported};
 
 pub(crate) const KERNELS: &[KernelDef] = &[
-    def("NegativeLogLikelihoodLoss", 12, LATEST, build_nll),
-    def("SoftmaxCrossEntropyLoss", 12, LATEST, build_sce),
+    def("NegativeLogLikelihoodLoss", 12, LATEST, build_nll).types(FLOATS),
+    def("SoftmaxCrossEntropyLoss", 12, LATEST, build_sce).types(FLOATS),
 ];
 
 // ----------------------------------------------------------------------------- shared helpers

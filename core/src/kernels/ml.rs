@@ -13,6 +13,7 @@ use super::{def_in, out1, tensor_in, LATEST};
 use crate::dtype::DataType;
 use crate::error::Result;
 use crate::ir::Node;
+use crate::kernels::types::{FLOATS, NUMERIC, PLAIN};
 use crate::provider::{Kernel, KernelCx, KernelDef};
 use crate::tensor::Tensor;
 use crate::value::{MapValue, TypeInfo, Value};
@@ -20,34 +21,89 @@ use crate::{bail, unsupported};
 
 const ML: &str = "ai.onnx.ml";
 
+/// What Imputer's float path (float, double) and integer path (int32, int64) read.
+const IMPUTER_TYPES: &[DataType] = &[
+    DataType::Float,
+    DataType::Double,
+    DataType::Int32,
+    DataType::Int64,
+];
+
+/// LabelEncoder-1 maps strings to int64 and int64 to strings.
+const LABEL_ENCODER1_TYPES: &[DataType] = &[DataType::String, DataType::Int64];
+
+/// What `keys_of` turns into lookup keys (LabelEncoder-2+; the keys' kind is checked at run).
+const KEY_TYPES: &[DataType] = &[
+    DataType::String,
+    DataType::Float,
+    DataType::Double,
+    DataType::Int8,
+    DataType::Int16,
+    DataType::Int32,
+    DataType::Int64,
+    DataType::Uint8,
+    DataType::Uint16,
+    DataType::Uint32,
+    DataType::Uint64,
+];
+
+/// OneHotEncoder: strings, or numbers read as int64 (`to_i64_vec`, which has no bfloat16).
+const ONE_HOT_ENCODER_TYPES: &[DataType] = &[
+    DataType::String,
+    DataType::Float,
+    DataType::Double,
+    DataType::Float16,
+    DataType::Int8,
+    DataType::Int16,
+    DataType::Int32,
+    DataType::Int64,
+    DataType::Uint8,
+    DataType::Uint16,
+    DataType::Uint32,
+    DataType::Uint64,
+];
+
+/// What `tree_input` reads (the opset-1 tree ensembles; TreeEnsemble-5 is float only).
+const TREE_INPUT_TYPES: &[DataType] = &[
+    DataType::Float,
+    DataType::Double,
+    DataType::Float16,
+    DataType::Bfloat16,
+    DataType::Int32,
+    DataType::Int64,
+];
+
 pub(crate) const KERNELS: &[KernelDef] = &[
-    def_in(ML, "LinearClassifier", 1, LATEST, build_linear_classifier),
-    def_in(ML, "LinearRegressor", 1, LATEST, build_linear_regressor),
-    def_in(ML, "Normalizer", 1, LATEST, build_normalizer),
-    def_in(ML, "ZipMap", 1, LATEST, build_zipmap),
-    def_in(ML, "Scaler", 1, LATEST, build_scaler),
-    def_in(ML, "Binarizer", 1, LATEST, build_binarizer),
-    def_in(ML, "Imputer", 1, LATEST, build_imputer),
-    def_in(ML, "LabelEncoder", 1, 1, build_label_encoder1),
-    def_in(ML, "LabelEncoder", 2, LATEST, build_label_encoder),
+    def_in(ML, "LinearClassifier", 1, LATEST, build_linear_classifier).types(NUMERIC),
+    def_in(ML, "LinearRegressor", 1, LATEST, build_linear_regressor).types(NUMERIC),
+    def_in(ML, "Normalizer", 1, LATEST, build_normalizer).types(NUMERIC),
+    def_in(ML, "ZipMap", 1, LATEST, build_zipmap).types(&[DataType::Float]),
+    def_in(ML, "Scaler", 1, LATEST, build_scaler).types(NUMERIC),
+    def_in(ML, "Binarizer", 1, LATEST, build_binarizer).types(FLOATS),
+    def_in(ML, "Imputer", 1, LATEST, build_imputer).types(IMPUTER_TYPES),
+    def_in(ML, "LabelEncoder", 1, 1, build_label_encoder1).types(LABEL_ENCODER1_TYPES),
+    def_in(ML, "LabelEncoder", 2, LATEST, build_label_encoder).types(KEY_TYPES),
     def_in(
         ML,
         "ArrayFeatureExtractor",
         1,
         LATEST,
         build_array_feature_extractor,
-    ),
-    def_in(ML, "FeatureVectorizer", 1, LATEST, build_feature_vectorizer),
-    def_in(ML, "OneHotEncoder", 1, LATEST, build_one_hot_encoder),
-    def_in(ML, "TreeEnsembleRegressor", 1, LATEST, build_tree_regressor),
+    )
+    .types(PLAIN),
+    // every input, not only the first, is checked by the kernel
+    def_in(ML, "FeatureVectorizer", 1, LATEST, build_feature_vectorizer).types(NUMERIC),
+    def_in(ML, "OneHotEncoder", 1, LATEST, build_one_hot_encoder).types(ONE_HOT_ENCODER_TYPES),
+    def_in(ML, "TreeEnsembleRegressor", 1, LATEST, build_tree_regressor).types(TREE_INPUT_TYPES),
     def_in(
         ML,
         "TreeEnsembleClassifier",
         1,
         LATEST,
         build_tree_classifier,
-    ),
-    def_in(ML, "TreeEnsemble", 5, LATEST, build_tree_ensemble),
+    )
+    .types(TREE_INPUT_TYPES),
+    def_in(ML, "TreeEnsemble", 5, LATEST, build_tree_ensemble).types(FLOATS),
 ];
 
 // ----------------------------------------------------------------------------- helpers
@@ -791,6 +847,13 @@ fn build_label_encoder(node: &Node) -> Result<Box<dyn Kernel>> {
         bail!("LabelEncoder needs exactly one keys_* and one values_* attribute");
     }
     let (keys, values) = (keys.remove(0), values.remove(0));
+    // `Encoder::apply` copies values out through `dispatch_any!`
+    if !PLAIN.contains(&values.dtype()) {
+        unsupported!(
+            "LabelEncoder values of type {} are not supported",
+            values.dtype()
+        );
+    }
     let default = match node.attr_t("default_tensor")? {
         Some(t) => t.clone(),
         None => match values.dtype() {
@@ -1879,6 +1942,32 @@ mod tests {
         let o = run(&n, &[t(&[3], vec![5i64, 6, 4])]);
         assert_eq!(o[0].as_tensor().unwrap().dtype(), DataType::Int16);
         assert_eq!(i64s(&o[0]), vec![8, -1, 7]);
+    }
+
+    #[test]
+    fn label_encoder_values_it_cannot_copy_are_refused_when_built() {
+        let int4 = |n| {
+            Tensor::from_data(
+                DataType::Int4,
+                vec![n],
+                crate::tensor::Data::Raw(vec![0x21]),
+            )
+            .unwrap()
+        };
+        let n = node(
+            "LabelEncoder",
+            4,
+            vec![
+                ("keys_int64s", ints(&[4, 5])),
+                ("values_tensor", AttrValue::Tensor(int4(2))),
+                ("default_tensor", AttrValue::Tensor(int4(1))),
+            ],
+        );
+        let err = build_label_encoder(&n)
+            .err()
+            .expect("int4 values are refused");
+        assert!(matches!(err, crate::Error::Unsupported { .. }), "{err}");
+        assert!(alloc::format!("{err}").contains("int4"), "{err}");
     }
 
     #[test]

@@ -35,6 +35,7 @@ pub mod shape;
 pub mod signal;
 pub mod text;
 pub mod training;
+pub mod types;
 pub mod vision;
 
 /// Every kernel family's registrations. A family added to `kernels/` is listed here once.
@@ -90,8 +91,17 @@ pub fn lookup_detail(lookup: &Lookup<'_>) -> String {
         Lookup::NoOpsetVersion { have } => alloc::format!(
             "this opset version is not supported (kernels exist for opsets {have:?})"
         ),
-        Lookup::NoType { dtype } => {
-            alloc::format!("element type {dtype} is not supported by this op's kernel")
+        Lookup::NoType {
+            dtype,
+            input,
+            supported,
+        } => {
+            let list: Vec<&str> = supported.iter().map(|t| t.name()).collect();
+            alloc::format!(
+                "element type {dtype} (input {input}) is not supported by this op's kernel, \
+                 which takes {}",
+                list.join(", ")
+            )
         }
     }
 }
@@ -139,7 +149,8 @@ impl ExecutionProvider for CpuProvider {
 
 // ----------------------------------------------------------------------------- helpers
 
-/// Registration shorthand: any element type.
+/// Registration shorthand (ai.onnx); declare the element types with `.types(..)` or
+/// `.types_at(input, ..)` (see [`types`]).
 pub(crate) const fn def(
     op: &'static str,
     since: i64,

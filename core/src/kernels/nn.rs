@@ -8,24 +8,46 @@ use crate::dtype::DataType;
 use crate::error::Result;
 use crate::ir::Node;
 use crate::kernels::linalg::{narrow_f32, widen_f32, Num};
+use crate::kernels::types::{FLOATS, INT8, PLAIN};
 use crate::kernels::{bad_type, def, dims_of, opt_tensor_in, out1, tensor_in, LATEST};
 use crate::provider::{CpuBackend, Gemm, Kernel, KernelCx, KernelDef};
 use crate::tensor::{Elem, Tensor};
 use crate::value::Value;
 use crate::{bail, unsupported};
 
+/// MaxPool's typed paths: the floats (f16/bf16 through f32), int8, uint8 and int32.
+const MAX_POOL_TYPES: &[DataType] = &[
+    DataType::Float,
+    DataType::Double,
+    DataType::Float16,
+    DataType::Bfloat16,
+    DataType::Int8,
+    DataType::Uint8,
+    DataType::Int32,
+];
+
+/// GlobalMaxPool: the floats, and int8/uint8 (exact through f32).
+const GLOBAL_MAX_POOL_TYPES: &[DataType] = &[
+    DataType::Float,
+    DataType::Double,
+    DataType::Float16,
+    DataType::Bfloat16,
+    DataType::Int8,
+    DataType::Uint8,
+];
+
 pub(crate) const KERNELS: &[KernelDef] = &[
-    def("Conv", 1, LATEST, build_conv),
-    def("ConvTranspose", 1, LATEST, build_conv_transpose),
-    def("ConvInteger", 10, LATEST, build_conv_integer),
-    def("QLinearConv", 10, LATEST, build_qlinear_conv),
-    def("MaxPool", 1, LATEST, build_max_pool),
-    def("AveragePool", 1, LATEST, build_average_pool),
-    def("LpPool", 1, LATEST, build_lp_pool),
-    def("GlobalAveragePool", 1, LATEST, build_global_average_pool),
-    def("GlobalMaxPool", 1, LATEST, build_global_max_pool),
-    def("GlobalLpPool", 1, LATEST, build_global_lp_pool),
-    def("MaxUnpool", 9, LATEST, build_max_unpool),
+    def("Conv", 1, LATEST, build_conv).types(FLOATS),
+    def("ConvTranspose", 1, LATEST, build_conv_transpose).types(FLOATS),
+    def("ConvInteger", 10, LATEST, build_conv_integer).types(INT8),
+    def("QLinearConv", 10, LATEST, build_qlinear_conv).types(INT8),
+    def("MaxPool", 1, LATEST, build_max_pool).types(MAX_POOL_TYPES),
+    def("AveragePool", 1, LATEST, build_average_pool).types(FLOATS),
+    def("LpPool", 1, LATEST, build_lp_pool).types(FLOATS),
+    def("GlobalAveragePool", 1, LATEST, build_global_average_pool).types(FLOATS),
+    def("GlobalMaxPool", 1, LATEST, build_global_max_pool).types(GLOBAL_MAX_POOL_TYPES),
+    def("GlobalLpPool", 1, LATEST, build_global_lp_pool).types(FLOATS),
+    def("MaxUnpool", 9, LATEST, build_max_unpool).types(PLAIN),
 ];
 
 /// Most spatial dimensions the kernels here handle (decoded on the stack).

@@ -14,27 +14,30 @@ use crate::arena::OutBuf;
 use crate::dtype::DataType;
 use crate::error::{Error, Result};
 use crate::ir::Node;
+use crate::kernels::types::{FLOATS, NUMERIC};
 use crate::provider::{Kernel, KernelCx, KernelDef};
 use crate::tensor::{Elem, Tensor};
 use crate::value::Value;
 use crate::{bail, unsupported};
 
 pub(crate) const KERNELS: &[KernelDef] = &[
-    def("Softmax", 1, LATEST, build_softmax),
-    def("LogSoftmax", 1, LATEST, build_log_softmax),
-    def("Hardmax", 1, LATEST, build_hardmax),
-    def("BatchNormalization", 1, LATEST, build_batch_norm),
-    def("InstanceNormalization", 1, LATEST, build_instance_norm),
+    def("Softmax", 1, LATEST, build_softmax).types(FLOATS),
+    def("LogSoftmax", 1, LATEST, build_log_softmax).types(FLOATS),
+    def("Hardmax", 1, LATEST, build_hardmax).types(FLOATS),
+    def("BatchNormalization", 1, LATEST, build_batch_norm).types(FLOATS),
+    def("InstanceNormalization", 1, LATEST, build_instance_norm).types(FLOATS),
     // Opset 17 made it standard; earlier "opsets" cover the identical ai.onnx-domain contrib form
     // that fusion tools emit.
-    def("LayerNormalization", 1, LATEST, build_layer_norm),
-    def("GroupNormalization", 18, LATEST, build_group_norm),
-    def("RMSNormalization", 23, LATEST, build_rms_norm),
-    def("LpNormalization", 1, LATEST, build_lp_norm),
-    def("MeanVarianceNormalization", 9, LATEST, build_mvn),
-    def("LRN", 1, LATEST, build_lrn),
-    def("Resize", 10, LATEST, build_resize),
-    def("Upsample", 7, 9, build_upsample),
+    def("LayerNormalization", 1, LATEST, build_layer_norm).types(FLOATS),
+    def("GroupNormalization", 18, LATEST, build_group_norm).types(FLOATS),
+    def("RMSNormalization", 23, LATEST, build_rms_norm).types(FLOATS),
+    def("LpNormalization", 1, LATEST, build_lp_norm).types(FLOATS),
+    def("MeanVarianceNormalization", 9, LATEST, build_mvn).types(FLOATS),
+    def("LRN", 1, LATEST, build_lrn).types(FLOATS),
+    // nearest copies any numeric type; linear and cubic interpolate floats only (the kernel
+    // checks, as it does the scales, sizes and roi inputs)
+    def("Resize", 10, LATEST, build_resize).types(NUMERIC),
+    def("Upsample", 7, 9, build_upsample).types(NUMERIC),
 ];
 
 // ----------------------------------------------------------------------------- shared helpers

@@ -14,17 +14,46 @@ use crate::dtype::DataType;
 use crate::error::Result;
 use crate::ir::Node;
 use crate::kernels::elementwise::{decode_raw, is_raw, mini_encode, mini_of, pack, raw_data};
+use crate::kernels::types::NOT_STRING;
 use crate::kernels::{def, norm_axis, opt_tensor_in, out1, tensor_in, LATEST};
 use crate::provider::{Kernel, KernelCx, KernelDef};
 use crate::tensor::{Data, Tensor};
 use crate::value::Value;
 use crate::{bail, unsupported};
 
+/// What QuantizeLinear quantizes (its input check in the kernel).
+const QUANTIZE_INPUT_TYPES: &[DataType] = &[
+    DataType::Float,
+    DataType::Float16,
+    DataType::Bfloat16,
+    DataType::Int32,
+];
+
+/// What DequantizeLinear reads (`dequant_source`): the integer ranges of `int_range`, the
+/// float8/float4 codes of `mini_of`, and int32.
+const DEQUANTIZE_INPUT_TYPES: &[DataType] = &[
+    DataType::Int8,
+    DataType::Uint8,
+    DataType::Int16,
+    DataType::Uint16,
+    DataType::Int4,
+    DataType::Uint4,
+    DataType::Int2,
+    DataType::Uint2,
+    DataType::Float8E4M3FN,
+    DataType::Float8E4M3FNUZ,
+    DataType::Float8E5M2,
+    DataType::Float8E5M2FNUZ,
+    DataType::Float4E2M1,
+    DataType::Int32,
+];
+
 pub(crate) const KERNELS: &[KernelDef] = &[
-    def("QuantizeLinear", 10, LATEST, build_quantize),
-    def("DequantizeLinear", 10, LATEST, build_dequantize),
-    def("DynamicQuantizeLinear", 11, LATEST, build_dynamic_quantize),
-    def("BitCast", 26, LATEST, build_bitcast),
+    def("QuantizeLinear", 10, LATEST, build_quantize).types(QUANTIZE_INPUT_TYPES),
+    def("DequantizeLinear", 10, LATEST, build_dequantize).types(DEQUANTIZE_INPUT_TYPES),
+    def("DynamicQuantizeLinear", 11, LATEST, build_dynamic_quantize).types(&[DataType::Float]),
+    // the kernel checks that input and `to` have the same width
+    def("BitCast", 26, LATEST, build_bitcast).types(NOT_STRING),
 ];
 
 fn kernel<F>(f: F) -> Result<Box<dyn Kernel>>

@@ -16,17 +16,21 @@ use super::{bad_type, def, out1, tensor_in, LATEST};
 use crate::dtype::DataType;
 use crate::error::{Error, Result};
 use crate::ir::Node;
+use crate::kernels::types::{ALL, FLOATS};
 use crate::provider::{Kernel, KernelCx, KernelDef};
 use crate::tensor::Tensor;
 use crate::value::Value;
 use crate::{bail, unsupported};
 
 pub(crate) const KERNELS: &[KernelDef] = &[
-    def("Bernoulli", 15, LATEST, build_bernoulli),
+    def("Bernoulli", 15, LATEST, build_bernoulli).types(FLOATS),
+    // no inputs (types::UNDECLARED); the dtype attribute is checked when the kernel is built
     def("RandomUniform", 1, LATEST, build_random_uniform),
-    def("RandomUniformLike", 1, LATEST, build_random_uniform_like),
+    // only the input's shape is used, and its type when there is no dtype attribute (then the
+    // kernel requires a float type)
+    def("RandomUniformLike", 1, LATEST, build_random_uniform_like).types(ALL),
     def("RandomNormal", 1, LATEST, build_random_normal),
-    def("RandomNormalLike", 1, LATEST, build_random_normal_like),
+    def("RandomNormalLike", 1, LATEST, build_random_normal_like).types(ALL),
 ];
 
 /// Which distribution a Random* node draws from.

@@ -11,6 +11,7 @@ use crate::dtype::DataType;
 use crate::error::Result;
 use crate::ir::Node;
 use crate::kernels::shape::copy_strided;
+use crate::kernels::types::{NUMERIC, NUMERIC_BOOL};
 use crate::kernels::{bad_type, def, ints_of, norm_axis, opt_tensor_in, out1, tensor_in, LATEST};
 use crate::provider::{Kernel, KernelCx, KernelDef};
 use crate::tensor::{contiguous_strides, Elem, Tensor};
@@ -18,21 +19,21 @@ use crate::value::Value;
 use crate::{bail, unsupported};
 
 pub(crate) const KERNELS: &[KernelDef] = &[
-    def("ReduceSum", 1, LATEST, build_sum),
-    def("ReduceMean", 1, LATEST, build_mean),
-    def("ReduceMax", 1, LATEST, build_max),
-    def("ReduceMin", 1, LATEST, build_min),
-    def("ReduceProd", 1, LATEST, build_prod),
-    def("ReduceSumSquare", 1, LATEST, build_sum_square),
-    def("ReduceL1", 1, LATEST, build_l1),
-    def("ReduceL2", 1, LATEST, build_l2),
-    def("ReduceLogSum", 1, LATEST, build_log_sum),
-    def("ReduceLogSumExp", 1, LATEST, build_log_sum_exp),
-    def("ArgMax", 1, LATEST, build_argmax),
-    def("ArgMin", 1, LATEST, build_argmin),
-    def("CumSum", 11, LATEST, build_cumsum),
-    def("CumProd", 26, LATEST, build_cumprod),
-    def("TopK", 1, LATEST, build_topk),
+    def("ReduceSum", 1, LATEST, build_sum).types(NUMERIC),
+    def("ReduceMean", 1, LATEST, build_mean).types(NUMERIC),
+    def("ReduceMax", 1, LATEST, build_max).types(NUMERIC_BOOL),
+    def("ReduceMin", 1, LATEST, build_min).types(NUMERIC_BOOL),
+    def("ReduceProd", 1, LATEST, build_prod).types(NUMERIC),
+    def("ReduceSumSquare", 1, LATEST, build_sum_square).types(NUMERIC),
+    def("ReduceL1", 1, LATEST, build_l1).types(NUMERIC),
+    def("ReduceL2", 1, LATEST, build_l2).types(NUMERIC),
+    def("ReduceLogSum", 1, LATEST, build_log_sum).types(NUMERIC),
+    def("ReduceLogSumExp", 1, LATEST, build_log_sum_exp).types(NUMERIC),
+    def("ArgMax", 1, LATEST, build_argmax).types(NUMERIC),
+    def("ArgMin", 1, LATEST, build_argmin).types(NUMERIC),
+    def("CumSum", 11, LATEST, build_cumsum).types(NUMERIC),
+    def("CumProd", 26, LATEST, build_cumprod).types(NUMERIC),
+    def("TopK", 1, LATEST, build_topk).types(NUMERIC),
 ];
 
 // ----------------------------------------------------------------------------- element traits

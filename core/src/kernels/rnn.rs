@@ -13,15 +13,16 @@ use super::{def, opt_tensor_in, tensor_in, Float, LATEST};
 use crate::dtype::DataType;
 use crate::error::Result;
 use crate::ir::Node;
+use crate::kernels::types::FLOATS;
 use crate::provider::{Gemm, Kernel, KernelCx, KernelDef};
 use crate::tensor::Tensor;
 use crate::value::Value;
 use crate::{bail, unsupported};
 
 pub(crate) const KERNELS: &[KernelDef] = &[
-    def("LSTM", 1, LATEST, build_lstm),
-    def("GRU", 1, LATEST, build_gru),
-    def("RNN", 1, LATEST, build_rnn),
+    def("LSTM", 1, LATEST, build_lstm).types(FLOATS),
+    def("GRU", 1, LATEST, build_gru).types(FLOATS),
+    def("RNN", 1, LATEST, build_rnn).types(FLOATS),
 ];
 
 // ----------------------------------------------------------------------------- activations

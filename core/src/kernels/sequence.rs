@@ -8,7 +8,8 @@ use alloc::vec::Vec;
 use crate::dtype::DataType;
 use crate::error::{Error, Result};
 use crate::ir::{AttrValue, Node};
-use crate::kernels::shape::concat;
+use crate::kernels::shape::{self, concat};
+use crate::kernels::types::{ALL, INDEX, UNPACKED};
 use crate::kernels::{def, norm_axis, opt_tensor_in, out1, tensor_in, LATEST};
 use crate::provider::{Kernel, KernelCx, KernelDef};
 use crate::tensor::Tensor;
@@ -16,17 +17,21 @@ use crate::value::{TypeInfo, Value};
 use crate::{bail, unsupported};
 
 pub(crate) const KERNELS: &[KernelDef] = &[
+    // SequenceEmpty, SequenceLength and ConcatFromSequence have no tensor input to declare
+    // (types::UNDECLARED); the others' input 0 is a sequence, so a later input is declared
     def("SequenceEmpty", 11, LATEST, build_sequence_empty),
-    def("SequenceConstruct", 11, LATEST, build_sequence_construct),
-    def("SequenceAt", 11, LATEST, build_sequence_at),
-    def("SequenceInsert", 11, LATEST, build_sequence_insert),
-    def("SequenceErase", 11, LATEST, build_sequence_erase),
+    def("SequenceConstruct", 11, LATEST, build_sequence_construct).types(ALL),
+    def("SequenceAt", 11, LATEST, build_sequence_at).types_at(1, INDEX),
+    // the kernel checks that the tensor's type is the sequence's
+    def("SequenceInsert", 11, LATEST, build_sequence_insert).types_at(1, ALL),
+    def("SequenceErase", 11, LATEST, build_sequence_erase).types_at(1, INDEX),
     def("SequenceLength", 11, LATEST, build_sequence_length),
     def("ConcatFromSequence", 11, LATEST, build_concat_from_sequence),
-    def("SplitToSequence", 11, LATEST, build_split_to_sequence),
-    def("Optional", 15, LATEST, build_optional),
-    def("OptionalHasElement", 15, LATEST, build_optional_has_element),
-    def("OptionalGetElement", 15, LATEST, build_optional_get_element),
+    def("SplitToSequence", 11, LATEST, build_split_to_sequence).types(UNPACKED),
+    // these also take sequences and optionals, which have no tensor type at load
+    def("Optional", 15, LATEST, build_optional).types(ALL),
+    def("OptionalHasElement", 15, LATEST, build_optional_has_element).types(ALL),
+    def("OptionalGetElement", 15, LATEST, build_optional_get_element).types(ALL),
 ];
 
 fn kernel<F>(f: F) -> Result<Box<dyn Kernel>>
@@ -254,17 +259,16 @@ fn build_split_to_sequence(node: &Node) -> Result<Box<dyn Kernel>> {
                 }
             }
         };
-        let mut items = Vec::with_capacity(sizes.len());
-        let mut start = 0;
-        for len in sizes {
-            let mut part = x.slice_axis(a, start, len, 1)?.contiguous()?;
-            if squeeze {
+        // Split's copy, which handles float8 and complex items along any axis (a strided view
+        // of their raw storage cannot be made contiguous)
+        let mut items = shape::split(x, a, &sizes)?;
+        if squeeze {
+            for item in &mut items {
+                let part = item.as_tensor()?;
                 let mut s = part.shape().to_vec();
                 s.remove(a);
-                part = part.reshape(&s)?;
+                *item = Value::Tensor(part.reshape(&s)?);
             }
-            items.push(Value::Tensor(part));
-            start += len;
         }
         Ok(vec![Value::Sequence {
             elem: tensor_type(x.dtype()),

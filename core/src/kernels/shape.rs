@@ -12,6 +12,7 @@ use half::{bf16, f16};
 use crate::dtype::DataType;
 use crate::error::{Error, Result};
 use crate::ir::Node;
+use crate::kernels::types::{ALL, FLOATS, INTS, NUMERIC, NUMERIC_BOOL, PLAIN, UNPACKED};
 use crate::kernels::{
     bad_type, broadcast_shapes, def, dims_of, ints_of, norm_axis, opt_tensor_in, out1, tensor_in,
     LATEST,
@@ -22,39 +23,47 @@ use crate::value::Value;
 use crate::{bail, unsupported};
 
 pub(crate) const KERNELS: &[KernelDef] = &[
-    def("Identity", 1, LATEST, build_identity),
-    def("Reshape", 1, LATEST, build_reshape),
-    def("Flatten", 1, LATEST, build_flatten),
-    def("Squeeze", 1, LATEST, build_squeeze),
-    def("Unsqueeze", 1, LATEST, build_unsqueeze),
-    def("Shape", 1, LATEST, build_shape),
-    def("Size", 1, LATEST, build_size),
-    def("Transpose", 1, LATEST, build_transpose),
-    def("Concat", 1, LATEST, build_concat),
-    def("Split", 1, LATEST, build_split),
-    def("Slice", 1, LATEST, build_slice),
-    def("Gather", 1, LATEST, build_gather),
-    def("GatherElements", 11, LATEST, build_gather_elements),
-    def("GatherND", 11, LATEST, build_gather_nd),
-    def("ScatterElements", 11, LATEST, build_scatter_elements),
-    def("Scatter", 9, LATEST, build_scatter_elements),
-    def("ScatterND", 11, LATEST, build_scatter_nd),
-    def("Expand", 8, LATEST, build_expand),
-    def("Tile", 1, LATEST, build_tile),
-    def("Pad", 1, LATEST, build_pad),
-    def("ConstantOfShape", 9, LATEST, build_constant_of_shape),
-    def("Range", 11, LATEST, build_range),
+    def("Identity", 1, LATEST, build_identity).types(ALL),
+    def("Reshape", 1, LATEST, build_reshape).types(ALL),
+    def("Flatten", 1, LATEST, build_flatten).types(ALL),
+    def("Squeeze", 1, LATEST, build_squeeze).types(ALL),
+    def("Unsqueeze", 1, LATEST, build_unsqueeze).types(ALL),
+    def("Shape", 1, LATEST, build_shape).types(ALL),
+    def("Size", 1, LATEST, build_size).types(ALL),
+    def("Transpose", 1, LATEST, build_transpose).types(UNPACKED),
+    def("Concat", 1, LATEST, build_concat).types(UNPACKED),
+    def("Split", 1, LATEST, build_split).types(UNPACKED),
+    def("Slice", 1, LATEST, build_slice).types(UNPACKED),
+    def("Gather", 1, LATEST, build_gather).types(UNPACKED),
+    def("GatherElements", 11, LATEST, build_gather_elements).types(UNPACKED),
+    def("GatherND", 11, LATEST, build_gather_nd).types(UNPACKED),
+    // a reduction other than none needs numeric data; the kernel checks that
+    def("ScatterElements", 11, LATEST, build_scatter_elements).types(UNPACKED),
+    def("Scatter", 9, LATEST, build_scatter_elements).types(UNPACKED),
+    def("ScatterND", 11, LATEST, build_scatter_nd).types(UNPACKED),
+    def("Expand", 8, LATEST, build_expand).types(UNPACKED),
+    def("Tile", 1, LATEST, build_tile).types(UNPACKED),
+    // before opset 11 the pad value is a float attribute, cast to the data's numeric type
+    def("Pad", 1, 10, build_pad).types(NUMERIC_BOOL),
+    def("Pad", 11, LATEST, build_pad).types(UNPACKED),
+    // input 0 is the shape; the output takes the value attribute's type, which may be any
+    def("ConstantOfShape", 9, LATEST, build_constant_of_shape).types(INTS),
+    def("Range", 11, LATEST, build_range).types(NUMERIC),
+    // no inputs (types::UNDECLARED)
     def("Constant", 1, LATEST, build_constant),
-    def("NonZero", 9, LATEST, build_nonzero),
-    def("OneHot", 9, LATEST, build_onehot),
-    def("Trilu", 14, LATEST, build_trilu),
-    def("EyeLike", 9, LATEST, build_eyelike),
-    def("DepthToSpace", 1, LATEST, build_depth_to_space),
-    def("SpaceToDepth", 1, LATEST, build_space_to_depth),
-    def("ReverseSequence", 10, LATEST, build_reverse_sequence),
-    def("Compress", 9, LATEST, build_compress),
-    def("Unique", 11, LATEST, build_unique),
-    def("Dropout", 1, LATEST, build_dropout),
+    def("NonZero", 9, LATEST, build_nonzero).types(PLAIN),
+    // the values (input 2) decide the output; indices and depth are read as integers
+    def("OneHot", 9, LATEST, build_onehot).types_at(2, UNPACKED),
+    def("Trilu", 14, LATEST, build_trilu).types(UNPACKED),
+    // a dtype attribute, when given, is checked when the kernel is built
+    def("EyeLike", 9, LATEST, build_eyelike).types(NUMERIC_BOOL),
+    def("DepthToSpace", 1, LATEST, build_depth_to_space).types(UNPACKED),
+    def("SpaceToDepth", 1, LATEST, build_space_to_depth).types(UNPACKED),
+    def("ReverseSequence", 10, LATEST, build_reverse_sequence).types(UNPACKED),
+    def("Compress", 9, LATEST, build_compress).types(UNPACKED),
+    def("Unique", 11, LATEST, build_unique).types(PLAIN),
+    // ONNX's types; only training mode computes, but inference mode is meant for them too
+    def("Dropout", 1, LATEST, build_dropout).types(FLOATS),
 ];
 
 // ----------------------------------------------------------------------------- element traits
@@ -1016,7 +1025,8 @@ fn build_split(node: &Node) -> Result<Box<dyn Kernel>> {
     })
 }
 
-fn split(x: &Tensor, a: usize, sizes: &[usize]) -> Result<Vec<Value>> {
+/// `x` cut along axis `a` into pieces of `sizes` (which sum to its dim), as contiguous copies.
+pub(crate) fn split(x: &Tensor, a: usize, sizes: &[usize]) -> Result<Vec<Value>> {
     let dt = x.dtype();
     let shape = x.shape();
     let (outer, d, inner) = (prod(&shape[..a]), shape[a], prod(&shape[a + 1..]));
@@ -1899,10 +1909,17 @@ fn build_trilu(node: &Node) -> Result<Box<dyn Kernel>> {
 
 fn build_eyelike(node: &Node) -> Result<Box<dyn Kernel>> {
     let dtype = match node.attr_i("dtype")? {
-        Some(c) => Some(
-            DataType::from_code(c as i32)
-                .ok_or_else(|| Error::Other(alloc::format!("unknown EyeLike dtype {c}")))?,
-        ),
+        Some(c) => {
+            let dt = i32::try_from(c)
+                .ok()
+                .and_then(DataType::from_code)
+                .ok_or_else(|| Error::Other(alloc::format!("unknown EyeLike dtype {c}")))?;
+            // the output types `dispatch_num!` fills below
+            if !NUMERIC_BOOL.contains(&dt) {
+                unsupported!("EyeLike output type {dt} is not supported");
+            }
+            Some(dt)
+        }
         None => None,
     };
     let k = node.get_i("k", 0)?;
@@ -3014,6 +3031,13 @@ mod tests {
         )
         .unwrap();
         assert_eq!(iv(&y), [0, 1, 0, 0, 0, 1]);
+        // an output type it cannot fill is refused when the kernel is built, before any input
+        let string = ("dtype", AttrValue::Int(DataType::String.code() as i64));
+        let err = build_eyelike(&node("EyeLike", 22, vec![string], 1))
+            .err()
+            .expect("a string identity is refused");
+        assert!(matches!(err, Error::Unsupported { .. }), "{err}");
+        assert!(err.to_string().contains("string"), "{err}");
     }
 
     #[test]

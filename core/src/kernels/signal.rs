@@ -14,19 +14,22 @@ use super::{def, opt_tensor_in, out1, tensor_in, Float, LATEST};
 use crate::dtype::DataType;
 use crate::error::Result;
 use crate::ir::Node;
+use crate::kernels::types::{FLOATS, INTS};
 use crate::provider::{Kernel, KernelCx, KernelDef};
 use crate::tensor::Tensor;
 use crate::value::Value;
 use crate::{bail, unsupported};
 
 pub(crate) const KERNELS: &[KernelDef] = &[
-    def("DFT", 17, 19, build_dft17),
-    def("DFT", 20, LATEST, build_dft20),
-    def("STFT", 17, LATEST, build_stft),
-    def("HannWindow", 17, LATEST, build_hann),
-    def("HammingWindow", 17, LATEST, build_hamming),
-    def("BlackmanWindow", 17, LATEST, build_blackman),
-    def("MelWeightMatrix", 17, LATEST, build_mel),
+    def("DFT", 17, 19, build_dft17).types(FLOATS),
+    def("DFT", 20, LATEST, build_dft20).types(FLOATS),
+    def("STFT", 17, LATEST, build_stft).types(FLOATS),
+    // the windows' and MelWeightMatrix's first input is an integer size; output_datatype is
+    // checked when the kernel is built
+    def("HannWindow", 17, LATEST, build_hann).types(INTS),
+    def("HammingWindow", 17, LATEST, build_hamming).types(INTS),
+    def("BlackmanWindow", 17, LATEST, build_blackman).types(INTS),
+    def("MelWeightMatrix", 17, LATEST, build_mel).types(INTS),
 ];
 
 // ----------------------------------------------------------------------------- FFT

@@ -11,6 +11,7 @@ use hashbrown::HashMap;
 use crate::dtype::DataType;
 use crate::error::Result;
 use crate::ir::Node;
+use crate::kernels::types::STRING;
 use crate::kernels::{broadcast_shapes, def, out1, tensor_in, LATEST};
 use crate::provider::{Kernel, KernelCx, KernelDef};
 use crate::tensor::Tensor;
@@ -18,11 +19,16 @@ use crate::value::Value;
 use crate::{bail, unsupported};
 
 pub(crate) const KERNELS: &[KernelDef] = &[
-    def("StringConcat", 20, LATEST, build_string_concat),
-    def("StringNormalizer", 10, LATEST, build_string_normalizer),
-    def("StringSplit", 20, LATEST, build_string_split),
-    def("RegexFullMatch", 20, LATEST, build_regex_full_match),
-    def("TfIdfVectorizer", 9, LATEST, build_tfidf),
+    def("StringConcat", 20, LATEST, build_string_concat).types(STRING),
+    def("StringNormalizer", 10, LATEST, build_string_normalizer).types(STRING),
+    def("StringSplit", 20, LATEST, build_string_split).types(STRING),
+    def("RegexFullMatch", 20, LATEST, build_regex_full_match).types(STRING),
+    // strings need pool_strings, integers pool_int64s; the kernel checks which it has
+    def("TfIdfVectorizer", 9, LATEST, build_tfidf).types(&[
+        DataType::String,
+        DataType::Int32,
+        DataType::Int64,
+    ]),
 ];
 
 fn kernel<F>(f: F) -> Result<Box<dyn Kernel>>

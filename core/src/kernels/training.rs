@@ -21,10 +21,14 @@ use crate::{bail, unsupported};
 
 const TRAINING: &str = "ai.onnx.preview.training";
 
+/// The element types of the optimised tensors X (input 2 on); R, T and the other groups are
+/// checked against them by the kernel.
+const OPTIMISED: &[DataType] = &[DataType::Float, DataType::Double];
+
 pub(crate) const KERNELS: &[KernelDef] = &[
-    def_in(TRAINING, "Adagrad", 1, 1, build_adagrad),
-    def_in(TRAINING, "Adam", 1, 1, build_adam),
-    def_in(TRAINING, "Momentum", 1, 1, build_momentum),
+    def_in(TRAINING, "Adagrad", 1, 1, build_adagrad).types_at(2, OPTIMISED),
+    def_in(TRAINING, "Adam", 1, 1, build_adam).types_at(2, OPTIMISED),
+    def_in(TRAINING, "Momentum", 1, 1, build_momentum).types_at(2, OPTIMISED),
 ];
 
 /// A scalar (one-element) float tensor's value.

@@ -14,20 +14,21 @@ use super::{bad_type, def, opt_tensor_in, out1, tensor_in, LATEST};
 use crate::dtype::DataType;
 use crate::error::Result;
 use crate::ir::Node;
+use crate::kernels::types::{FLOATS, PLAIN};
 use crate::provider::{Kernel, KernelCx, KernelDef};
 use crate::tensor::Tensor;
 use crate::value::Value;
 use crate::{bail, unsupported};
 
 pub(crate) const KERNELS: &[KernelDef] = &[
-    def("GridSample", 16, LATEST, build_grid_sample),
-    def("AffineGrid", 20, LATEST, build_affine_grid),
-    def("NonMaxSuppression", 10, LATEST, build_nms),
-    def("RoiAlign", 10, 15, build_roi_align_v10),
-    def("RoiAlign", 16, LATEST, build_roi_align_v16),
-    def("CenterCropPad", 18, LATEST, build_center_crop_pad),
-    def("Col2Im", 18, LATEST, build_col2im),
-    def("DeformConv", 19, LATEST, build_deform_conv),
+    def("GridSample", 16, LATEST, build_grid_sample).types(FLOATS),
+    def("AffineGrid", 20, LATEST, build_affine_grid).types(FLOATS),
+    def("NonMaxSuppression", 10, LATEST, build_nms).types(FLOATS),
+    def("RoiAlign", 10, 15, build_roi_align_v10).types(FLOATS),
+    def("RoiAlign", 16, LATEST, build_roi_align_v16).types(FLOATS),
+    def("CenterCropPad", 18, LATEST, build_center_crop_pad).types(PLAIN),
+    def("Col2Im", 18, LATEST, build_col2im).types(FLOATS),
+    def("DeformConv", 19, LATEST, build_deform_conv).types(FLOATS),
 ];
 
 // ----------------------------------------------------------------------------- helpers
