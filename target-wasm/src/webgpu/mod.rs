@@ -21,6 +21,7 @@ mod conv;
 mod data;
 mod ew;
 mod matmul;
+mod reduce;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -57,6 +58,7 @@ fn all_ops() -> impl Iterator<Item = &'static OpDef> {
         .chain(matmul::OPS)
         .chain(data::OPS)
         .chain(conv::OPS)
+        .chain(reduce::OPS)
 }
 
 /// The op names the WebGPU provider has kernels for (docs, `inspect`).
