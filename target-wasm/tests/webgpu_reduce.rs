@@ -163,3 +163,87 @@ fn reductions_fold_more_rows_than_one_grid_dimension() {
     // a workgroup per row (rows of 64), more rows than one dimension of workgroups holds
     red("ReduceSum", ft(&[rows, 64], 3), Some(&[1]), 0).check();
 }
+
+// ----------------------------------------------------------------------------- Split, Expand, Cast
+
+#[test]
+fn split_by_attribute_input_and_num_outputs() {
+    let x = ft(&[6, 10], 1);
+    // even split, opset 11
+    Case::new("Split", vec![x.clone()])
+        .opset(11)
+        .outputs(3)
+        .check();
+    Case::new("Split", vec![x.clone()])
+        .opset(11)
+        .attr(ais("split", &[2, 4]))
+        .outputs(2)
+        .check();
+    Case::new("Split", vec![x.clone()])
+        .opset(11)
+        .attr(ai("axis", 1))
+        .attr(ais("split", &[3, 0, 7]))
+        .outputs(3)
+        .check();
+    // sizes as an input
+    Case::new("Split", vec![ft(&[2, 10, 3], 2)])
+        .opset(13)
+        .attr(ai("axis", 1))
+        .consts(vec![Some(it(&[3], vec![3, 1, 6]))])
+        .outputs(3)
+        .check();
+    Case::new("Split", vec![ft(&[2, 3, 7], 3)])
+        .opset(13)
+        .attr(ai("axis", -1))
+        .consts(vec![Some(it(&[2], vec![5, 2]))])
+        .outputs(2)
+        .check();
+    // num_outputs: the last part is the short one
+    Case::new("Split", vec![x.clone()])
+        .opset(18)
+        .attr(ai("axis", 1))
+        .attr(ai("num_outputs", 3))
+        .outputs(3)
+        .check();
+    Case::new("Split", vec![ft(&[7, 2, 3], 4)])
+        .opset(18)
+        .attr(ai("num_outputs", 2))
+        .outputs(2)
+        .check();
+    Case::new("Split", vec![ft(&[1031], 5)])
+        .opset(18)
+        .attr(ai("num_outputs", 4))
+        .outputs(4)
+        .check();
+}
+
+#[test]
+fn expand_broadcasts_on_the_device() {
+    let cases: &[(&[usize], &[i64])] = &[
+        (&[3, 1], &[2, 3, 4]),
+        (&[1], &[5]),
+        (&[4], &[1, 1]),
+        (&[2, 1, 3], &[2, 5, 3]),
+        (&[2, 1, 3], &[1, 3]),
+        (&[1, 7, 1], &[3, 1, 7, 259]),
+        (&[3, 4], &[2, 1, 1]),
+        (&[2, 3], &[0, 2, 3]),
+    ];
+    for (k, (shape, target)) in cases.iter().enumerate() {
+        Case::new("Expand", vec![ft(shape, k as u32)])
+            .consts(vec![Some(it(&[target.len()], target.to_vec()))])
+            .check();
+    }
+}
+
+#[test]
+fn cast_float_to_float_is_a_view() {
+    Case::new("Cast", vec![ft(&[3, 5], 1)])
+        .attr(ai("to", 1))
+        .opset(19)
+        .check();
+    Case::new("Cast", vec![ft(&[7], 2)])
+        .attr(ai("to", 1))
+        .opset(13)
+        .check();
+}

@@ -22,6 +22,7 @@ mod data;
 mod ew;
 mod matmul;
 mod reduce;
+mod shape;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -59,6 +60,7 @@ fn all_ops() -> impl Iterator<Item = &'static OpDef> {
         .chain(data::OPS)
         .chain(conv::OPS)
         .chain(reduce::OPS)
+        .chain(shape::OPS)
 }
 
 /// The op names the WebGPU provider has kernels for (docs, `inspect`).
