@@ -164,6 +164,164 @@ fn reductions_fold_more_rows_than_one_grid_dimension() {
     red("ReduceSum", ft(&[rows, 64], 3), Some(&[1]), 0).check();
 }
 
+// ----------------------------------------------------------------------------- softmax
+
+#[test]
+fn softmax_and_log_softmax_along_any_axis() {
+    let cases: &[(&[usize], i64)] = &[
+        (&[1], 0),
+        (&[3, 1031], -1),
+        (&[2, 1031, 3], 1),
+        (&[300, 7], 1),
+        (&[7, 300], 0),
+        (&[2, 3, 5, 7], 0),
+        (&[2, 3, 5, 7], 1),
+        (&[2, 3, 5, 7], 2),
+        (&[2, 3, 5, 7], -1),
+        (&[2, 3, 5, 7], -3),
+        (&[2, 0, 5], 1),
+    ];
+    for op in ["Softmax", "LogSoftmax"] {
+        for (k, (shape, axis)) in cases.iter().enumerate() {
+            Case::new(op, vec![ft(shape, k as u32)])
+                .attr(ai("axis", *axis))
+                .opset(13)
+                .check();
+        }
+        Case::new(op, vec![ft(&[4, 9], 1)]).opset(13).check();
+        // large values: the maximum is subtracted first
+        let big =
+            Tensor::from_vec(&[2, 3], vec![1000.0f32, 999.0, 998.0, -50.0, 80.0, 80.5]).unwrap();
+        Case::new(op, vec![big]).opset(13).check();
+    }
+}
+
+#[test]
+fn softmax_before_opset_13_flattens_from_the_axis() {
+    for op in ["Softmax", "LogSoftmax"] {
+        for axis in [0, 1, 2, -1, 3] {
+            Case::new(op, vec![ft(&[2, 3, 43], 5)])
+                .attr(ai("axis", axis))
+                .opset(11)
+                .check();
+        }
+        Case::new(op, vec![ft(&[3, 4, 5], 6)]).opset(11).check();
+    }
+}
+
+// ----------------------------------------------------------------------------- norms
+
+#[test]
+fn layer_normalization_axes_scales_and_bias() {
+    let x = ft(&[2, 3, 5, 7], 1);
+    for axis in [0i64, 1, 2, -1] {
+        let norm: Vec<usize> = x.shape()[axis.rem_euclid(4) as usize..].to_vec();
+        Case::new("LayerNormalization", vec![x.clone()])
+            .consts(vec![Some(ft(&norm, 2)), Some(ft(&norm, 3))])
+            .attr(ai("axis", axis))
+            .opset(17)
+            .check();
+        Case::new("LayerNormalization", vec![x.clone()])
+            .consts(vec![Some(ft(&norm, 2))])
+            .attr(ai("axis", axis))
+            .attr(af("epsilon", 0.1))
+            .opset(17)
+            .check();
+    }
+    // scale and bias broadcast to the normalised shape
+    Case::new("LayerNormalization", vec![x.clone()])
+        .consts(vec![Some(ft(&[7], 2)), Some(ft(&[1, 7], 3))])
+        .attr(ai("axis", 2))
+        .opset(17)
+        .check();
+    Case::new("LayerNormalization", vec![x])
+        .consts(vec![Some(ft(&[5, 1], 2)), Some(ft(&[1], 3))])
+        .attr(ai("axis", -2))
+        .opset(17)
+        .check();
+    // long rows, many short rows, one element per row
+    for shape in [&[3, 1031][..], &[400, 6], &[5, 1]] {
+        let n = shape[1];
+        Case::new("LayerNormalization", vec![ft(shape, 4)])
+            .consts(vec![Some(ft(&[n], 5)), Some(ft(&[n], 6))])
+            .opset(17)
+            .atol(1e-4)
+            .check();
+    }
+}
+
+#[test]
+fn rms_normalization() {
+    let x = ft(&[2, 3, 5, 7], 1);
+    for axis in [0i64, 1, -1] {
+        let norm: Vec<usize> = x.shape()[axis.rem_euclid(4) as usize..].to_vec();
+        Case::new("RMSNormalization", vec![x.clone()])
+            .consts(vec![Some(ft(&norm, 2))])
+            .attr(ai("axis", axis))
+            .opset(23)
+            .check();
+    }
+    Case::new("RMSNormalization", vec![x])
+        .consts(vec![Some(ft(&[7], 2))])
+        .attr(af("epsilon", 0.5))
+        .attr(ai("axis", 2))
+        .opset(23)
+        .check();
+    for shape in [&[3, 1031][..], &[400, 6]] {
+        Case::new("RMSNormalization", vec![ft(shape, 4)])
+            .consts(vec![Some(ft(&[shape[1]], 5))])
+            .opset(23)
+            .atol(1e-4)
+            .check();
+    }
+}
+
+#[test]
+fn instance_normalization() {
+    for (k, shape) in [&[2, 3, 5, 7][..], &[1, 2, 1031], &[100, 3, 4], &[2, 5, 1]]
+        .iter()
+        .enumerate()
+    {
+        let c = shape[1];
+        Case::new("InstanceNormalization", vec![ft(shape, k as u32)])
+            .consts(vec![Some(ft(&[c], 10)), Some(ft(&[c], 11))])
+            .atol(1e-4)
+            .check();
+    }
+    Case::new("InstanceNormalization", vec![ft(&[2, 3, 11], 1)])
+        .consts(vec![Some(ft(&[3], 2)), Some(ft(&[3], 3))])
+        .attr(af("epsilon", 0.25))
+        .check();
+}
+
+fn bn_consts(c: usize) -> Vec<Option<Tensor>> {
+    let var = Tensor::from_vec(&[c], vals(c, 4).iter().map(|v| v.abs() + 0.1).collect()).unwrap();
+    vec![
+        Some(ft(&[c], 1)),
+        Some(ft(&[c], 2)),
+        Some(ft(&[c], 3)),
+        Some(var),
+    ]
+}
+
+#[test]
+fn batch_normalization_inference() {
+    for opset in [9, 15] {
+        for shape in [&[2, 3, 5, 7][..], &[4, 3], &[1, 13, 257]] {
+            Case::new("BatchNormalization", vec![ft(shape, 5)])
+                .consts(bn_consts(shape[1]))
+                .opset(opset)
+                .check();
+        }
+    }
+    Case::new("BatchNormalization", vec![ft(&[2, 3, 4], 5)])
+        .consts(bn_consts(3))
+        .attr(af("epsilon", 0.3))
+        .attr(ai("training_mode", 0))
+        .opset(15)
+        .check();
+}
+
 // ----------------------------------------------------------------------------- Split, Expand, Cast
 
 #[test]

@@ -21,6 +21,7 @@ mod conv;
 mod data;
 mod ew;
 mod matmul;
+mod norm;
 mod reduce;
 mod shape;
 
@@ -60,6 +61,7 @@ fn all_ops() -> impl Iterator<Item = &'static OpDef> {
         .chain(data::OPS)
         .chain(conv::OPS)
         .chain(reduce::OPS)
+        .chain(norm::OPS)
         .chain(shape::OPS)
 }
 

@@ -66,6 +66,8 @@ pub(crate) const SUM: &str = "a + b";
 pub(crate) const MAX_NAN: &str = "select(a, b, b > a || b != b)";
 /// Minimum with NaN propagating.
 pub(crate) const MIN_NAN: &str = "select(a, b, b < a || b != b)";
+/// Maximum skipping NaN (as the CPU's softmax).
+pub(crate) const MAX: &str = "select(a, b, b > a)";
 
 /// A line kernel. `bufs` bind from 1 as in [`shader_1d`]; each `(name, combine)` reducer
 /// becomes `fn wg_<name>(t: u32, v: f32) -> f32`, which combines `v` across the invocations

@@ -1,0 +1,421 @@
+//! Softmax and LogSoftmax along any axis; LayerNormalization, RMSNormalization and
+//! InstanceNormalization (one line per normalised row, see [`super::reduce::line_shader`]);
+//! inference-mode BatchNormalization (element-wise).
+
+use nxrt_core::ir::Node;
+use nxrt_core::kernels::{norm_axis, opt_tensor_in};
+use nxrt_core::{DataType, Error, Result, Tensor};
+
+use super::reduce::{line_shader, run_lines, word, Mode, MAX, SUM};
+use super::{dev_buf, dev_in, out1, shader_1d, Exec, Gpu, GpuBuf, OpDef};
+
+pub(crate) const OPS: &[OpDef] = &[
+    OpDef {
+        op: "Softmax",
+        since: 1,
+        type_input: 0,
+        host: &[],
+        build: build_softmax,
+    },
+    OpDef {
+        op: "LogSoftmax",
+        since: 1,
+        type_input: 0,
+        host: &[],
+        build: build_softmax,
+    },
+    OpDef {
+        op: "LayerNormalization",
+        since: 17,
+        type_input: 0,
+        host: &[],
+        build: build_layer_norm,
+    },
+    OpDef {
+        op: "RMSNormalization",
+        since: 23,
+        type_input: 0,
+        host: &[],
+        build: build_layer_norm,
+    },
+    OpDef {
+        op: "InstanceNormalization",
+        since: 1,
+        type_input: 0,
+        host: &[],
+        build: build_instance_norm,
+    },
+    OpDef {
+        op: "BatchNormalization",
+        since: 1,
+        type_input: 0,
+        host: &[],
+        build: build_batch_norm,
+    },
+];
+
+fn prod(d: &[usize]) -> usize {
+    d.iter().product()
+}
+
+// ----------------------------------------------------------------------------- softmax
+
+/// Softmax / LogSoftmax: opset 13+ normalises along `axis` (default -1); older opsets flatten
+/// the axes from `axis` (default 1) into one row.
+fn build_softmax(node: &Node) -> Result<Exec> {
+    let log = node.op_type == "LogSoftmax";
+    let legacy = node.opset < 13;
+    let axis = node.get_i("axis", if legacy { 1 } else { -1 })?;
+    Ok(Box::new(move |gpu: &Gpu, inputs| {
+        let (x, xb) = dev_in(inputs, 0)?;
+        let dims: Vec<usize> = if x.rank() == 0 {
+            vec![1]
+        } else {
+            x.shape().to_vec()
+        };
+        let r = dims.len();
+        let (n, inner) = if legacy {
+            let a = if axis < 0 { axis + r as i64 } else { axis };
+            if a < 0 || a > r as i64 {
+                return Err(Error::Shape(format!(
+                    "axis {axis} is out of range for rank {r}"
+                )));
+            }
+            (prod(&dims[a as usize..]), 1)
+        } else {
+            let a = norm_axis(axis, r)?;
+            (dims[a], prod(&dims[a + 1..]))
+        };
+        let (y, yb) = gpu.alloc(DataType::Float, x.shape())?;
+        if y.is_empty() {
+            return out1(y);
+        }
+        let lines = y.len() / n;
+        let mode = Mode::pick(n, lines);
+        let key = format!("softmax:{log}:{}", mode.tag());
+        let pipe = gpu.pipeline(&key, || {
+            let write = if log {
+                "  let ls = log(s);
+  for (var k = t; k < n; k += S) { let o = base + k * inner; y[o] = (x[o] - m) - ls; }"
+            } else {
+                "  let inv = 1.0 / s;
+  for (var k = t; k < n; k += S) { let o = base + k * inner; y[o] = exp(x[o] - m) * inv; }"
+            };
+            line_shader(
+                &[("x", "read", "f32"), ("y", "read_write", "f32")],
+                mode,
+                &[("m", MAX), ("s", SUM)],
+                "",
+                &format!(
+                    "  if (line >= p[1]) {{ return; }}
+  let n = p[2];
+  let inner = p[3];
+  let base = (line / inner) * n * inner + line % inner;
+  var m = bitcast<f32>(p[4]);
+  for (var k = t; k < n; k += S) {{ m = c_m(m, x[base + k * inner]); }}
+  m = wg_m(t, m);
+  var s = 0.0;
+  for (var k = t; k < n; k += S) {{ s += exp(x[base + k * inner] - m); }}
+  s = wg_s(t, s);
+{write}"
+                ),
+            )
+        })?;
+        let mut params = [
+            0,
+            word(lines, "softmax rows")?,
+            word(n, "the softmax axis")?,
+            word(inner, "the softmax inner size")?,
+            f32::NEG_INFINITY.to_bits(),
+        ];
+        run_lines(gpu, &pipe, mode, &mut params, &[xb.raw(), yb.raw()], lines)?;
+        out1(y)
+    }))
+}
+
+// ----------------------------------------------------------------------------- row norms
+
+fn stash_check(node: &Node) -> Result<()> {
+    let stash = node.get_i("stash_type", 1)?;
+    if stash != 1 {
+        return Err(Error::Other(format!(
+            "the WebGPU {} kernel takes stash_type 1, not {stash}",
+            node.op_type
+        )));
+    }
+    Ok(())
+}
+
+/// A per-element parameter (Scale, B) over the normalised shape: `None` when its buffer
+/// already is one (its shape is `norm` up to unit axes), else a broadcast copy.
+fn norm_param(gpu: &Gpu, t: &Tensor, norm: &[usize], what: &str) -> Result<Option<Tensor>> {
+    let s = t.shape();
+    let bad = || {
+        Error::Shape(format!(
+            "{what} of shape {s:?} does not broadcast to the normalised shape {norm:?}"
+        ))
+    };
+    if s.len() > norm.len() {
+        return Err(bad());
+    }
+    let pad = norm.len() - s.len();
+    if s.iter().zip(&norm[pad..]).any(|(&a, &b)| a != b && a != 1) {
+        return Err(bad());
+    }
+    if t.len() == prod(norm) {
+        // it broadcasts without repeating anything: the same elements in the same order
+        return Ok(None);
+    }
+    Ok(Some(super::shape::expand_to(gpu, t, dev_buf(t)?, norm)?))
+}
+
+/// LayerNormalization (opset 17) and RMSNormalization (opset 23) over the axes from `axis`.
+fn build_layer_norm(node: &Node) -> Result<Exec> {
+    let rms = node.op_type == "RMSNormalization";
+    let axis = node.get_i("axis", -1)?;
+    let eps = node.get_f("epsilon", 1e-5)?;
+    stash_check(node)?;
+    if node.outputs.iter().skip(1).any(Option::is_some) {
+        return Err(Error::Other(format!(
+            "the WebGPU {} kernel computes output 0 only (Mean / InvStdDev stay on the CPU)",
+            node.op_type
+        )));
+    }
+    Ok(Box::new(move |gpu: &Gpu, inputs| {
+        let (x, xb) = dev_in(inputs, 0)?;
+        let (sc, _) = dev_in(inputs, 1)?;
+        let bias = if rms { None } else { opt_tensor_in(inputs, 2)? };
+        let shape = x.shape();
+        let ax = norm_axis(axis, shape.len())?;
+        let norm = &shape[ax..];
+        let n = prod(norm);
+        let sc_x = norm_param(gpu, sc, norm, "Scale")?;
+        let b_x = match bias {
+            Some(b) => Some((b, norm_param(gpu, b, norm, "B")?)),
+            None => None,
+        };
+        let (y, yb) = gpu.alloc(DataType::Float, shape)?;
+        if y.is_empty() {
+            return out1(y);
+        }
+        let rows = y.len() / n;
+        let scb = dev_buf(sc_x.as_ref().unwrap_or(sc))?;
+        let bb: Option<&GpuBuf> = match &b_x {
+            Some((b, e)) => Some(dev_buf(e.as_ref().unwrap_or(b))?),
+            None => None,
+        };
+        let mode = Mode::pick(n, rows);
+        let has_b = bb.is_some();
+        let key = format!("layernorm:{rms}:{has_b}:{}", mode.tag());
+        let pipe = gpu.pipeline(&key, || {
+            let mut bufs = vec![("x", "read", "f32"), ("sc", "read", "f32")];
+            if has_b {
+                bufs.push(("bb", "read", "f32"));
+            }
+            bufs.push(("y", "read_write", "f32"));
+            let plus_b = if has_b { " + bb[k]" } else { "" };
+            let body = if rms {
+                "  var q = 0.0;
+  for (var k = t; k < n; k += S) { let v = x[base + k]; q += v * v; }
+  q = wg_s(t, q);
+  let inv = 1.0 / sqrt(q / f32(n) + eps);
+  for (var k = t; k < n; k += S) { y[base + k] = x[base + k] * inv * sc[k]; }"
+                    .to_string()
+            } else {
+                format!(
+                    "  var s = 0.0;
+  for (var k = t; k < n; k += S) {{ s += x[base + k]; }}
+  let mean = wg_s(t, s) / f32(n);
+  var q = 0.0;
+  for (var k = t; k < n; k += S) {{ let d = x[base + k] - mean; q += d * d; }}
+  q = wg_s(t, q);
+  let inv = 1.0 / sqrt(q / f32(n) + eps);
+  for (var k = t; k < n; k += S) {{ y[base + k] = (x[base + k] - mean) * inv * sc[k]{plus_b}; }}"
+                )
+            };
+            line_shader(
+                &bufs,
+                mode,
+                &[("s", SUM)],
+                "",
+                &format!(
+                    "  if (line >= p[1]) {{ return; }}
+  let n = p[2];
+  let eps = bitcast<f32>(p[3]);
+  let base = line * n;
+{body}"
+                ),
+            )
+        })?;
+        let mut params = [
+            0,
+            word(rows, "rows")?,
+            word(n, "the normalised size")?,
+            eps.to_bits(),
+        ];
+        let mut bufs = vec![xb.raw(), scb.raw()];
+        if let Some(b) = bb {
+            bufs.push(b.raw());
+        }
+        bufs.push(yb.raw());
+        run_lines(gpu, &pipe, mode, &mut params, &bufs, rows)?;
+        out1(y)
+    }))
+}
+
+fn check_len(what: &str, t: &Tensor, want: usize) -> Result<()> {
+    if t.len() != want {
+        return Err(Error::Shape(format!(
+            "{what} has shape {:?} ({} elements), expected {want} elements",
+            t.shape(),
+            t.len()
+        )));
+    }
+    Ok(())
+}
+
+/// InstanceNormalization: each (batch, channel) plane normalised on its own, then scaled and
+/// shifted per channel.
+fn build_instance_norm(node: &Node) -> Result<Exec> {
+    let eps = node.get_f("epsilon", 1e-5)?;
+    Ok(Box::new(move |gpu: &Gpu, inputs| {
+        let (x, xb) = dev_in(inputs, 0)?;
+        let (sc, scb) = dev_in(inputs, 1)?;
+        let (b, bb) = dev_in(inputs, 2)?;
+        let shape = x.shape();
+        if shape.len() < 2 {
+            return Err(Error::Shape(format!(
+                "InstanceNormalization input must have rank >= 2, has shape {shape:?}"
+            )));
+        }
+        let ch = shape[1];
+        let n = prod(&shape[2..]);
+        check_len("scale", sc, ch)?;
+        check_len("B", b, ch)?;
+        let (y, yb) = gpu.alloc(DataType::Float, shape)?;
+        if y.is_empty() {
+            return out1(y);
+        }
+        let rows = y.len() / n;
+        let mode = Mode::pick(n, rows);
+        let key = format!("instancenorm:{}", mode.tag());
+        let pipe = gpu.pipeline(&key, || {
+            line_shader(
+                &[
+                    ("x", "read", "f32"),
+                    ("sc", "read", "f32"),
+                    ("bb", "read", "f32"),
+                    ("y", "read_write", "f32"),
+                ],
+                mode,
+                &[("s", SUM)],
+                "",
+                "  if (line >= p[1]) { return; }
+  let n = p[2];
+  let eps = bitcast<f32>(p[3]);
+  let c = line % p[4];
+  let base = line * n;
+  var s = 0.0;
+  for (var k = t; k < n; k += S) { s += x[base + k]; }
+  let mean = wg_s(t, s) / f32(n);
+  var q = 0.0;
+  for (var k = t; k < n; k += S) { let d = x[base + k] - mean; q += d * d; }
+  q = wg_s(t, q);
+  let a = sc[c] / sqrt(q / f32(n) + eps);
+  let b = bb[c];
+  for (var k = t; k < n; k += S) { y[base + k] = (x[base + k] - mean) * a + b; }",
+            )
+        })?;
+        let mut params = [
+            0,
+            word(rows, "rows")?,
+            word(n, "the plane size")?,
+            eps.to_bits(),
+            word(ch, "channels")?,
+        ];
+        let bufs = [xb.raw(), scb.raw(), bb.raw(), yb.raw()];
+        run_lines(gpu, &pipe, mode, &mut params, &bufs, rows)?;
+        out1(y)
+    }))
+}
+
+// ----------------------------------------------------------------------------- batch norm
+
+/// BatchNormalization with running statistics (inference). Training (opset 14+
+/// `training_mode = 1`, opset < 7 `is_test = 0`, the statistics outputs) and opset < 9's
+/// `spatial = 0` stay on the CPU.
+fn build_batch_norm(node: &Node) -> Result<Exec> {
+    let opset = node.opset;
+    let eps = node.get_f("epsilon", 1e-5)?;
+    let decline = |why: &str| {
+        Err(Error::Other(format!(
+            "the WebGPU BatchNormalization kernel runs inference only: {why}"
+        )))
+    };
+    if opset >= 14 && node.get_i("training_mode", 0)? != 0 {
+        return decline("training_mode = 1");
+    }
+    if opset < 7 && node.get_i("is_test", 0)? == 0 {
+        return decline("is_test = 0");
+    }
+    if opset < 9 && node.get_i("spatial", 1)? == 0 {
+        return decline("spatial = 0");
+    }
+    if node.outputs.iter().skip(1).any(Option::is_some) {
+        return decline("the node uses the statistics outputs");
+    }
+    Ok(Box::new(move |gpu: &Gpu, inputs| {
+        let (x, xb) = dev_in(inputs, 0)?;
+        let shape = x.shape();
+        if shape.len() < 2 {
+            return Err(Error::Shape(format!(
+                "BatchNormalization input must have rank >= 2, has shape {shape:?}"
+            )));
+        }
+        let ch = shape[1];
+        let inner = prod(&shape[2..]);
+        let mut ps = Vec::with_capacity(4);
+        for (k, what) in [(1, "scale"), (2, "B"), (3, "mean"), (4, "var")] {
+            let (t, b) = dev_in(inputs, k)?;
+            check_len(what, t, ch)?;
+            ps.push(b);
+        }
+        let (y, yb) = gpu.alloc(DataType::Float, shape)?;
+        let pipe = gpu.pipeline("batchnorm", || {
+            shader_1d(
+                &[
+                    ("x", "read", "f32"),
+                    ("sc", "read", "f32"),
+                    ("bb", "read", "f32"),
+                    ("mu", "read", "f32"),
+                    ("va", "read", "f32"),
+                    ("y", "read_write", "f32"),
+                ],
+                256,
+                "",
+                "  if (i >= p[1]) { return; }
+  let c = (i / p[3]) % p[2];
+  let a = sc[c] / sqrt(va[c] + bitcast<f32>(p[4]));
+  y[i] = (x[i] - mu[c]) * a + bb[c];",
+            )
+        })?;
+        let n = y.len();
+        let mut params = [
+            0,
+            word(n, "elements")?,
+            word(ch, "channels")?,
+            word(inner.max(1), "the plane size")?,
+            eps.to_bits(),
+        ];
+        let bufs = [
+            xb.raw(),
+            ps[0].raw(),
+            ps[1].raw(),
+            ps[2].raw(),
+            ps[3].raw(),
+            yb.raw(),
+        ];
+        gpu.dispatch(&pipe, &mut params, &bufs, n as u64, 256)?;
+        out1(y)
+    }))
+}
