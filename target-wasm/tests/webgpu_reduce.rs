@@ -45,6 +45,21 @@ fn red(op: &'static str, x: Tensor, axes: Option<&[i64]>, keep: i64) -> Case {
     }
 }
 
+/// Runs `case` with WebGPU available and asserts its node went to the CPU (declined at load)
+/// with the CPU's answer.
+#[track_caller]
+fn falls_back(case: Case) {
+    let Some(g) = gpu() else { return };
+    let (s, got) = case.run_all(vec![g, cpu()]);
+    let placed = &s.partition().assignments;
+    assert_eq!(placed[0].2, "cpu", "{} should stay on the CPU", case.op);
+    let (_, want) = case.run_all(vec![cpu()]);
+    for ((g, gs), (w, ws)) in got.iter().zip(&want) {
+        assert_eq!(gs, ws);
+        close(case.op, g, w, 1e-5, 1e-6);
+    }
+}
+
 /// Compares exactly, infinities and NaN included (empty-set identities).
 #[track_caller]
 fn check_exact(case: Case) {
@@ -404,4 +419,147 @@ fn cast_float_to_float_is_a_view() {
         .attr(ai("to", 1))
         .opset(13)
         .check();
+}
+
+// ----------------------------------------------------------------------------- Attention
+
+fn attn(q: &[usize], k: &[usize], v: &[usize], seed: u32) -> Case {
+    Case::new(
+        "Attention",
+        vec![ft(q, seed), ft(k, seed + 1), ft(v, seed + 2)],
+    )
+    .opset(23)
+    .atol(1e-4)
+}
+
+fn bools(shape: &[usize], seed: u32) -> Tensor {
+    let n = shape.iter().product();
+    // about a quarter masked out
+    Tensor::from_vec(shape, vals(n, seed).iter().map(|&x| x > -1.0).collect()).unwrap()
+}
+
+fn with_mask(c: Case, m: Tensor) -> Case {
+    let mut c = c;
+    c.feeds.push(m);
+    c
+}
+
+#[test]
+fn attention_4d_3d_and_grouped_heads() {
+    // 4-D, value head size differing from the key's
+    attn(&[2, 4, 5, 8], &[2, 4, 7, 8], &[2, 4, 7, 6], 1).check();
+    // grouped-query heads: 6 query heads over 2 key/value heads
+    attn(&[1, 6, 5, 8], &[1, 2, 9, 8], &[1, 2, 9, 8], 2).check();
+    // 3-D with head counts
+    attn(&[2, 5, 32], &[2, 7, 16], &[2, 7, 12], 3)
+        .attr(ai("q_num_heads", 4))
+        .attr(ai("kv_num_heads", 2))
+        .check();
+    attn(&[1, 3, 13], &[1, 11, 13], &[1, 11, 3], 4)
+        .attr(ai("q_num_heads", 1))
+        .attr(ai("kv_num_heads", 1))
+        .check();
+    // keys longer than a workgroup, one query
+    attn(&[1, 2, 1, 16], &[1, 2, 300, 16], &[1, 2, 300, 5], 5).check();
+    // head size 1
+    attn(&[2, 1, 3, 1], &[2, 1, 4, 1], &[2, 1, 4, 1], 6).check();
+}
+
+#[test]
+fn attention_scale_softcap_and_causal() {
+    attn(&[2, 4, 5, 8], &[2, 4, 7, 8], &[2, 4, 7, 6], 1)
+        .attr(af("scale", 0.3))
+        .check();
+    attn(&[2, 4, 5, 8], &[2, 4, 7, 8], &[2, 4, 7, 6], 2)
+        .attr(af("softcap", 1.5))
+        .check();
+    for (sq, skv) in [(5, 5), (5, 7), (7, 3)] {
+        attn(&[1, 6, sq, 8], &[1, 3, skv, 8], &[1, 3, skv, 4], 3)
+            .attr(ai("is_causal", 1))
+            .check();
+    }
+    attn(&[2, 5, 24], &[2, 5, 8], &[2, 5, 8], 4)
+        .attr(ai("q_num_heads", 3))
+        .attr(ai("kv_num_heads", 1))
+        .attr(ai("is_causal", 1))
+        .attr(af("scale", 0.7))
+        .attr(af("softcap", 2.0))
+        .check();
+}
+
+#[test]
+fn attention_masks_bool_and_float() {
+    let base = || attn(&[2, 4, 5, 8], &[2, 4, 7, 8], &[2, 4, 7, 6], 1);
+    for shape in [
+        &[5, 7][..],
+        &[2, 1, 5, 7],
+        &[2, 4, 5, 7],
+        &[7],
+        &[1, 4, 1, 7],
+    ] {
+        with_mask(base(), bools(shape, 9)).check();
+        with_mask(base(), ft(shape, 10)).check();
+    }
+    // a mask shorter than the keys: the rest is padding
+    with_mask(base(), bools(&[5, 4], 11)).check();
+    with_mask(base(), ft(&[2, 1, 1, 3], 12)).check();
+    // a mask and causality together, grouped heads
+    with_mask(
+        attn(&[1, 6, 5, 8], &[1, 2, 5, 8], &[1, 2, 5, 8], 2).attr(ai("is_causal", 1)),
+        bools(&[1, 1, 5, 5], 13),
+    )
+    .check();
+    // rows with every key masked out give zeros (as on the CPU)
+    let mut m = vec![true; 5 * 7];
+    m[7..14].fill(false);
+    m[28..35].fill(false);
+    let m = Tensor::from_vec(&[5, 7], m).unwrap();
+    with_mask(base(), m).check();
+}
+
+// ----------------------------------------------------------------------------- declines
+
+#[test]
+fn unsupported_configurations_stay_on_the_cpu() {
+    let x = ft(&[2, 3, 5], 1);
+    // LayerNormalization whose Mean / InvStdDev outputs are used
+    falls_back(
+        Case::new("LayerNormalization", vec![x.clone()])
+            .consts(vec![Some(ft(&[5], 2)), Some(ft(&[5], 3))])
+            .opset(17)
+            .outputs(3),
+    );
+    // BatchNormalization in training mode
+    falls_back(
+        Case::new("BatchNormalization", vec![x.clone()])
+            .consts(bn_consts(3))
+            .attr(ai("training_mode", 1))
+            .opset(15)
+            .outputs(3),
+    );
+    falls_back(
+        Case::new("BatchNormalization", vec![x.clone()])
+            .consts(bn_consts(3))
+            .attr(ai("training_mode", 1))
+            .opset(15),
+    );
+    // Cast to anything but float
+    falls_back(
+        Case::new("Cast", vec![x.clone()])
+            .attr(ai("to", 7))
+            .opset(13),
+    );
+    falls_back(
+        Case::new("Cast", vec![x.clone()])
+            .attr(ai("to", 11))
+            .opset(13),
+    );
+    // Attention with the QK output, another qk mode, or a past cache
+    let a = || attn(&[1, 2, 3, 4], &[1, 2, 5, 4], &[1, 2, 5, 4], 1);
+    falls_back(a().outputs(4));
+    falls_back(a().attr(ai("qk_matmul_output_mode", 1)));
+    falls_back(a().outputs(3));
+    let mut past = a().outputs(3);
+    past.consts = vec![None, Some(ft(&[1, 2, 2, 4], 7)), Some(ft(&[1, 2, 2, 4], 8))];
+    falls_back(past);
 }

@@ -17,6 +17,7 @@
 //!   call; a lost device stays an error for this provider, and a new provider (a new session)
 //!   works again.
 
+mod attention;
 mod conv;
 mod data;
 mod ew;
@@ -63,6 +64,7 @@ fn all_ops() -> impl Iterator<Item = &'static OpDef> {
         .chain(reduce::OPS)
         .chain(norm::OPS)
         .chain(shape::OPS)
+        .chain(attention::OPS)
 }
 
 /// The op names the WebGPU provider has kernels for (docs, `inspect`).
