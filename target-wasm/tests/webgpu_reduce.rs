@@ -172,6 +172,19 @@ fn reductions_of_empty_sets_give_the_cpu_identities() {
 }
 
 #[test]
+fn reductions_pass_infinities_through_as_the_cpu() {
+    let inf = f32::INFINITY;
+    // rows: all -inf, +inf with a finite value, -inf with a finite value
+    let x = || Tensor::from_vec(&[3, 2], vec![-inf, -inf, inf, 1.0, -inf, 0.0]).unwrap();
+    for op in ["ReduceLogSumExp", "ReduceMax", "ReduceMin", "ReduceSum"] {
+        check_exact(red(op, x(), Some(&[1]), 0));
+    }
+    // the same along a strided axis
+    let xt = Tensor::from_vec(&[2, 3], vec![-inf, inf, -inf, -inf, 1.0, 0.0]).unwrap();
+    check_exact(red("ReduceLogSumExp", xt, Some(&[0]), 1));
+}
+
+#[test]
 fn reductions_fold_more_rows_than_one_grid_dimension() {
     let Some(g) = gpu() else { return };
     let rows = g.gpu().summary().max_compute_workgroups_per_dimension as usize + 7;
