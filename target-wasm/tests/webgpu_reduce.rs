@@ -134,6 +134,8 @@ fn reductions_without_axes_and_with_noop() {
         red(op, data_for(op, &[3, 5], 5), None, 0)
             .attr(ai("noop_with_empty_axes", 1))
             .check();
+        // a scalar
+        red(op, data_for(op, &[], 6), None, 0).check();
     }
 }
 
@@ -217,6 +219,7 @@ fn softmax_and_log_softmax_along_any_axis() {
                 .check();
         }
         Case::new(op, vec![ft(&[4, 9], 1)]).opset(13).check();
+        Case::new(op, vec![ft(&[], 2)]).opset(13).check();
         // large values: the maximum is subtracted first
         let big =
             Tensor::from_vec(&[2, 3], vec![1000.0f32, 999.0, 998.0, -50.0, 80.0, 80.5]).unwrap();
