@@ -8,7 +8,9 @@
 mod gpu_common;
 use gpu_common::*;
 
-use nxrt_core::Tensor;
+use nxrt_core::proto::{GraphProto, ModelProto, NodeProto, OperatorSetIdProto, ValueInfoProto};
+use nxrt_core::{loader, DataType, Session, SessionOptions, Tensor, Value};
+use prost::Message;
 
 const REDUCE: [&str; 10] = [
     "ReduceSum",
@@ -578,4 +580,97 @@ fn unsupported_configurations_stay_on_the_cpu() {
     let mut past = a().outputs(3);
     past.consts = vec![None, Some(ft(&[1, 2, 2, 4], 7)), Some(ft(&[1, 2, 2, 4], 8))];
     falls_back(past);
+}
+
+// ----------------------------------------------------------------------------- in a graph
+
+fn node(
+    op: &str,
+    ins: &[&str],
+    out: &str,
+    attrs: Vec<nxrt_core::proto::AttributeProto>,
+) -> NodeProto {
+    NodeProto {
+        op_type: op.into(),
+        name: out.into(),
+        input: ins.iter().map(|s| s.to_string()).collect(),
+        output: vec![out.into()],
+        attribute: attrs,
+        ..Default::default()
+    }
+}
+
+#[test]
+fn kernels_read_fused_element_wise_results_and_feed_them() {
+    let Some(g) = fresh_gpu() else { return };
+    // a lazily computed element-wise chain feeds Softmax, LayerNormalization and Attention;
+    // their results feed a ReduceSum and another element-wise chain
+    let shape = [2, 3, 5, 8];
+    let m = ModelProto {
+        ir_version: 9,
+        opset_import: vec![OperatorSetIdProto {
+            domain: String::new(),
+            version: 23,
+        }],
+        graph: Some(GraphProto {
+            name: "g".into(),
+            node: vec![
+                node("Sigmoid", &["x0"], "s", vec![]),
+                node("Mul", &["x0", "s"], "m", vec![]),
+                node("Add", &["m", "x1"], "a", vec![]),
+                node("Softmax", &["a"], "sm", vec![ai("axis", 1)]),
+                node("LayerNormalization", &["a", "sc", "b"], "ln", vec![]),
+                node("ReduceSum", &["ln", "ax"], "r", vec![]),
+                node(
+                    "Attention",
+                    &["a", "a", "m"],
+                    "at",
+                    vec![ai("is_causal", 1)],
+                ),
+                node("Exp", &["sm"], "e", vec![]),
+                node("Add", &["e", "r"], "er", vec![]),
+                node("Add", &["er", "at"], "y", vec![]),
+            ],
+            initializer: vec![
+                init("sc", &ft(&[8], 5)),
+                init("b", &ft(&[8], 6)),
+                init("ax", &it(&[1], vec![-1])),
+            ],
+            input: vec![
+                vi("x0", DataType::Float, &shape),
+                vi("x1", DataType::Float, &[8]),
+            ],
+            output: vec![ValueInfoProto {
+                name: "y".into(),
+                ..Default::default()
+            }],
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+    .encode_to_vec();
+    let load = || loader::load_model(&m, &loader::NoExternalData).unwrap();
+    let feeds = || {
+        vec![
+            ("x0".to_string(), Value::Tensor(ft(&shape, 1))),
+            ("x1".to_string(), Value::Tensor(ft(&[8], 2))),
+        ]
+    };
+    let s = Session::new(load(), vec![g, cpu()], &SessionOptions::default()).unwrap();
+    let placed = &s.partition().assignments;
+    assert!(placed.iter().all(|(_, _, p)| p == "webgpu"), "{placed:?}");
+    let got = pollster::block_on(s.run_async(feeds())).unwrap();
+    let c = Session::new(load(), vec![cpu()], &SessionOptions::default()).unwrap();
+    let want = pollster::block_on(c.run_async(feeds())).unwrap();
+    let (Value::Tensor(a), Value::Tensor(b)) = (&got[0].1, &want[0].1) else {
+        panic!("tensors")
+    };
+    assert_eq!(a.shape(), b.shape());
+    close(
+        "graph",
+        &a.to_f32_vec().unwrap(),
+        &b.to_f32_vec().unwrap(),
+        1e-4,
+        1e-4,
+    );
 }
