@@ -408,6 +408,56 @@ fn element_wise_chains_run_as_one_dispatch() {
     if let Some(d) = fused_run(&m, &[&[4, 6], &[6], &[4, 1], &[1]]) {
         assert_eq!(d, 2);
     }
+    // a view of a pending result (Reshape shares the buffer under another shape) is computed
+    // before the next element-wise op reads it
+    let m = ModelProto {
+        ir_version: 9,
+        opset_import: vec![OperatorSetIdProto {
+            domain: String::new(),
+            version: 18,
+        }],
+        graph: Some(GraphProto {
+            name: "view".into(),
+            node: vec![
+                NodeProto {
+                    op_type: "Sigmoid".into(),
+                    name: "s".into(),
+                    input: vec!["x0".into()],
+                    output: vec!["s".into()],
+                    ..Default::default()
+                },
+                NodeProto {
+                    op_type: "Unsqueeze".into(),
+                    name: "u".into(),
+                    input: vec!["s".into(), "axes".into()],
+                    output: vec!["u".into()],
+                    ..Default::default()
+                },
+                NodeProto {
+                    op_type: "Add".into(),
+                    name: "a".into(),
+                    input: vec!["u".into(), "x1".into()],
+                    output: vec!["y".into()],
+                    ..Default::default()
+                },
+            ],
+            initializer: vec![init("axes", &it(&[1], vec![1]))],
+            input: vec![
+                vi("x0", DataType::Float, &[3, 4]),
+                vi("x1", DataType::Float, &[5, 4]),
+            ],
+            output: vec![ValueInfoProto {
+                name: "y".into(),
+                ..Default::default()
+            }],
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+    .encode_to_vec();
+    if let Some(d) = fused_run(&m, &[&[3, 4], &[5, 4]]) {
+        assert_eq!(d, 2);
+    }
     // a value read by two consumers is recomputed by each, never wrong
     let m = graph_model(
         &[

@@ -45,10 +45,14 @@ fn fname(prefix: &str, body: &str) -> String {
 /// Operand `t` as an expression over its own shape: its pending expression, or itself as the
 /// one leaf.
 fn operand(t: &Tensor) -> Result<Pending> {
-    if let Some(p) = dev_buf(t)?.pending() {
-        if p.expr.len() <= MAX_EXPR {
+    let b = dev_buf(t)?;
+    if let Some(p) = b.pending() {
+        // a view (Reshape, Unsqueeze, ...) shares the buffer under another shape: its
+        // expression is over the original shape, so compute it and read the bytes instead
+        if p.expr.len() <= MAX_EXPR && p.shape == t.shape() {
             return Ok(p);
         }
+        b.raw();
     }
     Ok(leaf(t))
 }

@@ -299,7 +299,7 @@ impl Case {
             "webgpu",
             "{} did not run on WebGPU: {:?}",
             self.op,
-            s.partition().unsupported
+            s.partition().fallbacks
         );
         let (_, want) = self.run_all(vec![cpu()]);
         for (k, ((g, gs), (w, ws))) in got.iter().zip(&want).enumerate() {
