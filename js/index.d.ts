@@ -50,7 +50,8 @@ export declare class InferenceSession {
   /** Which node runs where, every copy between providers, and why nodes fell back. */
   partitionReport(): {
     nodes: { node: string; op: string; provider: string }[];
-    copies: { value: string; from: string; to: string; node: string }[];
+    /** once: an initializer uploaded on the first run and kept on the device */
+    copies: { value: string; from: string; to: string; node: string; once: boolean }[];
     fallbacks: { node: string; op: string; to: string; reasons: string }[];
   };
   run(feeds: Record<string, Tensor>, fetches?: readonly string[]): Promise<Record<string, OnnxValue>>;

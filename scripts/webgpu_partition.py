@@ -19,8 +19,8 @@ ap.add_argument("--models", default="")
 a = ap.parse_args()
 os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")
 
-print("| model | nodes on WebGPU / all | copies (partition) | dispatches per run | uploads per run | read-backs per run | device MB |")
-print("|---|---:|---:|---:|---:|---:|---:|")
+print("| model | nodes on WebGPU / all | copies (partition) | of them per run | dispatches per run | uploads per run | read-backs per run | device MB |")
+print("|---|---:|---:|---:|---:|---:|---:|---:|")
 for m in corpus_models(a.models):
     model, case, inputs = first_case(m)
     j = json.loads(subprocess.run([a.bin, "inspect", "--json", "--provider", "webgpu", model],
@@ -32,8 +32,8 @@ for m in corpus_models(a.models):
     r = subprocess.run(cmd, capture_output=True, text=True)
     c = re.search(r"provider webgpu \(this run\): (.*)", r.stderr)
     if r.returncode != 0 or not c:
-        print(f"| {m} | {per.get('webgpu', 0)} / {sum(per.values())} | {j['partition']['copies']} | error: {r.stderr.strip()[-80:]} | | | |")
+        print(f"| {m} | {per.get('webgpu', 0)} / {sum(per.values())} | {j['partition']['copies']} | {j['partition']['copies_per_run']} | error: {r.stderr.strip()[-80:]} | | | |")
         continue
     kv = dict((k, int(v)) for k, v in (p.rsplit(" ", 1) for p in c.group(1).split(", ")))
-    print(f"| {m} | {per.get('webgpu', 0)} / {sum(per.values())} | {j['partition']['copies']} | {kv['dispatches']} | "
+    print(f"| {m} | {per.get('webgpu', 0)} / {sum(per.values())} | {j['partition']['copies']} | {j['partition']['copies_per_run']} | {kv['dispatches']} | "
           f"{kv['uploads']} | {kv['downloads']} | {kv['device_bytes'] / 1e6:.1f} |")

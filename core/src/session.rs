@@ -112,6 +112,8 @@ pub struct CopyInfo {
     pub to: String,
     /// The node that reads it there (empty: a graph output read back after the run).
     pub node: String,
+    /// An initializer moved to a device: uploaded on the first run and kept, not every run.
+    pub once: bool,
 }
 
 enum StepKind {
@@ -145,6 +147,9 @@ struct Step {
     frees: Vec<ValueId>,
     /// Inputs to move to the step's provider first: (value, target provider).
     copies: Vec<(ValueId, usize)>,
+    /// Per entry of `copies`: the value is an initializer, so its device copy is made once and
+    /// kept (weights are uploaded on the first run, not every run).
+    copy_const: Vec<bool>,
 }
 
 /// A compiled graph: one step per node, value lifetimes, constants.
@@ -242,6 +247,8 @@ pub struct Session {
     phase_profile: bool,
     clock: Clock,
     plans: spin::Mutex<Vec<Arc<RunPlan>>>,
+    /// Initializers already uploaded to a device provider: (plan address, value, provider).
+    const_uploads: spin::Mutex<alloc::collections::BTreeMap<(usize, ValueId, usize), Tensor>>,
     plan_misses: AtomicU32,
     runs: AtomicU64,
     plans_built: AtomicUsize,
@@ -344,6 +351,7 @@ impl Session {
                 phase_profile: opts.phase_profile,
                 clock,
                 plans: spin::Mutex::new(Vec::new()),
+                const_uploads: spin::Mutex::new(alloc::collections::BTreeMap::new()),
                 plan_misses: AtomicU32::new(0),
                 runs: AtomicU64::new(0),
                 plans_built: AtomicUsize::new(0),
@@ -390,6 +398,7 @@ impl Session {
     /// each provider's pooled buffers. The session stays usable; the next run allocates again.
     pub fn release_cached(&self) {
         self.plans.lock().clear();
+        self.const_uploads.lock().clear();
         for p in &self.providers {
             p.release_cached();
         }
@@ -796,12 +805,23 @@ impl Session {
             let clock = self.clock;
             for (si, step) in plan.steps.iter().enumerate() {
                 let node = &g.nodes[step.node];
-                for &(vid, p) in &step.copies {
+                for (ci, &(vid, p)) in step.copies.iter().enumerate() {
                     if let Some(Value::Tensor(t)) = &env[vid] {
                         let t0 = if rc.spans.is_some() { clock() } else { 0 };
                         let prov = &self.providers[p];
                         let moved = if prov.location() == Location::Host {
                             self.to_host(Value::Tensor(t.clone())).await?
+                        } else if step.copy_const.get(ci).copied().unwrap_or(false) {
+                            let key = (plan as *const Plan as usize, vid, p);
+                            let cached = self.const_uploads.lock().get(&key).cloned();
+                            match cached {
+                                Some(d) => Value::Tensor(d),
+                                None => {
+                                    let d = prov.upload(t)?;
+                                    self.const_uploads.lock().insert(key, d.clone());
+                                    Value::Tensor(d)
+                                }
+                            }
                         } else {
                             Value::Tensor(prov.upload(t)?)
                         };
@@ -1451,6 +1471,10 @@ fn compile(
         .position(|p| p.location() == Location::Host)
         .unwrap_or(0);
     let mut steps = Vec::with_capacity(g.nodes.len());
+    let mut is_init = vec![false; g.values.len()];
+    for (id, _) in &g.initializers {
+        is_init[*id] = true;
+    }
     for (ni, node) in g.nodes.iter().enumerate() {
         let tys = input_types(g, node);
         let kind = match (node.domain.as_str(), node.op_type.as_str()) {
@@ -1550,6 +1574,7 @@ fn compile(
             _ => host,
         };
         let mut copies = Vec::new();
+        let mut copy_const = Vec::new();
         let wanted = node
             .inputs
             .iter()
@@ -1570,12 +1595,14 @@ fn compile(
             let at = loc[id].unwrap_or(host);
             if providers[at].location() != providers[want].location() {
                 copies.push((id, want));
+                copy_const.push(is_init[id]);
                 report.copies += 1;
                 report.copy_list.push(CopyInfo {
                     value: g.values[id].name.clone(),
                     from: providers[at].name().to_string(),
                     to: providers[want].name().to_string(),
                     node: node.name.clone(),
+                    once: is_init[id] && providers[want].location() != Location::Host,
                 });
                 loc[id] = Some(want);
             }
@@ -1597,6 +1624,7 @@ fn compile(
             in_place_ok,
             frees: Vec::new(),
             copies,
+            copy_const,
         });
     }
     // Graph outputs go back to the host at the end (counted as copies when on a device).
@@ -1609,6 +1637,7 @@ fn compile(
                     from: providers[p].name().to_string(),
                     to: providers[host].name().to_string(),
                     node: String::new(),
+                    once: false,
                 });
             }
         }

@@ -580,7 +580,8 @@ fn inspect(a: InspectArgs) -> Result<(), Error> {
                 "nodes_per_provider": report.nodes_per_provider.iter().map(|(p, n)| json!({"provider": p, "nodes": n})).collect::<Vec<_>>(),
                 "copies": report.copies,
                 "nodes": report.assignments.iter().map(|(n, op, p)| json!({"node": n, "op": op, "provider": p})).collect::<Vec<_>>(),
-                "copy_list": report.copy_list.iter().map(|c| json!({"value": c.value, "from": c.from, "to": c.to, "before_node": c.node})).collect::<Vec<_>>(),
+                "copy_list": report.copy_list.iter().map(|c| json!({"value": c.value, "from": c.from, "to": c.to, "before_node": c.node, "once": c.once})).collect::<Vec<_>>(),
+                "copies_per_run": report.copy_list.iter().filter(|c| !c.once).count(),
                 "fallbacks": report.fallbacks.iter().map(|f| json!({"node": f.node, "op": f.op, "to": f.to, "declined": f.declined.iter().map(|(p, r)| json!({"provider": p, "reason": r})).collect::<Vec<_>>()})).collect::<Vec<_>>(),
             },
             "unsupported": report.unsupported.iter().map(|u| json!({"node": u.node, "op": u.op, "domain": u.domain, "opset": u.opset, "reason": u.reason})).collect::<Vec<_>>(),
@@ -641,14 +642,23 @@ fn inspect(a: InspectArgs) -> Result<(), Error> {
                 println!("  {} ({}) -> {}: {}", f.node, f.op, f.to, why.join("; "));
             }
         }
-        println!("copies ({}):", report.copy_list.len());
+        println!(
+            "copies ({}, {} per run):",
+            report.copy_list.len(),
+            report.copy_list.iter().filter(|c| !c.once).count()
+        );
         for c in &report.copy_list {
             let at = if c.node.is_empty() {
                 "graph output".to_string()
             } else {
                 format!("before {}", c.node)
             };
-            println!("  {} {} -> {} ({at})", c.value, c.from, c.to);
+            let once = if c.once {
+                ", initializer: uploaded once"
+            } else {
+                ""
+            };
+            println!("  {} {} -> {} ({at}{once})", c.value, c.from, c.to);
         }
     }
     if report.unsupported.is_empty() {

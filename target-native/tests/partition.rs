@@ -267,7 +267,13 @@ fn a_device_provider_gets_its_nodes_with_explicit_copies_and_the_cpus_answers() 
             }
         }
     }
-    // per run: x, bias, g up; m, y down
-    assert_eq!(dev.uploads.load(Ordering::Relaxed), 6);
+    // x and g go up every run, the initializer bias only on the first; m, y come down
+    assert_eq!(dev.uploads.load(Ordering::Relaxed), 5);
+    assert!(r.copy_list.iter().any(|c| c.value == "bias" && c.once));
+    assert!(r
+        .copy_list
+        .iter()
+        .filter(|c| c.value != "bias")
+        .all(|c| !c.once));
     assert_eq!(dev.downloads.load(Ordering::Relaxed), 4);
 }

@@ -186,6 +186,7 @@ impl WasmSession {
             set(&e, "from", &JsValue::from_str(&c.from));
             set(&e, "to", &JsValue::from_str(&c.to));
             set(&e, "node", &JsValue::from_str(&c.node));
+            set(&e, "once", &JsValue::from_bool(c.once));
             copies.push(&e);
         }
         let fallbacks = Array::new();

@@ -269,6 +269,9 @@ fn a_chain_stays_on_the_device_and_is_read_back_once() {
     assert_eq!(after_one.dispatches, 2, "{after_one:?}");
     let _ = pollster::block_on(s.run_async(feeds())).unwrap();
     let after_two = g.gpu().stats();
+    // the weights w and b were uploaded by the first run and kept: only x goes up again
+    assert_eq!(after_one.uploads, 3);
+    assert_eq!(after_two.uploads - after_one.uploads, 1);
     // the second run reuses the first run's buffers: nothing new is allocated
     assert_eq!(after_two.live_bytes, after_one.live_bytes);
     assert!(after_one.live_bytes > 0);
