@@ -331,13 +331,18 @@ fn build_unary(node: &Node) -> Result<Exec> {
             Some(f) => f.clone(),
             None => {
                 // Clip: the bounds are this run's host values, baked into the function
-                let lo = host_f32(inputs, 1)?.unwrap_or(f32::NEG_INFINITY);
-                let hi = host_f32(inputs, 2)?.unwrap_or(f32::INFINITY);
-                let def = format!(
-                    "fn NAME(x: f32) -> f32 {{ return clamp(x, bitcast<f32>({}u), bitcast<f32>({}u)); }}",
-                    lo.to_bits(),
-                    hi.to_bits()
-                );
+                // WGSL constants cannot be infinite (Chromium's compiler rejects even a
+                // bitcast to inf): an unbounded side is left out
+                let lo = host_f32(inputs, 1)?.filter(|v| v.is_finite());
+                let hi = host_f32(inputs, 2)?.filter(|v| v.is_finite());
+                let lit = |v: f32| format!("bitcast<f32>({}u)", v.to_bits());
+                let e = match (lo, hi) {
+                    (Some(l), Some(h)) => format!("clamp(x, {}, {})", lit(l), lit(h)),
+                    (Some(l), None) => format!("max(x, {})", lit(l)),
+                    (None, Some(h)) => format!("min(x, {})", lit(h)),
+                    (None, None) => "x".to_string(),
+                };
+                let def = format!("fn NAME(x: f32) -> f32 {{ return {e}; }}");
                 let name = fname("c", &def);
                 (name.clone(), def.replace("NAME", &name))
             }
