@@ -1100,14 +1100,16 @@ fn build_lrn(node: &Node) -> Result<Box<dyn Kernel>> {
 // ----------------------------------------------------------------------------- resize
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum Interp {
+/// Resize's interpolation mode (shared with the WebGPU provider).
+pub enum Interp {
     Nearest,
     Linear,
     Cubic,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum Coord {
+/// Resize's coordinate_transformation_mode.
+pub enum Coord {
     HalfPixel,
     HalfPixelSymmetric,
     PytorchHalfPixel,
@@ -1118,7 +1120,8 @@ enum Coord {
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum Rounding {
+/// Resize's nearest_mode.
+pub enum Rounding {
     RoundPreferFloor,
     RoundPreferCeil,
     Floor,
@@ -1128,7 +1131,8 @@ enum Rounding {
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum Policy {
+/// Resize's keep_aspect_ratio_policy.
+pub enum Policy {
     Stretch,
     NotLarger,
     NotSmaller,
@@ -1268,7 +1272,8 @@ fn build_upsample(node: &Node) -> Result<Box<dyn Kernel>> {
 }
 
 /// Per-axis scale (as used by the coordinate transform) and output length.
-fn resize_geometry(
+/// Resize's per-axis scales and output sizes from `scales` or `sizes`.
+pub fn resize_geometry(
     in_shape: &[usize],
     axes: &[usize],
     scales: Option<&[f32]>,
@@ -1329,7 +1334,7 @@ fn resize_geometry(
 }
 
 /// Input coordinate of output index `o` along one axis.
-fn src_coord(
+pub fn src_coord(
     coord: Coord,
     o: usize,
     scale: f64,
@@ -1376,7 +1381,8 @@ fn src_coord(
     }
 }
 
-fn nearest_index(x: f64, rounding: Rounding, scale: f64) -> i64 {
+/// The input index nearest-mode resizing picks for source coordinate `x`.
+pub fn nearest_index(x: f64, rounding: Rounding, scale: f64) -> i64 {
     let fl = libm::floor(x);
     if fl == x {
         return x as i64;
@@ -1392,7 +1398,8 @@ fn nearest_index(x: f64, rounding: Rounding, scale: f64) -> i64 {
     fl as i64 + up as i64
 }
 
-fn cubic_kernel(d: f64, a: f64) -> f64 {
+/// Resize's cubic convolution weight at distance `d` with coefficient `a`.
+pub fn cubic_kernel(d: f64, a: f64) -> f64 {
     let d = libm::fabs(d);
     if d <= 1.0 {
         ((a + 2.0) * d - (a + 3.0)) * d * d + 1.0

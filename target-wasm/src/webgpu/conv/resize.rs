@@ -7,6 +7,9 @@
 //! that have more than one (a pure gather when none has).
 
 use nxrt_core::ir::Node;
+use nxrt_core::kernels::norm::{
+    cubic_kernel, nearest_index, resize_geometry, src_coord, Coord, Interp, Policy, Rounding,
+};
 use nxrt_core::kernels::opt_tensor_in;
 use nxrt_core::{DataType, Location, Result, Tensor, Value};
 
@@ -173,39 +176,6 @@ fn norm_axes(axes: &[i64], r: usize) -> Result<Vec<usize>> {
 
 // ----------------------------------------------------------------------------- Resize
 
-#[derive(Clone, Copy, PartialEq, Debug)]
-enum Interp {
-    Nearest,
-    Linear,
-    Cubic,
-}
-
-#[derive(Clone, Copy, PartialEq, Debug)]
-enum Coord {
-    HalfPixel,
-    HalfPixelSymmetric,
-    PytorchHalfPixel,
-    AlignCorners,
-    Asymmetric,
-    TfCropAndResize,
-    TfHalfPixelForNn,
-}
-
-#[derive(Clone, Copy, PartialEq, Debug)]
-enum Rounding {
-    PreferFloor,
-    PreferCeil,
-    Floor,
-    Ceil,
-}
-
-#[derive(Clone, Copy, PartialEq, Debug)]
-enum Policy {
-    Stretch,
-    NotLarger,
-    NotSmaller,
-}
-
 #[derive(Clone, Debug)]
 struct ResizeSpec {
     interp: Interp,
@@ -243,8 +213,8 @@ pub(super) fn build_resize(node: &Node) -> Result<Exec> {
         m => return Err(fail(format!("Resize coordinate_transformation_mode '{m}'"))),
     };
     let rounding = match node.get_s("nearest_mode", "round_prefer_floor")?.as_str() {
-        "round_prefer_floor" => Rounding::PreferFloor,
-        "round_prefer_ceil" => Rounding::PreferCeil,
+        "round_prefer_floor" => Rounding::RoundPreferFloor,
+        "round_prefer_ceil" => Rounding::RoundPreferCeil,
         "floor" => Rounding::Floor,
         "ceil" => Rounding::Ceil,
         m => return Err(fail(format!("Resize nearest_mode '{m}'"))),
@@ -280,148 +250,6 @@ pub(super) fn build_resize(node: &Node) -> Result<Exec> {
     }))
 }
 
-/// Per-axis scale (as the coordinate transform uses it) and output extent.
-fn resize_geometry(
-    in_shape: &[usize],
-    axes: &[usize],
-    scales: Option<&[f32]>,
-    sizes: Option<&[i64]>,
-    policy: Policy,
-) -> Result<(Vec<f64>, Vec<usize>)> {
-    let mut scale = vec![1.0f64; in_shape.len()];
-    let mut out = in_shape.to_vec();
-    match (scales, sizes) {
-        (Some(_), Some(_)) => return Err(fail("Resize with both scales and sizes")),
-        (None, None) => return Err(fail("Resize with neither scales nor sizes")),
-        (Some(s), None) => {
-            if s.len() != axes.len() {
-                return Err(fail(format!(
-                    "Resize scales has {} values, expected {}",
-                    s.len(),
-                    axes.len()
-                )));
-            }
-            for (&a, &v) in axes.iter().zip(s) {
-                if !(v > 0.0 && v.is_finite()) {
-                    return Err(fail(format!("Resize scale {v}")));
-                }
-                scale[a] = v as f64;
-                out[a] = (v as f64 * in_shape[a] as f64).floor() as usize;
-            }
-        }
-        (None, Some(z)) => {
-            if z.len() != axes.len() {
-                return Err(fail(format!(
-                    "Resize sizes has {} values, expected {}",
-                    z.len(),
-                    axes.len()
-                )));
-            }
-            for (&a, &v) in axes.iter().zip(z) {
-                if v < 0 {
-                    return Err(fail(format!("Resize size {v}")));
-                }
-                if in_shape[a] == 0 {
-                    if v != 0 {
-                        return Err(fail(format!("Resize of an empty axis to {v}")));
-                    }
-                    continue;
-                }
-                scale[a] = v as f64 / in_shape[a] as f64;
-                out[a] = v as usize;
-            }
-            if policy != Policy::Stretch && !axes.is_empty() {
-                let first = scale[axes[0]];
-                let s = axes.iter().map(|&a| scale[a]).fold(first, |acc, v| {
-                    if policy == Policy::NotLarger {
-                        acc.min(v)
-                    } else {
-                        acc.max(v)
-                    }
-                });
-                for &a in axes {
-                    scale[a] = s;
-                    out[a] = (s * in_shape[a] as f64 + 0.5).floor() as usize;
-                }
-            }
-        }
-    }
-    Ok((scale, out))
-}
-
-/// Input coordinate of output position `o` along one axis.
-fn src_coord(
-    coord: Coord,
-    o: usize,
-    scale: f64,
-    n_in: usize,
-    n_out: usize,
-    roi: (f64, f64),
-) -> f64 {
-    let y = o as f64;
-    let lin = n_in as f64;
-    // the unrounded resized length
-    let lout = scale * lin;
-    match coord {
-        Coord::HalfPixel => (y + 0.5) / scale - 0.5,
-        Coord::HalfPixelSymmetric => {
-            let adj = n_out as f64 / lout;
-            lin / 2.0 * (1.0 - adj) + (y + 0.5) / scale - 0.5
-        }
-        Coord::PytorchHalfPixel => {
-            if lout > 1.0 {
-                (y + 0.5) / scale - 0.5
-            } else {
-                0.0
-            }
-        }
-        Coord::AlignCorners => {
-            if lout == 1.0 {
-                0.0
-            } else {
-                y * (lin - 1.0) / (lout - 1.0)
-            }
-        }
-        Coord::Asymmetric => y / scale,
-        Coord::TfCropAndResize => {
-            let (s, e) = roi;
-            let v = if lout == 1.0 {
-                (e - s) * (lin - 1.0) / 2.0
-            } else {
-                y * (e - s) * (lin - 1.0) / (lout - 1.0)
-            };
-            v + s * (lin - 1.0)
-        }
-        Coord::TfHalfPixelForNn => (y + 0.5) / scale,
-    }
-}
-
-fn nearest(x: f64, rounding: Rounding) -> i64 {
-    let fl = x.floor();
-    if fl == x {
-        return x as i64;
-    }
-    let frac = x - fl;
-    let up = match rounding {
-        Rounding::PreferFloor => frac > 0.5,
-        Rounding::PreferCeil => frac >= 0.5,
-        Rounding::Floor => false,
-        Rounding::Ceil => true,
-    };
-    fl as i64 + i64::from(up)
-}
-
-fn cubic(d: f64, a: f64) -> f64 {
-    let d = d.abs();
-    if d <= 1.0 {
-        ((a + 2.0) * d - (a + 3.0)) * d * d + 1.0
-    } else if d < 2.0 {
-        ((a * d - 5.0 * a) * d + 8.0 * a) * d - 4.0 * a
-    } else {
-        0.0
-    }
-}
-
 fn axis_table(
     spec: &ResizeSpec,
     n_in: usize,
@@ -440,7 +268,7 @@ fn axis_table(
             idx.push(if outside(x) {
                 OOB
             } else {
-                ix(nearest(x, spec.rounding).clamp(0, last))?
+                ix(nearest_index(x, spec.rounding, scale).clamp(0, last))?
             });
         }
         return Ok(AxisTab {
@@ -481,7 +309,7 @@ fn axis_table(
         for (t, wt) in ws.iter_mut().enumerate() {
             let d = ((i_start + t as i64) as f64 - ratio) * s_eff;
             *wt = match spec.interp {
-                Interp::Cubic => cubic(d, spec.cubic_a),
+                Interp::Cubic => cubic_kernel(d, spec.cubic_a),
                 _ => (1.0 - d.abs()).max(0.0),
             };
             sum += *wt;
