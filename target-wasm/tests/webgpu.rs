@@ -105,6 +105,11 @@ fn matmul_over_odd_sizes_and_broadcast_batches() {
         (&[13], &[13, 6]),
         (&[4, 13], &[13]),
         (&[1, 128, 384], &[384, 96]),
+        // up to four rows: the matrix-vector kernel
+        (&[2, 37], &[37, 1000]),
+        (&[3, 5], &[5, 17]),
+        (&[5, 1, 64], &[5, 64, 33]),
+        (&[1, 1, 300], &[300, 7]),
     ];
     for (k, (a, b)) in cases.iter().enumerate() {
         Case::new("MatMul", vec![ft(a, k as u32), ft(b, 50 + k as u32)])
@@ -137,6 +142,19 @@ fn gemm_with_transposes_alpha_beta_and_a_broadcast_c() {
         }
     }
     Case::new("Gemm", vec![ft(&[5, 3], 1), ft(&[3, 4], 2)]).check();
+    // a classifier head (one row, B transposed, K split over the lanes) and three rows
+    for (m, tb) in [(1, 1), (1, 0), (3, 1), (3, 0)] {
+        let b = if tb == 1 {
+            ft(&[1000, 301], 2)
+        } else {
+            ft(&[301, 1000], 2)
+        };
+        Case::new("Gemm", vec![ft(&[m, 301], 1), b])
+            .consts(vec![Some(ft(&[1000], 3))])
+            .attr(ai("transB", tb))
+            .atol(1e-4)
+            .check();
+    }
 }
 
 #[test]
@@ -265,8 +283,8 @@ fn a_chain_stays_on_the_device_and_is_read_back_once() {
     let feeds = || vec![("x".to_string(), Value::Tensor(ft(&[3, 9], 3)))];
     let _ = pollster::block_on(s.run_async(feeds())).unwrap();
     let after_one = g.gpu().stats();
-    // MatMul, then Add and Relu fused into one
-    assert_eq!(after_one.dispatches, 2, "{after_one:?}");
+    // MatMul with Add and Relu fused into its epilogue: one dispatch
+    assert_eq!(after_one.dispatches, 1, "{after_one:?}");
     let _ = pollster::block_on(s.run_async(feeds())).unwrap();
     let after_two = g.gpu().stats();
     // the weights w and b were uploaded by the first run and kept: only x goes up again
@@ -381,6 +399,103 @@ fn fused_run(model: &[u8], inputs: &[&[usize]]) -> Option<u64> {
         1e-5,
     );
     Some(dispatches)
+}
+
+#[test]
+fn matmul_epilogues_fuse_bias_and_activation() {
+    // bias and activation in the tiled kernel and in the matrix-vector one
+    for rows in [37, 1] {
+        let m = graph_model(
+            &[
+                ("MatMul", &["x0", "x1"], "mm"),
+                ("Add", &["mm", "x2"], "a"),
+                ("Relu", &["a"], "y"),
+            ],
+            &[&[rows, 19], &[19, 23], &[23]],
+        );
+        if let Some(d) = fused_run(&m, &[&[rows, 19], &[19, 23], &[23]]) {
+            assert_eq!(d, 1, "MatMul + bias + Relu at {rows} rows");
+        }
+    }
+    // SiLU reads the product twice: still its only reader, still one dispatch
+    let m = graph_model(
+        &[
+            ("MatMul", &["x0", "x1"], "mm"),
+            ("Sigmoid", &["mm"], "s"),
+            ("Mul", &["mm", "s"], "y"),
+        ],
+        &[&[2, 6, 9], &[9, 5]],
+    );
+    if let Some(d) = fused_run(&m, &[&[2, 6, 9], &[9, 5]]) {
+        assert_eq!(d, 1);
+    }
+    // a residual add of two leaves and a broadcast one
+    let m = graph_model(
+        &[
+            ("MatMul", &["x0", "x1"], "mm"),
+            ("Add", &["mm", "x2"], "a"),
+            ("Mul", &["a", "x3"], "y"),
+        ],
+        &[&[4, 70, 8], &[8, 3], &[4, 70, 3], &[70, 1]],
+    );
+    if let Some(d) = fused_run(&m, &[&[4, 70, 8], &[8, 3], &[4, 70, 3], &[70, 1]]) {
+        assert_eq!(d, 1);
+    }
+    // another kernel reads the product too: it is computed once on its own, and the chain
+    // reads it
+    let m = graph_model(
+        &[
+            ("MatMul", &["x0", "x1"], "mm"),
+            ("Relu", &["mm"], "r"),
+            ("Transpose", &["mm"], "t"),
+            ("Add", &["r", "t"], "y"),
+        ],
+        &[&[6, 6], &[6, 6]],
+    );
+    if let Some(d) = fused_run(&m, &[&[6, 6], &[6, 6]]) {
+        assert_eq!(d, 3, "MatMul, Transpose, the chain");
+    }
+    // two separate chains read the product: neither may take it over (the other would read a
+    // buffer nobody computed)
+    let m = graph_model(
+        &[
+            ("MatMul", &["x0", "x1"], "mm"),
+            ("Relu", &["mm"], "r"),
+            ("Sigmoid", &["mm"], "s"),
+            ("MatMul", &["r", "s"], "y"),
+        ],
+        &[&[7, 7], &[7, 7]],
+    );
+    if let Some(d) = fused_run(&m, &[&[7, 7], &[7, 7]]) {
+        assert_eq!(d, 4, "MatMul, each chain, MatMul");
+    }
+    // the chain broadcasts the product (it is not read element for element): not fused
+    let m = graph_model(
+        &[("MatMul", &["x0", "x1"], "mm"), ("Add", &["mm", "x2"], "y")],
+        &[&[1, 5], &[5, 4], &[3, 4]],
+    );
+    if let Some(d) = fused_run(&m, &[&[1, 5], &[5, 4], &[3, 4]]) {
+        assert_eq!(d, 2);
+    }
+}
+
+#[test]
+fn conv_epilogues_fuse_activation_and_residual() {
+    // the direct kernel (4 output channels) and the implicit GEMM (16)
+    for m in [4, 16] {
+        let shapes: &[&[usize]] = &[&[2, 3, 9, 8], &[m, 3, 3, 3], &[m], &[2, m, 7, 6]];
+        let g = graph_model(
+            &[
+                ("Conv", &["x0", "x1", "x2"], "c"),
+                ("HardSwish", &["c"], "h"),
+                ("Add", &["h", "x3"], "y"),
+            ],
+            shapes,
+        );
+        if let Some(d) = fused_run(&g, shapes) {
+            assert_eq!(d, 1, "Conv + HardSwish + residual with {m} channels");
+        }
+    }
 }
 
 #[test]

@@ -4,6 +4,8 @@
 //!   straight from X through a small per-K offset table) when a group has 16 or more output
 //!   channels; otherwise a direct kernel, one invocation per output element over its taps
 //!   and the group's input channels (depthwise and other thin convolutions).
+//! - Conv runs lazily as a [`Producer`]: an element-wise chain that reads its output (an
+//!   activation, a residual add) becomes the kernel's epilogue, one dispatch in all.
 //! - ConvTranspose: a direct gather kernel, one invocation per output element over the taps
 //!   that land on it.
 //! - MaxPool / AveragePool: one invocation per output element; the global pools one
@@ -21,7 +23,12 @@ use nxrt_core::ir::Node;
 use nxrt_core::kernels::opt_tensor_in;
 use nxrt_core::{DataType, Error, Result};
 
-use super::{dev_buf, dev_in, out1, shader_1d, Exec, Gpu, OpDef};
+use std::sync::Arc;
+
+use nxrt_core::Tensor;
+
+use super::ew::{epilogue, EpiParts, Epilogue};
+use super::{dev_buf, dev_in, out1, shader_1d, Exec, Gpu, OpDef, Producer};
 
 pub(crate) const OPS: &[OpDef] = &[
     OpDef {
@@ -431,7 +438,7 @@ fn group_attr(node: &Node) -> Result<usize> {
 // ----------------------------------------------------------------------------- Conv
 
 /// Params: [row, total, N, C, M, cg, mg, has_bias, geometry (21)].
-fn direct_conv_shader() -> String {
+fn direct_conv_shader(epi: &str) -> String {
     shader_1d(
         &[
             ("x", "read", "f32"),
@@ -440,7 +447,7 @@ fn direct_conv_shader() -> String {
             ("y", "read_write", "f32"),
         ],
         WG,
-        "",
+        epi,
         &format!(
             "  if (i >= p[1]) {{ return; }}
   let C = p[3]; let M = p[4]; let cg = p[5]; let mg = p[6];
@@ -476,7 +483,7 @@ fn direct_conv_shader() -> String {
       }}
     }}
   }}
-  y[i] = acc;",
+  y[i] = epi(acc, i);",
             geo_prelude()
         ),
     )
@@ -484,7 +491,7 @@ fn direct_conv_shader() -> String {
 
 /// Params: [row (unused), cols, K, C, M, cg, mg, has_bias, geometry (21), first column].
 /// Per K index, `ktab` holds (X offset from the column's base, z, y, x tap displacement).
-fn gemm_conv_shader() -> String {
+fn gemm_conv_shader(epi: &str) -> String {
     format!(
         "
 @group(0) @binding(0) var<storage, read> p: array<u32>;
@@ -493,7 +500,7 @@ fn gemm_conv_shader() -> String {
 @group(0) @binding(3) var<storage, read> w: array<f32>;
 @group(0) @binding(4) var<storage, read> bias: array<f32>;
 @group(0) @binding(5) var<storage, read_write> y: array<f32>;
-
+{epi}
 var<workgroup> ta: array<array<f32, 16>, 64>;
 var<workgroup> tb: array<array<f32, 64>, 16>;
 
@@ -566,7 +573,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     for (var s = 0u; s < 4u; s++) {{
       let c = col0 + lid.x * 4u + s;
       if (c >= cols) {{ continue; }}
-      y[((c / P) * M + m) * P + c % P] = acc[q][s] + b;
+      let o = ((c / P) * M + m) * P + c % P;
+      y[o] = epi(acc[q][s] + b, o);
     }}
   }}
 }}
@@ -636,51 +644,93 @@ fn build_conv(node: &Node) -> Result<Exec> {
     let sp = parse_spatial(node)?;
     let group = group_attr(node)?;
     Ok(Box::new(move |gpu: &Gpu, inputs| {
-        let (x, xb) = dev_in(inputs, 0)?;
-        let (w, wb) = dev_in(inputs, 1)?;
+        let (x, _) = dev_in(inputs, 0)?;
+        let (w, _) = dev_in(inputs, 1)?;
         let b = opt_tensor_in(inputs, 2)?;
+        if let Some(b) = b {
+            dev_buf(b)?;
+        }
         let cs = conv_shape(&sp, group, x.shape(), w.shape(), b.map(|b| b.len()))?;
         let mut shape = vec![cs.n, cs.m];
         shape.extend_from_slice(cs.g.out_dims(cs.nd));
-        let (y, yb) = gpu.alloc(DataType::Float, &shape)?;
-        if y.is_empty() {
-            return out1(y);
-        }
-        let bias = match b {
-            Some(b) => Some(dev_buf(b)?.raw()),
-            None => None,
-        };
+        let n: usize = shape.iter().product();
         let (cg, mg) = (cs.c / group, cs.m / group);
         let mut params = vec![
             0,
-            word(y.len(), "an output size")?,
+            word(n, "an output size")?,
             word(cs.n, "a batch")?,
             word(cs.c, "a channel count")?,
             word(cs.m, "a channel count")?,
             word(cg, "a channel count")?,
             word(mg, "a channel count")?,
-            u32::from(bias.is_some()),
+            u32::from(b.is_some()),
         ];
         params.extend(cs.g.words()?);
-        // the weights stand in for an absent bias (never read)
-        let bias = bias.unwrap_or(wb.raw());
-        if mg >= GEMM_MIN_CHANNELS && cg > 0 {
-            return conv_gemm(gpu, &cs, params, xb.raw(), wb.raw(), bias, yb.raw())
-                .and_then(|()| out1(y));
-        }
-        let pipe = gpu.pipeline("conv:direct", direct_conv_shader)?;
-        gpu.dispatch(
-            &pipe,
-            &mut params,
-            &[xb.raw(), wb.raw(), bias, yb.raw()],
-            y.len() as u64,
-            WG,
-        )?;
-        out1(y)
+        let job = ConvJob {
+            x: x.clone(),
+            w: w.clone(),
+            b: b.cloned(),
+            cs,
+            params,
+            n,
+        };
+        out1(gpu.alloc_produced(&shape, Arc::new(job))?)
     }))
 }
 
+/// One Conv call, run lazily ([`Producer`]).
+struct ConvJob {
+    x: Tensor,
+    w: Tensor,
+    b: Option<Tensor>,
+    cs: ConvShape,
+    /// [row, outputs, N, C, M, cg, mg, has_bias, geometry]
+    params: Vec<u32>,
+    /// output elements
+    n: usize,
+}
+
+impl ConvJob {
+    fn gemm(&self) -> bool {
+        let (cg, mg) = (self.cs.c / self.cs.group, self.cs.m / self.cs.group);
+        mg >= GEMM_MIN_CHANNELS && cg > 0
+    }
+}
+
+impl Producer for ConvJob {
+    fn bindings(&self) -> usize {
+        if self.gemm() {
+            6
+        } else {
+            5
+        }
+    }
+
+    fn run(&self, gpu: &Gpu, y: &wgpu::Buffer, epi: Option<&Epilogue>) -> Result<()> {
+        let xb = dev_buf(&self.x)?.raw();
+        let wb = dev_buf(&self.w)?.raw();
+        // the weights stand in for an absent bias (never read)
+        let bias = match &self.b {
+            Some(b) => dev_buf(b)?.raw(),
+            None => wb,
+        };
+        let mut params = self.params.clone();
+        if self.gemm() {
+            return conv_gemm(gpu, &self.cs, params, xb, wb, bias, y, epi);
+        }
+        let e = epilogue(epi, 5, params.len())?;
+        params.extend(&e.params);
+        let pipe = gpu.pipeline(&format!("conv:direct:{}", e.key), || {
+            direct_conv_shader(&e.wgsl)
+        })?;
+        let mut bufs = vec![xb, wb, bias, y];
+        bufs.extend(&e.bufs);
+        gpu.dispatch(&pipe, &mut params, &bufs, self.n as u64, WG)
+    }
+}
+
 /// The implicit-GEMM convolution: per group, Y[mg, N*P] = W[mg, K] x im2col(X)[K, N*P].
+#[allow(clippy::too_many_arguments)]
 fn conv_gemm(
     gpu: &Gpu,
     cs: &ConvShape,
@@ -689,6 +739,7 @@ fn conv_gemm(
     w: &wgpu::Buffer,
     bias: &wgpu::Buffer,
     y: &wgpu::Buffer,
+    epi: Option<&Epilogue>,
 ) -> Result<()> {
     let g = &cs.g;
     let (cg, mg) = (cs.c / cs.group, cs.m / cs.group);
@@ -721,10 +772,16 @@ fn conv_gemm(
     params[2] = word(kdim, "a Conv reduction")?;
     params.push(0);
     let first = params.len() - 1;
+    let EpiParts {
+        wgsl,
+        key,
+        params: eparams,
+        bufs: ebufs,
+    } = epilogue(epi, 6, params.len())?;
+    params.extend(eparams);
     let kbytes: &[u8] = bytemuck::cast_slice(&ktab);
-    let kbuf = gpu.buffer(kbytes.len() as u64, "a Conv offset table")?;
-    gpu.queue.write_buffer(kbuf.raw(), 0, kbytes);
-    let pipe = gpu.pipeline("conv:gemm", gemm_conv_shader)?;
+    let kbuf = gpu.table(kbytes, "a Conv offset table")?;
+    let pipe = gpu.pipeline(&format!("conv:gemm:{key}"), || gemm_conv_shader(&wgsl))?;
     let max = gpu.limits.max_compute_workgroups_per_dimension as usize;
     let tiles = cols.div_ceil(TILE);
     let rows = word(mg.div_ceil(TILE), "a Conv tile count")?;
@@ -733,12 +790,9 @@ fn conv_gemm(
     while t0 < tiles {
         let nt = (tiles - t0).min(max);
         params[first] = word(t0 * TILE, "a Conv column")?;
-        gpu.dispatch_grid(
-            &pipe,
-            &params,
-            &[kbuf.raw(), x, w, bias, y],
-            [nt as u32, rows, groups],
-        )?;
+        let mut bufs = vec![kbuf.raw(), x, w, bias, y];
+        bufs.extend(&ebufs);
+        gpu.dispatch_grid(&pipe, &params, &bufs, [nt as u32, rows, groups])?;
         t0 += nt;
     }
     Ok(())

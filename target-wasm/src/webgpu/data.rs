@@ -340,9 +340,7 @@ fn build_gather(node: &Node) -> Result<Exec> {
         if y.is_empty() {
             return out1(y);
         }
-        let ib = gpu.buffer(fixed.len() as u64 * 4, "Gather indices")?;
-        gpu.queue
-            .write_buffer(ib.raw(), 0, bytemuck::cast_slice(&fixed));
+        let ib = gpu.table(bytemuck::cast_slice(&fixed), "Gather indices")?;
         let n = y.len();
         let mut p = vec![
             0,

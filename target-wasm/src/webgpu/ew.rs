@@ -89,8 +89,162 @@ fn shift(expr: &str, by: usize) -> String {
     out
 }
 
-/// Computes a pending expression into `out` (one dispatch).
+/// An element-wise chain applied inside another kernel as it stores each value: `expr` (WGSL,
+/// `pv` the kernel's value, `v0..` the other leaves' elements) over the output's shape.
+pub(crate) struct Epilogue {
+    shape: Vec<usize>,
+    leaves: Vec<(Tensor, Vec<u32>)>,
+    funcs: String,
+    expr: String,
+}
+
+impl Epilogue {
+    /// The pipeline-cache key part.
+    fn key(&self) -> String {
+        format!("{}:{}:{}", self.leaves.len(), self.expr, self.funcs)
+    }
+
+    /// Parameter words (read from word `base` on): [0, n, rank, dims.., leaf strides..].
+    fn params(&self) -> Result<Vec<u32>> {
+        let mut v = vec![0, numel_u32(&self.shape)?, self.shape.len() as u32];
+        v.extend(self.shape.iter().map(|&d| d as u32));
+        for (_, st) in &self.leaves {
+            v.extend(st);
+        }
+        Ok(v)
+    }
+}
+
+fn numel_u32(shape: &[usize]) -> Result<u32> {
+    u32::try_from(shape.iter().product::<usize>())
+        .map_err(|_| Error::Other("tensor too large".into()))
+}
+
+/// A kernel's epilogue: the WGSL (bindings from `first`, parameters from word `base`, and `fn
+/// epi(pv: f32, i: u32) -> f32`), its cache key, parameter words and buffers. With no chain it
+/// is the identity.
+pub(crate) struct EpiParts<'a> {
+    pub wgsl: String,
+    pub key: String,
+    pub params: Vec<u32>,
+    pub bufs: Vec<&'a wgpu::Buffer>,
+}
+
+pub(crate) fn epilogue<'a>(
+    epi: Option<&'a Epilogue>,
+    first: u32,
+    base: usize,
+) -> Result<EpiParts<'a>> {
+    let Some(e) = epi else {
+        return Ok(EpiParts {
+            wgsl: "fn epi(pv: f32, i: u32) -> f32 { return pv; }\n".into(),
+            key: "id".into(),
+            params: Vec::new(),
+            bufs: Vec::new(),
+        });
+    };
+    let m = e.leaves.len();
+    let mut w = String::new();
+    for k in 0..m {
+        w.push_str(&format!(
+            "@group(0) @binding({}) var<storage, read> ex{k}: array<f32>;\n",
+            first + k as u32
+        ));
+    }
+    w.push_str(ERF);
+    w.push_str(&e.funcs);
+    w.push_str("\nfn epi(pv: f32, i: u32) -> f32 {\n");
+    if m > 0 {
+        w.push_str(&offsets_code_at(m, base));
+        for k in 0..m {
+            w.push_str(&format!("  let v{k} = ex{k}[o{k}];\n"));
+        }
+    }
+    w.push_str(&format!("  return {};\n}}\n", e.expr));
+    let mut bufs = Vec::with_capacity(m);
+    for (t, _) in &e.leaves {
+        bufs.push(dev_buf(t)?.raw());
+    }
+    Ok(EpiParts {
+        wgsl: w,
+        key: format!("{base}:{}", e.key()),
+        params: e.params()?,
+        bufs,
+    })
+}
+
+/// The leaf of `p` a producer kernel can compute with the rest of `p` as its epilogue: one
+/// whose buffer is still to be produced, read element for element (same shape, no broadcast),
+/// and referenced by nothing but this expression (so it is never needed on its own). Returns
+/// the producer and the epilogue.
+fn fusable(gpu: &Gpu, p: &Pending) -> Option<(std::sync::Arc<dyn super::Producer>, Epilogue)> {
+    let own = bcast_strides(&p.shape, &p.shape);
+    let numel: usize = p.shape.iter().product();
+    for (t, _) in &p.leaves {
+        let arc = t.device_buffer()?;
+        let b = dev_buf(t).ok()?;
+        if !b.has_producer() || t.len() != numel || t.dtype() != DataType::Float {
+            continue;
+        }
+        // every use of this buffer in the expression must read it element for element
+        let uses: Vec<usize> = p
+            .leaves
+            .iter()
+            .enumerate()
+            .filter(|(_, (u, _))| {
+                u.device_buffer()
+                    .is_some_and(|ua| std::sync::Arc::ptr_eq(ua, arc))
+            })
+            .map(|(k, _)| k)
+            .collect();
+        if uses.iter().any(|&k| p.leaves[k].1 != own)
+            || std::sync::Arc::strong_count(arc) != uses.len()
+        {
+            continue;
+        }
+        let rest = p.leaves.len() - uses.len();
+        let slots = gpu.limits.max_storage_buffers_per_shader_stage as usize;
+        // the producer's own bindings plus the epilogue's must fit
+        let k = b.take_producer()?;
+        if k.bindings() + rest > slots {
+            *b.producer.lock().unwrap() = Some(k);
+            continue;
+        }
+        let mut expr = p.expr.clone();
+        let mut leaves = Vec::with_capacity(rest);
+        let mut names = vec![String::new(); p.leaves.len()];
+        for (k, (lt, ls)) in p.leaves.iter().enumerate() {
+            if uses.contains(&k) {
+                names[k] = "pv".into();
+            } else {
+                names[k] = format!("v{}", leaves.len());
+                leaves.push((lt.clone(), ls.clone()));
+            }
+        }
+        for k in (0..p.leaves.len()).rev() {
+            expr = expr.replace(&format!("${k}"), &names[k]);
+        }
+        let funcs = p.funcs.values().cloned().collect::<Vec<_>>().join("\n");
+        return Some((
+            k,
+            Epilogue {
+                shape: p.shape.clone(),
+                leaves,
+                funcs,
+                expr,
+            },
+        ));
+    }
+    None
+}
+
+/// Computes a pending expression into `out` (one dispatch): inside the kernel that produces
+/// one of its leaves when that can be fused, on its own otherwise.
 pub(crate) fn materialize(gpu: &Gpu, out: &wgpu::Buffer, p: Pending) -> Result<()> {
+    if let Some((k, epi)) = fusable(gpu, &p) {
+        // the fused leaf's buffer is released with `p`
+        return k.run(gpu, out, Some(&epi));
+    }
     let n_leaves = p.leaves.len();
     let dims: &[usize] = &p.shape;
     if dims.len() > MAX_RANK {
@@ -389,14 +543,20 @@ fn bcast_params(out: &[usize], ins: &[&[usize]]) -> Result<Vec<u32>> {
 
 /// WGSL that turns flat output index `i` into the offsets `o0..` of each broadcast input.
 fn offsets_code(inputs: usize) -> String {
-    let mut s = String::from("  let r = p[2];\n  var rem = i;\n");
+    offsets_code_at(inputs, 0)
+}
+
+/// [`offsets_code`] over parameters laid out from word `base` ([0, n, rank, dims.., strides..]).
+fn offsets_code_at(inputs: usize, base: usize) -> String {
+    let mut s = format!("  let r = p[{}u];\n  var rem = i;\n", base + 2);
     for k in 0..inputs {
         s.push_str(&format!("  var o{k} = 0u;\n"));
     }
-    s.push_str("  for (var d = r; d > 0u; d--) {\n    let dim = p[2u + d];\n    let c = rem % dim;\n    rem = rem / dim;\n");
+    s.push_str(&format!("  for (var d = r; d > 0u; d--) {{\n    let dim = p[{}u + d];\n    let c = rem % dim;\n    rem = rem / dim;\n", base + 2));
     for k in 0..inputs {
         s.push_str(&format!(
-            "    o{k} += c * p[3u + r * {} + d - 1u];\n",
+            "    o{k} += c * p[{}u + r * {} + d - 1u];\n",
+            base + 3,
             k + 1
         ));
     }

@@ -3,12 +3,25 @@
 //! the output, each invocation a 4x4 register tile, over K in steps of 16 staged through
 //! workgroup memory. Operands are read through strides, so transposes cost nothing; per-batch
 //! offsets come from a small table, so broadcast batch dimensions cost nothing either.
+//!
+//! With at most [`GEMV_ROWS`] rows (a decode step, a classifier head, a squeeze-excite block)
+//! a matrix-vector kernel runs instead: a 64x64 tile would leave all but a row of its work
+//! idle. Each workgroup takes 16 columns and splits K over 16 lanes.
+//!
+//! Both run lazily as a [`Producer`]: an element-wise chain that reads the product (bias,
+//! activation, residual) becomes the kernel's epilogue, so `MatMul -> Add -> Relu` is one
+//! dispatch.
 
 use nxrt_core::ir::Node;
 use nxrt_core::kernels::{broadcast_shapes, opt_tensor_in};
-use nxrt_core::{DataType, Error, Result};
+use nxrt_core::{Error, Result};
 
-use super::{dev_buf, dev_in, out1, Exec, Gpu, OpDef};
+use std::sync::Arc;
+
+use nxrt_core::Tensor;
+
+use super::ew::{epilogue, Epilogue};
+use super::{dev_buf, dev_in, out1, Exec, Gpu, OpDef, Producer};
 
 pub(crate) const OPS: &[OpDef] = &[
     OpDef {
@@ -30,8 +43,14 @@ pub(crate) const OPS: &[OpDef] = &[
 /// Tile edge (outputs) and K step.
 const TILE: u32 = 64;
 
+/// Rows up to which the matrix-vector kernel runs.
+const GEMV_ROWS: usize = 4;
+
+/// Parameter words before the epilogue's.
+const PARAMS: usize = 13;
+
 /// Params: [0, M, N, K, sam, sak, sbk, sbn, scm, scn, has_c, alpha, beta]; offsets table:
-/// per batch (a offset, b offset, c offset).
+/// per batch (a offset, b offset, c offset). `EPI` is the epilogue (bindings from 6).
 const SHADER: &str = "
 @group(0) @binding(0) var<storage, read> p: array<u32>;
 @group(0) @binding(1) var<storage, read> offs: array<u32>;
@@ -40,6 +59,7 @@ const SHADER: &str = "
 @group(0) @binding(4) var<storage, read> c: array<f32>;
 @group(0) @binding(5) var<storage, read_write> y: array<f32>;
 
+EPI
 var<workgroup> ta: array<array<f32, 16>, 64>;
 var<workgroup> tb: array<array<f32, 64>, 16>;
 
@@ -96,13 +116,69 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
       if (col >= N) { continue; }
       var v = alpha * acc[q][s];
       if (p[10] != 0u) { v += beta * c[co + r * p[8] + col * p[9]]; }
-      y[yo + r * N + col] = v;
+      let o = yo + r * N + col;
+      y[o] = epi(v, o);
     }
   }
 }
 ";
 
-struct Mm<'a> {
+/// The matrix-vector kernel (M <= 4): a workgroup computes 16 columns of every row, its 16
+/// lanes each summing every 16th K, then adding up through workgroup memory. `KX` (0 or 1):
+/// whether lanes run along `lid.x` (B read along K, a transposed B) or columns do. Same
+/// params, table and bindings as the tiled kernel.
+const GEMV: &str = "
+@group(0) @binding(0) var<storage, read> p: array<u32>;
+@group(0) @binding(1) var<storage, read> offs: array<u32>;
+@group(0) @binding(2) var<storage, read> a: array<f32>;
+@group(0) @binding(3) var<storage, read> b: array<f32>;
+@group(0) @binding(4) var<storage, read> c: array<f32>;
+@group(0) @binding(5) var<storage, read_write> y: array<f32>;
+EPI
+var<workgroup> part: array<f32, 1024>;
+
+@compute @workgroup_size(16, 16)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
+  let M = p[1]; let N = p[2]; let K = p[3];
+  let sam = p[4]; let sak = p[5]; let sbk = p[6]; let sbn = p[7];
+  let kx = KXu != 0u;
+  let cl = select(lid.x, lid.y, kx);
+  let lane = select(lid.y, lid.x, kx);
+  let col = wid.x * 16u + cl;
+  let bi = wid.z;
+  let ao = offs[bi * 3u];
+  let bo = offs[bi * 3u + 1u];
+  var acc: array<f32, 4>;
+  if (col < N) {
+    for (var k = lane; k < K; k += 16u) {
+      let bv = b[bo + k * sbk + col * sbn];
+      for (var q = 0u; q < 4u; q++) {
+        if (q < M) { acc[q] = fma(a[ao + q * sam + k * sak], bv, acc[q]); }
+      }
+    }
+  }
+  for (var q = 0u; q < 4u; q++) {
+    part[(q * 16u + lane) * 16u + cl] = acc[q];
+  }
+  workgroupBarrier();
+  if (lane != 0u || col >= N) { return; }
+  let alpha = bitcast<f32>(p[11]);
+  let beta = bitcast<f32>(p[12]);
+  let co = offs[bi * 3u + 2u];
+  let yo = bi * M * N;
+  for (var q = 0u; q < M; q++) {
+    var s = 0.0;
+    for (var l = 0u; l < 16u; l++) { s += part[(q * 16u + l) * 16u + cl]; }
+    var v = alpha * s;
+    if (p[10] != 0u) { v += beta * c[co + q * p[8] + col * p[9]]; }
+    let o = yo + q * N + col;
+    y[o] = epi(v, o);
+  }
+}
+";
+
+/// One MatMul/Gemm call, run lazily ([`Producer`]).
+struct Mm {
     m: usize,
     n: usize,
     k: usize,
@@ -111,57 +187,86 @@ struct Mm<'a> {
     sb: (usize, usize),
     /// per batch: (a, b, c) element offsets
     offs: Vec<u32>,
-    c: Option<(&'a wgpu::Buffer, usize, usize)>,
+    a: Tensor,
+    b: Tensor,
+    /// C and its strides over (m, n)
+    c: Option<(Tensor, usize, usize)>,
     alpha: f32,
     beta: f32,
 }
 
-fn run(gpu: &Gpu, mm: Mm<'_>, a: &wgpu::Buffer, b: &wgpu::Buffer, y: &wgpu::Buffer) -> Result<()> {
-    let batch = mm.offs.len() / 3;
-    if mm.m == 0 || mm.n == 0 || batch == 0 {
-        return Ok(());
+impl Producer for Mm {
+    fn bindings(&self) -> usize {
+        6
     }
-    let pipe = gpu.pipeline("matmul", || SHADER.to_string())?;
-    let offs_words: &[u8] = bytemuck::cast_slice(&mm.offs);
-    let offs = gpu.buffer(offs_words.len() as u64, "a MatMul batch table")?;
-    gpu.queue.write_buffer(offs.raw(), 0, offs_words);
-    let u = |v: usize| -> Result<u32> {
-        u32::try_from(v).map_err(|_| Error::Other(format!("MatMul dimension {v} is too large")))
-    };
-    let (c_buf, scm, scn, has_c) = match mm.c {
-        Some((cb, sm, sn)) => (cb, sm, sn, 1),
-        None => (y, 0, 0, 0),
-    };
-    let params = [
-        0,
-        u(mm.m)?,
-        u(mm.n)?,
-        u(mm.k)?,
-        u(mm.sa.0)?,
-        u(mm.sa.1)?,
-        u(mm.sb.0)?,
-        u(mm.sb.1)?,
-        u(scm)?,
-        u(scn)?,
-        has_c,
-        mm.alpha.to_bits(),
-        mm.beta.to_bits(),
-    ];
-    // the output doubles as a dummy C binding when there is none: it must not alias a
-    // read-write binding, so bind A in its place
-    let c_bind = if has_c == 1 { c_buf } else { a };
-    let grid = [
-        u(mm.n.div_ceil(TILE as usize))?,
-        u(mm.m.div_ceil(TILE as usize))?,
-        u(batch)?,
-    ];
-    gpu.dispatch_grid(&pipe, &params, &[offs.raw(), a, b, c_bind, y], grid)
+
+    fn run(&self, gpu: &Gpu, y: &wgpu::Buffer, epi: Option<&Epilogue>) -> Result<()> {
+        let mm = self;
+        let batch = mm.offs.len() / 3;
+        if mm.m == 0 || mm.n == 0 || batch == 0 {
+            return Ok(());
+        }
+        let (a, b) = (dev_buf(&mm.a)?.raw(), dev_buf(&mm.b)?.raw());
+        let u = |v: usize| -> Result<u32> {
+            u32::try_from(v).map_err(|_| Error::Other(format!("MatMul dimension {v} is too large")))
+        };
+        let (c_buf, scm, scn, has_c) = match &mm.c {
+            Some((ct, sm, sn)) => (Some(dev_buf(ct)?.raw()), *sm, *sn, 1),
+            None => (None, 0, 0, 0),
+        };
+        let e = epilogue(epi, 6, PARAMS)?;
+        let gemv = mm.m <= GEMV_ROWS;
+        let kx = u32::from(mm.sb.0 == 1 && mm.sb.1 != 1);
+        let key = if gemv {
+            format!("matmul:gemv{kx}:{}", e.key)
+        } else {
+            format!("matmul:{}", e.key)
+        };
+        let pipe = gpu.pipeline(&key, || {
+            if gemv {
+                GEMV.replace("EPI", &e.wgsl).replace("KX", &kx.to_string())
+            } else {
+                SHADER.replace("EPI", &e.wgsl)
+            }
+        })?;
+        let offs_words: &[u8] = bytemuck::cast_slice(&mm.offs);
+        let offs = gpu.table(offs_words, "a MatMul batch table")?;
+        let mut params = vec![
+            0,
+            u(mm.m)?,
+            u(mm.n)?,
+            u(mm.k)?,
+            u(mm.sa.0)?,
+            u(mm.sa.1)?,
+            u(mm.sb.0)?,
+            u(mm.sb.1)?,
+            u(scm)?,
+            u(scn)?,
+            has_c,
+            mm.alpha.to_bits(),
+            mm.beta.to_bits(),
+        ];
+        params.extend(&e.params);
+        // with no C, A stands in for the binding (never read; it must not alias the
+        // read-write output)
+        let c_bind = c_buf.unwrap_or(a);
+        let tile = if gemv { 16 } else { TILE as usize };
+        let rows = if gemv {
+            1
+        } else {
+            mm.m.div_ceil(TILE as usize)
+        };
+        let grid = [u(mm.n.div_ceil(tile))?, u(rows)?, u(batch)?];
+        let mut bufs = vec![offs.raw(), a, b, c_bind, y];
+        bufs.extend(e.bufs);
+        gpu.dispatch_grid(&pipe, &params, &bufs, grid)
+    }
 }
 
 fn build_matmul(_node: &Node) -> Result<Exec> {
     Ok(Box::new(|gpu: &Gpu, inputs| {
-        let (a, ab) = dev_in(inputs, 0)?;
-        let (b, bb) = dev_in(inputs, 1)?;
+        let (a, _) = dev_in(inputs, 0)?;
+        let (b, _) = dev_in(inputs, 1)?;
         let (mut ash, mut bsh) = (a.shape().to_vec(), b.shape().to_vec());
         if ash.is_empty() || bsh.is_empty() {
             return Err(Error::Other("MatMul of a scalar".into()));
@@ -207,7 +312,6 @@ fn build_matmul(_node: &Node) -> Result<Exec> {
         if !b1 {
             out.push(n);
         }
-        let (y, yb) = gpu.alloc(DataType::Float, &out)?;
         let mm = Mm {
             m,
             n,
@@ -215,12 +319,13 @@ fn build_matmul(_node: &Node) -> Result<Exec> {
             sa: (k, 1),
             sb: (n, 1),
             offs,
+            a: a.clone(),
+            b: b.clone(),
             c: None,
             alpha: 1.0,
             beta: 0.0,
         };
-        run(gpu, mm, ab.raw(), bb.raw(), yb.raw())?;
-        out1(y)
+        out1(gpu.alloc_produced(&out, Arc::new(mm))?)
     }))
 }
 
@@ -230,8 +335,8 @@ fn build_gemm(node: &Node) -> Result<Exec> {
     let alpha = node.get_f("alpha", 1.0)?;
     let beta = node.get_f("beta", 1.0)?;
     Ok(Box::new(move |gpu: &Gpu, inputs| {
-        let (a, ab) = dev_in(inputs, 0)?;
-        let (b, bb) = dev_in(inputs, 1)?;
+        let (a, _) = dev_in(inputs, 0)?;
+        let (b, _) = dev_in(inputs, 1)?;
         if a.rank() != 2 || b.rank() != 2 {
             return Err(Error::Shape("Gemm takes 2-D A and B".into()));
         }
@@ -267,11 +372,11 @@ fn build_gemm(node: &Node) -> Result<Exec> {
                 }
                 let scm = if cs2[0] == 1 { 0 } else { cs2[1] };
                 let scn = usize::from(cs2[1] != 1);
-                Some((dev_buf(c)?.raw(), scm, scn))
+                dev_buf(c)?;
+                Some((c.clone(), scm, scn))
             }
             _ => None,
         };
-        let (y, yb) = gpu.alloc(DataType::Float, &[m, n])?;
         let sa = if ta { (1, m) } else { (k, 1) };
         let sb = if tb { (1, k) } else { (n, 1) };
         let mm = Mm {
@@ -281,11 +386,12 @@ fn build_gemm(node: &Node) -> Result<Exec> {
             sa,
             sb,
             offs: vec![0, 0, 0],
+            a: a.clone(),
+            b: b.clone(),
             c,
             alpha,
             beta,
         };
-        run(gpu, mm, ab.raw(), bb.raw(), yb.raw())?;
-        out1(y)
+        out1(gpu.alloc_produced(&[m, n], Arc::new(mm))?)
     }))
 }

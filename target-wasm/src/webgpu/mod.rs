@@ -7,8 +7,12 @@
 //!   comes from the provider's pool, goes back to it when its last tensor is dropped, and is
 //!   reused by later nodes and runs; `release_cached` (and `Session::release_cached`) frees the
 //!   pool, dropping the provider frees everything.
-//! - Each kernel encodes its dispatches and submits them at once; nothing waits on the GPU
-//!   until a value is read back, which is async (`download`) so a browser never blocks.
+//! - Kernels record their dispatches, copies and small table writes into one shared command
+//!   encoder ([`Batch`]); it is submitted every [`BATCH_DISPATCHES`] dispatches, before a
+//!   read-back and before a large upload, so a model run costs a handful of submits, not one
+//!   per kernel. Kernel parameters live in one staging arena per batch, written with the
+//!   submit. Nothing waits on the GPU until a value is read back, which is async (`download`)
+//!   so a browser never blocks.
 //! - The adapter's limits are read once: a tensor larger than `maxStorageBufferBindingSize` or
 //!   a dispatch larger than `maxComputeWorkgroupsPerDimension` in two dimensions is a clear error
 //!   before anything is submitted; one-dimensional work over more groups than one dimension
@@ -97,6 +101,8 @@ pub struct Gpu {
     id: u16,
     pool: Mutex<HashMap<u64, Vec<wgpu::Buffer>>>,
     pipelines: Mutex<HashMap<String, Arc<wgpu::ComputePipeline>>>,
+    /// The commands recorded since the last submit.
+    batch: Mutex<Batch>,
     /// First uncaptured error since the last check (validation, out of memory).
     error: Arc<Mutex<Option<String>>>,
     /// Set once the device is lost; sticky.
@@ -107,7 +113,24 @@ pub struct Gpu {
     dispatches: AtomicU64,
     uploads: AtomicU64,
     downloads: AtomicU64,
+    submits: AtomicU64,
     me: Weak<Gpu>,
+}
+
+/// Dispatches recorded before the batch is submitted (a real GPU starts on the first ones
+/// while later ones are still being recorded).
+pub const BATCH_DISPATCHES: u32 = 32;
+/// Bytes of the per-batch staging arena (kernel parameters and small table writes).
+const ARENA_BYTES: u64 = 256 * 1024;
+
+/// Commands recorded but not submitted yet, and the arena bytes they read.
+struct Batch {
+    enc: Option<wgpu::CommandEncoder>,
+    dispatches: u32,
+    /// The arena's contents for this batch (written to `arena` just before the submit; the
+    /// queue orders that write after every earlier submit, so one buffer serves every batch).
+    staged: Vec<u8>,
+    arena: wgpu::Buffer,
 }
 
 /// Counters for tests and reports.
@@ -122,6 +145,8 @@ pub struct GpuStats {
     /// Host-to-device and device-to-host tensor copies since the provider was made.
     pub uploads: u64,
     pub downloads: u64,
+    /// Command buffers submitted to the queue.
+    pub submits: u64,
 }
 
 /// A device buffer: returns to its provider's pool when dropped.
@@ -135,6 +160,20 @@ pub struct GpuBuf {
     bytes: u64,
     gpu: Weak<Gpu>,
     pending: Mutex<Option<ew::Pending>>,
+    /// A kernel (MatMul, Gemm, Conv) whose output this is, not run yet: an element-wise chain
+    /// that is its only reader runs it with the chain as its epilogue ([`Producer`]).
+    producer: Mutex<Option<Arc<dyn Producer>>>,
+}
+
+/// A kernel that computes its output lazily and can apply an element-wise epilogue (bias,
+/// activation, residual add: any fused element-wise chain) to each value before it stores
+/// it, so `MatMul -> Add -> Gelu` or `Conv -> HardSwish` is one dispatch.
+pub(crate) trait Producer: Send + Sync {
+    /// Computes the output into `out`, `epi` applied to every element (by flat index).
+    fn run(&self, gpu: &Gpu, out: &wgpu::Buffer, epi: Option<&ew::Epilogue>) -> Result<()>;
+    /// Storage bindings the kernel takes itself, its parameters included (the epilogue's
+    /// come on top, within the adapter's limit).
+    fn bindings(&self) -> usize;
 }
 
 impl std::fmt::Debug for GpuBuf {
@@ -150,8 +189,14 @@ impl GpuBuf {
     pub(crate) fn raw(&self) -> &wgpu::Buffer {
         let buf = self.buf.as_ref().expect("a live buffer");
         let pending = self.pending.lock().unwrap().take();
-        if let (Some(p), Some(gpu)) = (pending, self.gpu.upgrade()) {
-            if let Err(e) = ew::materialize(&gpu, buf, p) {
+        let producer = self.producer.lock().unwrap().take();
+        if let Some(gpu) = self.gpu.upgrade() {
+            let r = match (pending, producer) {
+                (Some(p), _) => ew::materialize(&gpu, buf, p),
+                (None, Some(k)) => k.run(&gpu, buf, None),
+                (None, None) => Ok(()),
+            };
+            if let Err(e) = r {
                 let mut slot = gpu.error.lock().unwrap();
                 if slot.is_none() {
                     *slot = Some(e.to_string());
@@ -159,6 +204,17 @@ impl GpuBuf {
             }
         }
         buf
+    }
+
+    /// The kernel that will compute this buffer, taken: the caller runs it (with an epilogue)
+    /// into another buffer, so this one is never computed.
+    pub(crate) fn take_producer(&self) -> Option<Arc<dyn Producer>> {
+        self.producer.lock().unwrap().take()
+    }
+
+    /// Whether a kernel is waiting to compute this buffer.
+    pub(crate) fn has_producer(&self) -> bool {
+        self.producer.lock().unwrap().is_some()
     }
 
     /// The pending expression, if the contents are not computed yet (cloned).
@@ -227,11 +283,14 @@ impl Gpu {
             dispatches: self.dispatches.load(Ordering::Relaxed),
             uploads: self.uploads.load(Ordering::Relaxed),
             downloads: self.downloads.load(Ordering::Relaxed),
+            submits: self.submits.load(Ordering::Relaxed),
         }
     }
 
     /// Drops every pooled buffer.
     pub fn trim(&self) {
+        // recorded commands may still name a pooled buffer: submit them before destroying it
+        let _ = self.flush();
         let mut pool = self.pool.lock().unwrap();
         for (size, bufs) in pool.drain() {
             let n = size * bufs.len() as u64;
@@ -284,6 +343,7 @@ impl Gpu {
             bytes,
             gpu: self.me.clone(),
             pending: Mutex::new(None),
+            producer: Mutex::new(None),
         }))
     }
 
@@ -291,6 +351,15 @@ impl Gpu {
     pub(crate) fn alloc_pending(&self, shape: &[usize], p: ew::Pending) -> Result<Tensor> {
         let (t, b) = self.alloc(DataType::Float, shape)?;
         *b.pending.lock().unwrap() = Some(p);
+        Ok(t)
+    }
+
+    /// A device f32 tensor that `k` computes when first needed (or fuses into a reader).
+    pub(crate) fn alloc_produced(&self, shape: &[usize], k: Arc<dyn Producer>) -> Result<Tensor> {
+        let (t, b) = self.alloc(DataType::Float, shape)?;
+        if !t.is_empty() {
+            *b.producer.lock().unwrap() = Some(k);
+        }
         Ok(t)
     }
 
@@ -398,11 +467,18 @@ impl Gpu {
                 self.limits.max_storage_buffers_per_shader_stage
             )));
         }
-        let pbuf = self.params_buffer(params)?;
         let layout = pipe.get_bind_group_layout(0);
+        let one = [0u32];
+        let pbytes: &[u8] = bytemuck::cast_slice(if params.is_empty() { &one } else { params });
+        let mut batch = self.batch.lock().unwrap();
+        let poff = self.stage(&mut batch, pbytes)?;
         let mut entries = vec![wgpu::BindGroupEntry {
             binding: 0,
-            resource: pbuf.as_entire_binding(),
+            resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                buffer: &batch.arena,
+                offset: poff,
+                size: std::num::NonZeroU64::new(pbytes.len() as u64),
+            }),
         }];
         for (i, b) in bufs.iter().enumerate() {
             entries.push(wgpu::BindGroupEntry {
@@ -415,10 +491,8 @@ impl Gpu {
             layout: &layout,
             entries: &entries,
         });
-        let mut enc = self
-            .device
-            .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
         {
+            let enc = self.encoder(&mut batch);
             let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
                 label: None,
                 timestamp_writes: None,
@@ -427,30 +501,92 @@ impl Gpu {
             pass.set_bind_group(0, &bg, &[]);
             pass.dispatch_workgroups(grid[0], grid[1], grid[2]);
         }
-        self.queue.submit([enc.finish()]);
+        batch.dispatches += 1;
         self.dispatches.fetch_add(1, Ordering::Relaxed);
+        if batch.dispatches >= BATCH_DISPATCHES {
+            self.submit(&mut batch);
+        }
+        drop(batch);
         self.check()
     }
 
-    fn params_buffer(&self, params: &[u32]) -> Result<wgpu::Buffer> {
-        let one = [0u32];
-        let bytes: &[u8] = bytemuck::cast_slice(if params.is_empty() { &one } else { params });
-        let size = bytes.len() as u64;
-        let b = self.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("nxrt params"),
-            size,
-            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
-            mapped_at_creation: true,
-        });
-        b.slice(..)
-            .get_mapped_range_mut()
-            .map_err(|e| {
-                self.check()
-                    .err()
-                    .unwrap_or_else(|| gpu_err(format!("writing kernel parameters: {e}")))
-            })?
-            .copy_from_slice(bytes);
-        b.unmap();
+    /// The batch's encoder (a new one after a submit).
+    fn encoder<'b>(&self, batch: &'b mut Batch) -> &'b mut wgpu::CommandEncoder {
+        batch.enc.get_or_insert_with(|| {
+            self.device
+                .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                    label: Some("nxrt batch"),
+                })
+        })
+    }
+
+    /// Appends `bytes` to the batch's arena at an offset every binding accepts, submitting the
+    /// batch first when the arena is full; returns the offset.
+    fn stage(&self, batch: &mut Batch, bytes: &[u8]) -> Result<u64> {
+        let align = (self.limits.min_storage_buffer_offset_alignment as u64).max(4);
+        let len = (bytes.len() as u64).div_ceil(4) * 4;
+        if len > ARENA_BYTES {
+            return Err(gpu_err(format!(
+                "{len} bytes of kernel parameters exceed the {ARENA_BYTES}-byte arena"
+            )));
+        }
+        let mut off = (batch.staged.len() as u64).div_ceil(align) * align;
+        if off + len > ARENA_BYTES {
+            self.submit(batch);
+            off = 0;
+        }
+        batch.staged.resize(off as usize, 0);
+        batch.staged.extend_from_slice(bytes);
+        batch.staged.resize((off + len) as usize, 0);
+        Ok(off)
+    }
+
+    /// Submits what the batch recorded (its arena written first).
+    fn submit(&self, batch: &mut Batch) {
+        if let Some(enc) = batch.enc.take() {
+            if !batch.staged.is_empty() {
+                self.queue.write_buffer(&batch.arena, 0, &batch.staged);
+            }
+            self.queue.submit([enc.finish()]);
+            self.submits.fetch_add(1, Ordering::Relaxed);
+        }
+        batch.staged.clear();
+        batch.dispatches = 0;
+    }
+
+    /// Submits every recorded command now.
+    pub fn flush(&self) -> Result<()> {
+        self.submit(&mut self.batch.lock().unwrap());
+        self.check()
+    }
+
+    /// Writes `bytes` (a multiple of 4) into `dst` at `dst_off`, ordered after every command
+    /// recorded so far: small writes go through the arena and a recorded copy, large ones
+    /// submit the batch and write directly.
+    pub(crate) fn write(&self, dst: &wgpu::Buffer, dst_off: u64, bytes: &[u8]) -> Result<()> {
+        if bytes.is_empty() {
+            return Ok(());
+        }
+        let mut batch = self.batch.lock().unwrap();
+        if (bytes.len() as u64) * 4 <= ARENA_BYTES {
+            let off = self.stage(&mut batch, bytes)?;
+            let len = bytes.len() as u64;
+            let arena = batch.arena.clone();
+            self.encoder(&mut batch)
+                .copy_buffer_to_buffer(&arena, off, dst, dst_off, len);
+        } else {
+            self.submit(&mut batch);
+            self.queue.write_buffer(dst, dst_off, bytes);
+        }
+        drop(batch);
+        self.check()
+    }
+
+    /// A pooled device buffer holding `bytes` (kernel tables: offsets, indices), written in
+    /// order with the recorded commands.
+    pub(crate) fn table(&self, bytes: &[u8], what: &str) -> Result<Arc<GpuBuf>> {
+        let b = self.buffer(bytes.len() as u64, what)?;
+        self.write(b.raw(), 0, bytes)?;
         Ok(b)
     }
 
@@ -466,11 +602,10 @@ impl Gpu {
         if bytes == 0 {
             return Ok(());
         }
-        let mut enc = self
-            .device
-            .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
-        enc.copy_buffer_to_buffer(src, src_off, dst, dst_off, bytes);
-        self.queue.submit([enc.finish()]);
+        let mut batch = self.batch.lock().unwrap();
+        self.encoder(&mut batch)
+            .copy_buffer_to_buffer(src, src_off, dst, dst_off, bytes);
+        drop(batch);
         self.check()
     }
 
@@ -495,10 +630,7 @@ impl Gpu {
             dt => return Err(gpu_err(format!("{dt} tensors cannot be moved to the device"))),
         };
         let (out, buf) = self.alloc(t.dtype(), t.shape())?;
-        if !words.is_empty() {
-            self.queue
-                .write_buffer(buf.raw(), 0, bytemuck::cast_slice(&words));
-        }
+        self.write(buf.raw(), 0, bytemuck::cast_slice(&words))?;
         Ok(out)
     }
 
@@ -518,11 +650,13 @@ impl Gpu {
                 usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
                 mapped_at_creation: false,
             });
-            let mut enc = self
-                .device
-                .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
-            enc.copy_buffer_to_buffer(b.raw(), 0, &staging, 0, bytes);
-            self.queue.submit([enc.finish()]);
+            let src = b.raw();
+            {
+                let mut batch = self.batch.lock().unwrap();
+                self.encoder(&mut batch)
+                    .copy_buffer_to_buffer(src, 0, &staging, 0, bytes);
+                self.submit(&mut batch);
+            }
             let (tx, rx) = futures_channel::oneshot::channel();
             staging.map_async(wgpu::MapMode::Read, .., move |r| {
                 let _ = tx.send(r);
@@ -681,7 +815,22 @@ impl WebGpuProvider {
             max_compute_workgroups_per_dimension: limits.max_compute_workgroups_per_dimension,
             max_storage_buffers_per_shader_stage: limits.max_storage_buffers_per_shader_stage,
         };
+        let arena = device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("nxrt arena"),
+            size: ARENA_BYTES,
+            usage: wgpu::BufferUsages::STORAGE
+                | wgpu::BufferUsages::COPY_SRC
+                | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        let batch = Mutex::new(Batch {
+            enc: None,
+            dispatches: 0,
+            staged: Vec::new(),
+            arena,
+        });
         let gpu = Arc::new_cyclic(|me| Gpu {
+            batch,
             device,
             queue,
             limits,
@@ -696,6 +845,7 @@ impl WebGpuProvider {
             dispatches: AtomicU64::new(0),
             uploads: AtomicU64::new(0),
             downloads: AtomicU64::new(0),
+            submits: AtomicU64::new(0),
             me: me.clone(),
         });
         Ok(WebGpuProvider {
@@ -781,6 +931,7 @@ impl ExecutionProvider for WebGpuProvider {
             ("dispatches", s.dispatches),
             ("uploads", s.uploads),
             ("downloads", s.downloads),
+            ("submits", s.submits),
             ("device_bytes", s.live_bytes),
             ("pooled_bytes", s.pooled_bytes),
         ]

@@ -136,8 +136,7 @@ fn gather(
         words.push(0);
     }
     let tbytes: &[u8] = bytemuck::cast_slice(&words);
-    let tbuf = gpu.buffer(tbytes.len() as u64, "a Resize/Pad table")?;
-    gpu.queue.write_buffer(tbuf.raw(), 0, tbytes);
+    let tbuf = gpu.table(tbytes, "a Resize/Pad table")?;
     let pipe = gpu.pipeline("gather:tables", gather_shader)?;
     gpu.dispatch(
         &pipe,
