@@ -32,6 +32,11 @@ fn binary_ops_broadcast_over_odd_shapes() {
             }
             Case::new(op, vec![ft(a, k as u32), ft(b, 100 + k as u32)]).check();
         }
+        // float16 (a broadcast and an odd length)
+        if op != "PRelu" {
+            Case::new(op, vec![ft(&[3, 1, 5], 1), ft(&[3, 4, 1], 2)]).check_half();
+        }
+        Case::new(op, vec![ft(&[1031], 3), ft(&[1031], 4)]).check_half();
     }
     // Pow: non-negative bases with real exponents, negative bases with integral ones
     let base = Tensor::from_vec(&[2, 3], vec![-2.0f32, -1.5, 0.5, 3.0, -0.25, 2.0]).unwrap();
@@ -68,6 +73,7 @@ fn unary_ops_match_the_cpu() {
         "Mish",
     ] {
         Case::new(op, vec![x.clone()]).opset(20).check();
+        Case::new(op, vec![x.clone()]).opset(20).check_half();
     }
     let pos =
         Tensor::from_vec(&[131], vals(131, 3).iter().map(|v| v.abs() + 0.1).collect()).unwrap();
@@ -83,15 +89,22 @@ fn unary_ops_match_the_cpu() {
             Some(Tensor::scalar(0.75f32)),
         ])
         .check();
-    Case::new("Clip", vec![x])
+    Case::new("Clip", vec![x.clone()])
         .consts(vec![None, Some(Tensor::scalar(0.25f32))])
         .check();
+    Case::new("Clip", vec![x])
+        .consts(vec![
+            Some(Tensor::scalar(-0.5f32)),
+            Some(Tensor::scalar(0.75f32)),
+        ])
+        .check_half();
 }
 
 #[test]
 fn where_selects_with_a_broadcast_condition() {
     let c = Tensor::from_vec(&[3, 1], vec![true, false, true]).unwrap();
-    Case::new("Where", vec![c, ft(&[3, 5], 1), ft(&[5], 2)]).check();
+    Case::new("Where", vec![c.clone(), ft(&[3, 5], 1), ft(&[5], 2)]).check();
+    Case::new("Where", vec![c, ft(&[3, 5], 1), ft(&[5], 2)]).check_half();
 }
 
 #[test]
@@ -115,6 +128,13 @@ fn matmul_over_odd_sizes_and_broadcast_batches() {
         Case::new("MatMul", vec![ft(a, k as u32), ft(b, 50 + k as u32)])
             .atol(1e-4)
             .check();
+    }
+    // float16: the tiled and the matrix-vector kernel, f16 words and f32 words
+    for (k, (a, b)) in [(&[65, 17][..], &[17, 131][..]), (&[2, 37], &[37, 100])]
+        .iter()
+        .enumerate()
+    {
+        Case::new("MatMul", vec![ft(a, k as u32), ft(b, 50 + k as u32)]).check_half();
     }
 }
 

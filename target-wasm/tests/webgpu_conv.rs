@@ -125,6 +125,18 @@ fn conv_groups_and_depthwise() {
             .check();
         }
     }
+    // float16 on both paths, with bias and groups
+    for mg in MG {
+        conv_case(
+            "Conv",
+            &[2, 6, 9, 8],
+            &[2 * mg, 3, 3, 3],
+            Some(2 * mg),
+            &[ai("group", 2), ais("pads", &[1, 0, 2, 1])],
+            mg as u32,
+        )
+        .check_half();
+    }
     // depthwise (one filter per channel) and with a channel multiplier of 2 and of 17
     for (mult, bias) in [(1, false), (1, true), (2, true), (17, false)] {
         let c = 5;

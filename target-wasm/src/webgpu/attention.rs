@@ -18,6 +18,7 @@ pub(crate) const OPS: &[OpDef] = &[OpDef {
     op: "Attention",
     since: 23,
     type_input: 0,
+    half: false,
     host: &[],
     build: build_attention,
 }];

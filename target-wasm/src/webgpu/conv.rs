@@ -28,13 +28,14 @@ use std::sync::Arc;
 use nxrt_core::Tensor;
 
 use super::ew::{epilogue, EpiParts, Epilogue};
-use super::{dev_buf, dev_in, out1, shader_1d, Exec, Gpu, OpDef, Producer};
+use super::{dev_buf, dev_in, out1, shader_1d, Exec, Gpu, OpDef, Producer, Store};
 
 pub(crate) const OPS: &[OpDef] = &[
     OpDef {
         op: "Conv",
         since: 1,
         type_input: 0,
+        half: true,
         host: &[],
         build: build_conv,
     },
@@ -42,6 +43,7 @@ pub(crate) const OPS: &[OpDef] = &[
         op: "ConvTranspose",
         since: 1,
         type_input: 0,
+        half: false,
         host: &[],
         build: build_conv_transpose,
     },
@@ -49,6 +51,7 @@ pub(crate) const OPS: &[OpDef] = &[
         op: "MaxPool",
         since: 1,
         type_input: 0,
+        half: false,
         host: &[],
         build: pool::build_max_pool,
     },
@@ -56,6 +59,7 @@ pub(crate) const OPS: &[OpDef] = &[
         op: "AveragePool",
         since: 1,
         type_input: 0,
+        half: false,
         host: &[],
         build: pool::build_average_pool,
     },
@@ -63,6 +67,7 @@ pub(crate) const OPS: &[OpDef] = &[
         op: "GlobalAveragePool",
         since: 1,
         type_input: 0,
+        half: false,
         host: &[],
         build: pool::build_global_average_pool,
     },
@@ -70,6 +75,7 @@ pub(crate) const OPS: &[OpDef] = &[
         op: "GlobalMaxPool",
         since: 1,
         type_input: 0,
+        half: false,
         host: &[],
         build: pool::build_global_max_pool,
     },
@@ -77,6 +83,7 @@ pub(crate) const OPS: &[OpDef] = &[
         op: "Resize",
         since: 11,
         type_input: 0,
+        half: false,
         host: &[1, 2, 3],
         build: resize::build_resize,
     },
@@ -84,6 +91,7 @@ pub(crate) const OPS: &[OpDef] = &[
         op: "Pad",
         since: 1,
         type_input: 0,
+        half: false,
         host: &[1, 2, 3],
         build: resize::build_pad,
     },
@@ -441,10 +449,10 @@ fn group_attr(node: &Node) -> Result<usize> {
 fn direct_conv_shader(epi: &str) -> String {
     shader_1d(
         &[
-            ("x", "read", "f32"),
-            ("w", "read", "f32"),
-            ("bias", "read", "f32"),
-            ("y", "read_write", "f32"),
+            ("x", "read", "T"),
+            ("w", "read", "T"),
+            ("bias", "read", "T"),
+            ("y", "read_write", "T"),
         ],
         WG,
         epi,
@@ -460,7 +468,7 @@ fn direct_conv_shader(epi: &str) -> String {
   let in_plane = id * ih * iw;
   let kk = kd * kh * kw;
   var acc = 0.0;
-  if (p[7] != 0u) {{ acc = bias[m]; }}
+  if (p[7] != 0u) {{ acc = f32(bias[m]); }}
   let xb = (n * C + g * cg) * in_plane;
   let wb = m * cg * kk;
   let z0 = i32(oz * sd) - pd;
@@ -478,12 +486,12 @@ fn direct_conv_shader(epi: &str) -> String {
         let xo = xb + (u32(z) * ih + u32(yy)) * iw + u32(xx);
         let wo = wb + (a * kh + b) * kw + c;
         for (var ci = 0u; ci < cg; ci++) {{
-          acc = fma(x[xo + ci * in_plane], w[wo + ci * kk], acc);
+          acc = fma(f32(x[xo + ci * in_plane]), f32(w[wo + ci * kk]), acc);
         }}
       }}
     }}
   }}
-  y[i] = epi(acc, i);",
+  y[i] = st(epi(acc, i));",
             geo_prelude()
         ),
     )
@@ -496,10 +504,10 @@ fn gemm_conv_shader(epi: &str) -> String {
         "
 @group(0) @binding(0) var<storage, read> p: array<u32>;
 @group(0) @binding(1) var<storage, read> ktab: array<i32>;
-@group(0) @binding(2) var<storage, read> x: array<f32>;
-@group(0) @binding(3) var<storage, read> w: array<f32>;
-@group(0) @binding(4) var<storage, read> bias: array<f32>;
-@group(0) @binding(5) var<storage, read_write> y: array<f32>;
+@group(0) @binding(2) var<storage, read> x: array<T>;
+@group(0) @binding(3) var<storage, read> w: array<T>;
+@group(0) @binding(4) var<storage, read> bias: array<T>;
+@group(0) @binding(5) var<storage, read_write> y: array<T>;
 {epi}
 var<workgroup> ta: array<array<f32, 16>, 64>;
 var<workgroup> tb: array<array<f32, 64>, 16>;
@@ -532,7 +540,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
       let ar = e / 16u; let ac = e % 16u;
       let gr = row0 + ar; let gk = k0 + ac;
       var va = 0.0;
-      if (gr < mg && gk < K) {{ va = w[(wrow + gr) * K + gk]; }}
+      if (gr < mg && gk < K) {{ va = f32(w[(wrow + gr) * K + gk]); }}
       ta[ar][ac] = va;
       let br = e / 64u;
       let gk2 = k0 + br;
@@ -543,7 +551,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
         let yy = y0 + ktab[kt + 2u];
         let xx = x0 + ktab[kt + 3u];
         if (z >= 0 && z < i32(id) && yy >= 0 && yy < i32(ih) && xx >= 0 && xx < i32(iw)) {{
-          vb = x[u32(cbase + ktab[kt])];
+          vb = f32(x[u32(cbase + ktab[kt])]);
         }}
       }}
       tb[br][bc] = vb;
@@ -569,12 +577,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     if (r >= mg) {{ continue; }}
     let m = wrow + r;
     var b = 0.0;
-    if (p[7] != 0u) {{ b = bias[m]; }}
+    if (p[7] != 0u) {{ b = f32(bias[m]); }}
     for (var s = 0u; s < 4u; s++) {{
       let c = col0 + lid.x * 4u + s;
       if (c >= cols) {{ continue; }}
       let o = ((c / P) * M + m) * P + c % P;
-      y[o] = epi(acc[q][s] + b, o);
+      y[o] = st(epi(acc[q][s] + b, o));
     }}
   }}
 }}
@@ -650,6 +658,9 @@ fn build_conv(node: &Node) -> Result<Exec> {
         if let Some(b) = b {
             dev_buf(b)?;
         }
+        if w.dtype() != x.dtype() || b.is_some_and(|b| b.dtype() != x.dtype()) {
+            return Err(fail("Conv of mixed element types"));
+        }
         let cs = conv_shape(&sp, group, x.shape(), w.shape(), b.map(|b| b.len()))?;
         let mut shape = vec![cs.n, cs.m];
         shape.extend_from_slice(cs.g.out_dims(cs.nd));
@@ -674,7 +685,7 @@ fn build_conv(node: &Node) -> Result<Exec> {
             params,
             n,
         };
-        out1(gpu.alloc_produced(&shape, Arc::new(job))?)
+        out1(gpu.alloc_produced(x.dtype(), &shape, Arc::new(job))?)
     }))
 }
 
@@ -716,12 +727,14 @@ impl Producer for ConvJob {
         };
         let mut params = self.params.clone();
         if self.gemm() {
-            return conv_gemm(gpu, &self.cs, params, xb, wb, bias, y, epi);
+            let st = gpu.store(self.x.dtype())?;
+            return conv_gemm(gpu, &self.cs, params, [xb, wb, bias, y], st, epi);
         }
-        let e = epilogue(epi, 5, params.len())?;
+        let e = epilogue(gpu, epi, 5, params.len())?;
         params.extend(&e.params);
-        let pipe = gpu.pipeline(&format!("conv:direct:{}", e.key), || {
-            direct_conv_shader(&e.wgsl)
+        let st = gpu.store(self.x.dtype())?;
+        let pipe = gpu.pipeline(&format!("conv:direct:{}:{}", st.key(), e.key), || {
+            format!("{}{}", st.header(), direct_conv_shader(&e.wgsl))
         })?;
         let mut bufs = vec![xb, wb, bias, y];
         bufs.extend(&e.bufs);
@@ -730,15 +743,12 @@ impl Producer for ConvJob {
 }
 
 /// The implicit-GEMM convolution: per group, Y[mg, N*P] = W[mg, K] x im2col(X)[K, N*P].
-#[allow(clippy::too_many_arguments)]
 fn conv_gemm(
     gpu: &Gpu,
     cs: &ConvShape,
     mut params: Vec<u32>,
-    x: &wgpu::Buffer,
-    w: &wgpu::Buffer,
-    bias: &wgpu::Buffer,
-    y: &wgpu::Buffer,
+    [x, w, bias, y]: [&wgpu::Buffer; 4],
+    st: Store,
     epi: Option<&Epilogue>,
 ) -> Result<()> {
     let g = &cs.g;
@@ -777,11 +787,13 @@ fn conv_gemm(
         key,
         params: eparams,
         bufs: ebufs,
-    } = epilogue(epi, 6, params.len())?;
+    } = epilogue(gpu, epi, 6, params.len())?;
     params.extend(eparams);
     let kbytes: &[u8] = bytemuck::cast_slice(&ktab);
     let kbuf = gpu.table(kbytes, "a Conv offset table")?;
-    let pipe = gpu.pipeline(&format!("conv:gemm:{key}"), || gemm_conv_shader(&wgsl))?;
+    let pipe = gpu.pipeline(&format!("conv:gemm:{}:{key}", st.key()), || {
+        format!("{}{}", st.header(), gemm_conv_shader(&wgsl))
+    })?;
     let max = gpu.limits.max_compute_workgroups_per_dimension as usize;
     let tiles = cols.div_ceil(TILE);
     let rows = word(mg.div_ceil(TILE), "a Conv tile count")?;

@@ -14,7 +14,9 @@ use nxrt_core::ir::Node;
 use nxrt_core::kernels::{broadcast_shapes, tensor_in};
 use nxrt_core::{DataType, Error, Result, Tensor};
 
-use super::{dev_buf, dev_in, host_f32, out1, shader_1d, view_of, Exec, Gpu, OpDef};
+use super::{
+    dev_buf, dev_in, enable_for, host_f32, out1, shader_1d, view_of, Exec, Gpu, OpDef, Store,
+};
 
 /// Leaves one fused dispatch reads at most (plus params and output: within the 8 storage
 /// bindings every adapter has).
@@ -27,6 +29,8 @@ const MAX_EXPR: usize = 4000;
 /// result's shape (0 where it broadcasts); `funcs` are the WGSL functions `expr` calls, by name.
 #[derive(Clone)]
 pub(crate) struct Pending {
+    /// The result's element type (float32 or float16; the leaves may differ).
+    dtype: DataType,
     shape: Vec<usize>,
     leaves: Vec<(Tensor, Vec<u32>)>,
     funcs: BTreeMap<String, String>,
@@ -131,6 +135,7 @@ pub(crate) struct EpiParts<'a> {
 }
 
 pub(crate) fn epilogue<'a>(
+    gpu: &Gpu,
     epi: Option<&'a Epilogue>,
     first: u32,
     base: usize,
@@ -145,10 +150,11 @@ pub(crate) fn epilogue<'a>(
     };
     let m = e.leaves.len();
     let mut w = String::new();
-    for k in 0..m {
+    for (k, (t, _)) in e.leaves.iter().enumerate() {
         w.push_str(&format!(
-            "@group(0) @binding({}) var<storage, read> ex{k}: array<f32>;\n",
-            first + k as u32
+            "@group(0) @binding({}) var<storage, read> ex{k}: array<{}>;\n",
+            first + k as u32,
+            leaf_ty(gpu, t)?
         ));
     }
     w.push_str(ERF);
@@ -157,7 +163,7 @@ pub(crate) fn epilogue<'a>(
     if m > 0 {
         w.push_str(&offsets_code_at(m, base));
         for k in 0..m {
-            w.push_str(&format!("  let v{k} = ex{k}[o{k}];\n"));
+            w.push_str(&format!("  let v{k} = f32(ex{k}[o{k}]);\n"));
         }
     }
     w.push_str(&format!("  return {};\n}}\n", e.expr));
@@ -165,12 +171,27 @@ pub(crate) fn epilogue<'a>(
     for (t, _) in &e.leaves {
         bufs.push(dev_buf(t)?.raw());
     }
+    let tys: Vec<&str> = e
+        .leaves
+        .iter()
+        .map(|(t, _)| leaf_ty(gpu, t))
+        .collect::<Result<_>>()?;
     Ok(EpiParts {
         wgsl: w,
-        key: format!("{base}:{}", e.key()),
+        key: format!("{base}:{}:{}", tys.join(","), e.key()),
         params: e.params()?,
         bufs,
     })
+}
+
+/// The WGSL storage type of a leaf (float, or a 32-bit word for the integer types).
+fn leaf_ty(gpu: &Gpu, t: &Tensor) -> Result<&'static str> {
+    match t.dtype() {
+        DataType::Float | DataType::Float16 => Ok(gpu.store(t.dtype())?.ty()),
+        dt => Err(Error::Other(format!(
+            "the WebGPU element-wise kernels read float tensors, not {dt}"
+        ))),
+    }
 }
 
 /// The leaf of `p` a producer kernel can compute with the rest of `p` as its epilogue: one
@@ -183,7 +204,11 @@ fn fusable(gpu: &Gpu, p: &Pending) -> Option<(std::sync::Arc<dyn super::Producer
     for (t, _) in &p.leaves {
         let arc = t.device_buffer()?;
         let b = dev_buf(t).ok()?;
-        if !b.has_producer() || t.len() != numel || t.dtype() != DataType::Float {
+        // the producer's module declares one storage type: every leaf must share it
+        if !b.has_producer()
+            || t.len() != numel
+            || p.leaves.iter().any(|(u, _)| u.dtype() != t.dtype())
+        {
             continue;
         }
         // every use of this buffer in the expression must read it element for element
@@ -273,21 +298,46 @@ pub(crate) fn materialize(gpu: &Gpu, out: &wgpu::Buffer, p: Pending) -> Result<(
     }
     let funcs: String = p.funcs.values().cloned().collect::<Vec<_>>().join("\n");
     let key = format!("fused:{n_leaves}:{expr}:{funcs}");
+    let out_store = gpu.store(p.dtype)?;
+    let tys: Vec<&str> = p
+        .leaves
+        .iter()
+        .map(|(t, _)| leaf_ty(gpu, t))
+        .collect::<Result<_>>()?;
+    let key = format!("{key}:{}:{}", out_store.key(), tys.join(","));
     let pipe = gpu.pipeline(&key, || {
         let mut decl: Vec<(String, &str, &str)> = (0..n_leaves)
-            .map(|k| (format!("x{k}"), "read", "f32"))
+            .map(|k| (format!("x{k}"), "read", tys[k]))
             .collect();
-        decl.push(("y".into(), "read_write", "f32"));
+        decl.push(("y".into(), "read_write", "T"));
         let decl_ref: Vec<(&str, &str, &str)> =
             decl.iter().map(|(a, b, c)| (a.as_str(), *b, *c)).collect();
         let mut body = format!("  if (i >= p[1]) {{ return; }}\n{}", offsets_code(n_leaves));
         for k in 0..n_leaves {
-            body.push_str(&format!("  let v{k} = x{k}[o{k}];\n"));
+            body.push_str(&format!("  let v{k} = f32(x{k}[o{k}]);\n"));
         }
-        body.push_str(&format!("  y[i] = {expr};"));
-        shader_1d(&decl_ref, WG, &format!("{ERF}\n{funcs}\n"), &body)
+        body.push_str(&format!("  y[i] = st({expr});"));
+        let leaf_stores: Vec<Store> = p
+            .leaves
+            .iter()
+            .filter_map(|(t, _)| gpu.store(t.dtype()).ok())
+            .chain([out_store])
+            .collect();
+        format!(
+            "{}{}",
+            headers(&leaf_stores, out_store),
+            shader_1d(&decl_ref, WG, &format!("{ERF}\n{funcs}\n"), &body)
+        )
     })?;
     gpu.dispatch(&pipe, &mut params, &bufs, n as u64, WG)
+}
+
+/// The module header for a kernel storing `out` and reading `stores`: `enable f16;` when any
+/// is f16, then `alias T` and `st` of `out`.
+pub(crate) fn headers(stores: &[Store], out: Store) -> String {
+    let h = out.header();
+    let h = h.strip_prefix("enable f16;\n").unwrap_or(h);
+    format!("{}{h}", enable_for(stores))
 }
 
 const WG: u32 = 256;
@@ -296,7 +346,7 @@ pub(crate) const MAX_RANK: usize = 8;
 
 macro_rules! unary {
     ($($op:literal, $since:literal;)*) => {
-        &[$(OpDef { op: $op, since: $since, type_input: 0, host: &[], build: build_unary },)*]
+        &[$(OpDef { op: $op, since: $since, type_input: 0, half: true, host: &[], build: build_unary },)*]
     };
 }
 
@@ -305,6 +355,7 @@ pub(crate) const OPS: &[OpDef] = &[
         op: "Add",
         since: 7,
         type_input: 0,
+        half: true,
         host: &[],
         build: build_binary,
     },
@@ -312,6 +363,7 @@ pub(crate) const OPS: &[OpDef] = &[
         op: "Sub",
         since: 7,
         type_input: 0,
+        half: true,
         host: &[],
         build: build_binary,
     },
@@ -319,6 +371,7 @@ pub(crate) const OPS: &[OpDef] = &[
         op: "Mul",
         since: 7,
         type_input: 0,
+        half: true,
         host: &[],
         build: build_binary,
     },
@@ -326,6 +379,7 @@ pub(crate) const OPS: &[OpDef] = &[
         op: "Div",
         since: 7,
         type_input: 0,
+        half: true,
         host: &[],
         build: build_binary,
     },
@@ -333,6 +387,7 @@ pub(crate) const OPS: &[OpDef] = &[
         op: "Pow",
         since: 7,
         type_input: 0,
+        half: true,
         host: &[],
         build: build_binary,
     },
@@ -340,6 +395,7 @@ pub(crate) const OPS: &[OpDef] = &[
         op: "PRelu",
         since: 9,
         type_input: 0,
+        half: true,
         host: &[],
         build: build_binary,
     },
@@ -347,6 +403,7 @@ pub(crate) const OPS: &[OpDef] = &[
         op: "Max",
         since: 8,
         type_input: 0,
+        half: true,
         host: &[],
         build: build_binary,
     },
@@ -354,6 +411,7 @@ pub(crate) const OPS: &[OpDef] = &[
         op: "Min",
         since: 8,
         type_input: 0,
+        half: true,
         host: &[],
         build: build_binary,
     },
@@ -361,6 +419,7 @@ pub(crate) const OPS: &[OpDef] = &[
         op: "Where",
         since: 9,
         type_input: 1,
+        half: true,
         host: &[],
         build: build_where,
     },
@@ -368,6 +427,7 @@ pub(crate) const OPS: &[OpDef] = &[
         op: "Clip",
         since: 11,
         type_input: 0,
+        half: true,
         host: &[1, 2],
         build: build_unary,
     },
@@ -375,6 +435,7 @@ pub(crate) const OPS: &[OpDef] = &[
         op: "Identity",
         since: 1,
         type_input: 0,
+        half: true,
         host: &[],
         build: build_view,
     },
@@ -382,6 +443,7 @@ pub(crate) const OPS: &[OpDef] = &[
         op: "Dropout",
         since: 12,
         type_input: 0,
+        half: true,
         host: &[1, 2],
         build: build_view,
     },
@@ -505,7 +567,7 @@ fn build_unary(node: &Node) -> Result<Exec> {
         p.expr = format!("{name}({})", p.expr);
         p.funcs.insert(name, def);
         let gpu = _gpu;
-        out1(gpu.alloc_pending(x.shape(), p)?)
+        out1(gpu.alloc_pending(x.dtype(), x.shape(), p)?)
     }))
 }
 
@@ -629,19 +691,21 @@ fn build_binary(node: &Node) -> Result<Exec> {
         let mut leaves = pa.leaves;
         leaves.extend(pb.leaves);
         let p = Pending {
+            dtype: pa.dtype,
             shape: out.clone(),
             leaves,
             funcs,
             expr: format!("{name}({}, {})", pa.expr, shift(&pb.expr, na)),
         };
         gpu.check()?;
-        out1(gpu.alloc_pending(&out, p)?)
+        out1(gpu.alloc_pending(a.dtype(), &out, p)?)
     }))
 }
 
 /// `t` (already computed) as the single leaf of an expression.
 fn leaf(t: &Tensor) -> Pending {
     Pending {
+        dtype: t.dtype(),
         shape: t.shape().to_vec(),
         leaves: vec![(t.clone(), bcast_strides(t.shape(), t.shape()))],
         funcs: BTreeMap::new(),
@@ -655,15 +719,19 @@ fn build_where(_node: &Node) -> Result<Exec> {
         let (a, ab) = dev_in(inputs, 1)?;
         let (b, bb) = dev_in(inputs, 2)?;
         let out = broadcast_shapes(&broadcast_shapes(c.shape(), a.shape())?, b.shape())?;
-        let (y, yb) = gpu.alloc(DataType::Float, &out)?;
+        if a.dtype() != b.dtype() {
+            return Err(Error::Other("Where of two element types".into()));
+        }
+        let st = gpu.store(a.dtype())?;
+        let (y, yb) = gpu.alloc(a.dtype(), &out)?;
         let mut params = bcast_params(&out, &[c.shape(), a.shape(), b.shape()])?;
-        let pipe = gpu.pipeline("where", || {
-            shader_1d(
+        let pipe = gpu.pipeline(&format!("where:{}", st.key()), || {
+            let body = shader_1d(
                 &[
                     ("c", "read", "u32"),
-                    ("xa", "read", "f32"),
-                    ("xb", "read", "f32"),
-                    ("y", "read_write", "f32"),
+                    ("xa", "read", "T"),
+                    ("xb", "read", "T"),
+                    ("y", "read_write", "T"),
                 ],
                 WG,
                 "",
@@ -671,7 +739,8 @@ fn build_where(_node: &Node) -> Result<Exec> {
                     "  if (i >= p[1]) {{ return; }}\n{}  y[i] = select(xb[o2], xa[o1], c[o0] != 0u);",
                     offsets_code(3)
                 ),
-            )
+            );
+            format!("{}{body}", st.header())
         })?;
         gpu.dispatch(
             &pipe,

@@ -28,6 +28,7 @@ pub(crate) const OPS: &[OpDef] = &[
         op: "MatMul",
         since: 9,
         type_input: 0,
+        half: true,
         host: &[],
         build: build_matmul,
     },
@@ -35,6 +36,7 @@ pub(crate) const OPS: &[OpDef] = &[
         op: "Gemm",
         since: 11,
         type_input: 0,
+        half: true,
         host: &[],
         build: build_gemm,
     },
@@ -54,10 +56,10 @@ const PARAMS: usize = 13;
 const SHADER: &str = "
 @group(0) @binding(0) var<storage, read> p: array<u32>;
 @group(0) @binding(1) var<storage, read> offs: array<u32>;
-@group(0) @binding(2) var<storage, read> a: array<f32>;
-@group(0) @binding(3) var<storage, read> b: array<f32>;
-@group(0) @binding(4) var<storage, read> c: array<f32>;
-@group(0) @binding(5) var<storage, read_write> y: array<f32>;
+@group(0) @binding(2) var<storage, read> a: array<T>;
+@group(0) @binding(3) var<storage, read> b: array<T>;
+@group(0) @binding(4) var<storage, read> c: array<T>;
+@group(0) @binding(5) var<storage, read_write> y: array<T>;
 
 EPI
 var<workgroup> ta: array<array<f32, 16>, 64>;
@@ -80,12 +82,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
       let ar = e / 16u; let ac = e % 16u;
       let gr = row0 + ar; let gk = k0 + ac;
       var va = 0.0;
-      if (gr < M && gk < K) { va = a[ao + gr * sam + gk * sak]; }
+      if (gr < M && gk < K) { va = f32(a[ao + gr * sam + gk * sak]); }
       ta[ar][ac] = va;
       let br = e / 64u; let bc = e % 64u;
       let gk2 = k0 + br; let gc = col0 + bc;
       var vb = 0.0;
-      if (gk2 < K && gc < N) { vb = b[bo + gk2 * sbk + gc * sbn]; }
+      if (gk2 < K && gc < N) { vb = f32(b[bo + gk2 * sbk + gc * sbn]); }
       tb[br][bc] = vb;
     }
     workgroupBarrier();
@@ -115,9 +117,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
       let col = col0 + lid.x * 4u + s;
       if (col >= N) { continue; }
       var v = alpha * acc[q][s];
-      if (p[10] != 0u) { v += beta * c[co + r * p[8] + col * p[9]]; }
+      if (p[10] != 0u) { v += beta * f32(c[co + r * p[8] + col * p[9]]); }
       let o = yo + r * N + col;
-      y[o] = epi(v, o);
+      y[o] = st(epi(v, o));
     }
   }
 }
@@ -130,10 +132,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 const GEMV: &str = "
 @group(0) @binding(0) var<storage, read> p: array<u32>;
 @group(0) @binding(1) var<storage, read> offs: array<u32>;
-@group(0) @binding(2) var<storage, read> a: array<f32>;
-@group(0) @binding(3) var<storage, read> b: array<f32>;
-@group(0) @binding(4) var<storage, read> c: array<f32>;
-@group(0) @binding(5) var<storage, read_write> y: array<f32>;
+@group(0) @binding(2) var<storage, read> a: array<T>;
+@group(0) @binding(3) var<storage, read> b: array<T>;
+@group(0) @binding(4) var<storage, read> c: array<T>;
+@group(0) @binding(5) var<storage, read_write> y: array<T>;
 EPI
 var<workgroup> part: array<f32, 1024>;
 
@@ -151,9 +153,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
   var acc: array<f32, 4>;
   if (col < N) {
     for (var k = lane; k < K; k += 16u) {
-      let bv = b[bo + k * sbk + col * sbn];
+      let bv = f32(b[bo + k * sbk + col * sbn]);
       for (var q = 0u; q < 4u; q++) {
-        if (q < M) { acc[q] = fma(a[ao + q * sam + k * sak], bv, acc[q]); }
+        if (q < M) { acc[q] = fma(f32(a[ao + q * sam + k * sak]), bv, acc[q]); }
       }
     }
   }
@@ -170,9 +172,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     var s = 0.0;
     for (var l = 0u; l < 16u; l++) { s += part[(q * 16u + l) * 16u + cl]; }
     var v = alpha * s;
-    if (p[10] != 0u) { v += beta * c[co + q * p[8] + col * p[9]]; }
+    if (p[10] != 0u) { v += beta * f32(c[co + q * p[8] + col * p[9]]); }
     let o = yo + q * N + col;
-    y[o] = epi(v, o);
+    y[o] = st(epi(v, o));
   }
 }
 ";
@@ -214,20 +216,22 @@ impl Producer for Mm {
             Some((ct, sm, sn)) => (Some(dev_buf(ct)?.raw()), *sm, *sn, 1),
             None => (None, 0, 0, 0),
         };
-        let e = epilogue(epi, 6, PARAMS)?;
+        let e = epilogue(gpu, epi, 6, PARAMS)?;
+        let st = gpu.store(mm.a.dtype())?;
         let gemv = mm.m <= GEMV_ROWS;
         let kx = u32::from(mm.sb.0 == 1 && mm.sb.1 != 1);
         let key = if gemv {
-            format!("matmul:gemv{kx}:{}", e.key)
+            format!("matmul:{}:gemv{kx}:{}", st.key(), e.key)
         } else {
-            format!("matmul:{}", e.key)
+            format!("matmul:{}:{}", st.key(), e.key)
         };
         let pipe = gpu.pipeline(&key, || {
-            if gemv {
+            let body = if gemv {
                 GEMV.replace("EPI", &e.wgsl).replace("KX", &kx.to_string())
             } else {
                 SHADER.replace("EPI", &e.wgsl)
-            }
+            };
+            format!("{}{body}", st.header())
         })?;
         let offs_words: &[u8] = bytemuck::cast_slice(&mm.offs);
         let offs = gpu.table(offs_words, "a MatMul batch table")?;
@@ -267,6 +271,9 @@ fn build_matmul(_node: &Node) -> Result<Exec> {
     Ok(Box::new(|gpu: &Gpu, inputs| {
         let (a, _) = dev_in(inputs, 0)?;
         let (b, _) = dev_in(inputs, 1)?;
+        if a.dtype() != b.dtype() {
+            return Err(Error::Other("MatMul of two element types".into()));
+        }
         let (mut ash, mut bsh) = (a.shape().to_vec(), b.shape().to_vec());
         if ash.is_empty() || bsh.is_empty() {
             return Err(Error::Other("MatMul of a scalar".into()));
@@ -325,7 +332,7 @@ fn build_matmul(_node: &Node) -> Result<Exec> {
             alpha: 1.0,
             beta: 0.0,
         };
-        out1(gpu.alloc_produced(&out, Arc::new(mm))?)
+        out1(gpu.alloc_produced(a.dtype(), &out, Arc::new(mm))?)
     }))
 }
 
@@ -337,6 +344,9 @@ fn build_gemm(node: &Node) -> Result<Exec> {
     Ok(Box::new(move |gpu: &Gpu, inputs| {
         let (a, _) = dev_in(inputs, 0)?;
         let (b, _) = dev_in(inputs, 1)?;
+        if a.dtype() != b.dtype() {
+            return Err(Error::Other("MatMul of two element types".into()));
+        }
         if a.rank() != 2 || b.rank() != 2 {
             return Err(Error::Shape("Gemm takes 2-D A and B".into()));
         }
@@ -373,6 +383,9 @@ fn build_gemm(node: &Node) -> Result<Exec> {
                 let scm = if cs2[0] == 1 { 0 } else { cs2[1] };
                 let scn = usize::from(cs2[1] != 1);
                 dev_buf(c)?;
+                if c.dtype() != a.dtype() {
+                    return Err(Error::Other("Gemm of two element types".into()));
+                }
                 Some((c.clone(), scm, scn))
             }
             _ => None,
@@ -392,6 +405,6 @@ fn build_gemm(node: &Node) -> Result<Exec> {
             alpha,
             beta,
         };
-        out1(gpu.alloc_produced(&[m, n], Arc::new(mm))?)
+        out1(gpu.alloc_produced(a.dtype(), &[m, n], Arc::new(mm))?)
     }))
 }

@@ -50,8 +50,10 @@ pub(crate) struct OpDef {
     pub op: &'static str,
     /// Lowest ai.onnx opset the kernel implements (it covers every later one).
     pub since: i64,
-    /// The input whose element type must be f32.
+    /// The input whose element type must be f32 (or f16 where `half`).
     pub type_input: usize,
+    /// The kernel also runs float16 tensors (stored as [`Store`] says).
+    pub half: bool,
     /// Inputs the kernel reads on the host (shapes, axes, indices, scalars).
     pub host: &'static [usize],
     /// Checks attributes and builds the kernel (an error: the node stays on the CPU).
@@ -79,6 +81,73 @@ pub fn op_names() -> Vec<&'static str> {
     v
 }
 
+/// How a float tensor is stored on the device. Kernels compute in f32 whatever the storage:
+/// they load through `f32(...)` and store through `st(...)` (see [`Store::header`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Store {
+    /// float32 tensors.
+    F32,
+    /// float16 tensors on an adapter without `shader-f16`: f32 words holding values rounded to
+    /// f16 precision on every store, so results equal an f16 computation's.
+    F16AsF32,
+    /// float16 tensors as f16 on an adapter with `shader-f16` (half the memory and bandwidth).
+    F16,
+}
+
+impl Store {
+    /// The WGSL storage type.
+    pub fn ty(self) -> &'static str {
+        match self {
+            Store::F16 => "f16",
+            _ => "f32",
+        }
+    }
+
+    /// A pipeline-cache key part.
+    pub fn key(self) -> &'static str {
+        match self {
+            Store::F32 => "f32",
+            Store::F16AsF32 => "h32",
+            Store::F16 => "f16",
+        }
+    }
+
+    /// Bytes per element.
+    pub fn bytes(self) -> u64 {
+        match self {
+            Store::F16 => 2,
+            _ => 4,
+        }
+    }
+
+    /// The WGSL that must open a module storing this type: `enable f16;` when needed, `alias T`
+    /// (the storage type) and `fn st(v: f32) -> T` (rounds to the stored precision).
+    pub fn header(self) -> &'static str {
+        match self {
+            Store::F32 => "alias T = f32;\nfn st(v: f32) -> T { return v; }\n",
+            // pack2x16float is undefined outside f16's range: keep such values as they are
+            // (the f16 result would be infinite, and so they stay far out of range)
+            Store::F16AsF32 => {
+                "alias T = f32;\nfn st(v: f32) -> T {\n  \
+                 let h = unpack2x16float(pack2x16float(vec2<f32>(v, 0.0))).x;\n  \
+                 return select(h, v, abs(v) > 65504.0);\n}\n"
+            }
+            Store::F16 => {
+                "enable f16;\nalias T = f16;\nfn st(v: f32) -> T { return T(clamp(v, -65504.0, 65504.0)); }\n"
+            }
+        }
+    }
+}
+
+/// `enable f16;` when any of `stores` needs it (a module with several storage types: Cast).
+pub(crate) fn enable_for(stores: &[Store]) -> &'static str {
+    if stores.contains(&Store::F16) {
+        "enable f16;\n"
+    } else {
+        ""
+    }
+}
+
 /// What the adapter is and what it allows.
 #[derive(Clone, Debug)]
 pub struct AdapterSummary {
@@ -98,6 +167,8 @@ pub struct Gpu {
     pub(crate) queue: wgpu::Queue,
     pub(crate) limits: wgpu::Limits,
     summary: AdapterSummary,
+    /// float16 tensors are stored as f16 (the device has `shader-f16` and it is allowed).
+    half: bool,
     id: u16,
     pool: Mutex<HashMap<u64, Vec<wgpu::Buffer>>>,
     pipelines: Mutex<HashMap<String, Arc<wgpu::ComputePipeline>>>,
@@ -246,14 +317,6 @@ impl Drop for GpuBuf {
     }
 }
 
-/// How a tensor of `dt` is stored on the device (bytes per element), `None`: not storable.
-fn word(dt: DataType) -> Option<u64> {
-    match dt {
-        DataType::Float | DataType::Int32 | DataType::Int64 | DataType::Bool => Some(4),
-        _ => None,
-    }
-}
-
 fn gpu_err(what: impl std::fmt::Display) -> Error {
     Error::Provider(format!("webgpu: {what}"))
 }
@@ -274,6 +337,30 @@ impl Gpu {
 
     pub fn summary(&self) -> &AdapterSummary {
         &self.summary
+    }
+
+    /// Whether float16 tensors are stored (and read by kernels) as f16.
+    pub fn half(&self) -> bool {
+        self.half
+    }
+
+    /// How a float tensor of `dt` is stored.
+    pub(crate) fn store(&self, dt: DataType) -> Result<Store> {
+        match dt {
+            DataType::Float => Ok(Store::F32),
+            DataType::Float16 if self.half => Ok(Store::F16),
+            DataType::Float16 => Ok(Store::F16AsF32),
+            dt => Err(gpu_err(format!("no float storage for {dt}"))),
+        }
+    }
+
+    /// Bytes per element of `dt` on the device, `None`: not storable.
+    fn elem_bytes(&self, dt: DataType) -> Option<u64> {
+        match dt {
+            DataType::Int32 | DataType::Int64 | DataType::Bool => Some(4),
+            DataType::Float | DataType::Float16 => self.store(dt).ok().map(Store::bytes),
+            _ => None,
+        }
     }
 
     pub fn stats(&self) -> GpuStats {
@@ -348,15 +435,25 @@ impl Gpu {
     }
 
     /// A device tensor whose contents are `p`, computed when first needed.
-    pub(crate) fn alloc_pending(&self, shape: &[usize], p: ew::Pending) -> Result<Tensor> {
-        let (t, b) = self.alloc(DataType::Float, shape)?;
+    pub(crate) fn alloc_pending(
+        &self,
+        dt: DataType,
+        shape: &[usize],
+        p: ew::Pending,
+    ) -> Result<Tensor> {
+        let (t, b) = self.alloc(dt, shape)?;
         *b.pending.lock().unwrap() = Some(p);
         Ok(t)
     }
 
-    /// A device f32 tensor that `k` computes when first needed (or fuses into a reader).
-    pub(crate) fn alloc_produced(&self, shape: &[usize], k: Arc<dyn Producer>) -> Result<Tensor> {
-        let (t, b) = self.alloc(DataType::Float, shape)?;
+    /// A device float tensor that `k` computes when first needed (or fuses into a reader).
+    pub(crate) fn alloc_produced(
+        &self,
+        dt: DataType,
+        shape: &[usize],
+        k: Arc<dyn Producer>,
+    ) -> Result<Tensor> {
+        let (t, b) = self.alloc(dt, shape)?;
         if !t.is_empty() {
             *b.producer.lock().unwrap() = Some(k);
         }
@@ -365,7 +462,9 @@ impl Gpu {
 
     /// A new device tensor of `dt` and `shape` (contents undefined until a kernel writes it).
     pub(crate) fn alloc(&self, dt: DataType, shape: &[usize]) -> Result<(Tensor, Arc<GpuBuf>)> {
-        let w = word(dt).ok_or_else(|| gpu_err(format!("no device storage for {dt}")))?;
+        let w = self
+            .elem_bytes(dt)
+            .ok_or_else(|| gpu_err(format!("no device storage for {dt}")))?;
         let n = nxrt_core::tensor::numel(shape)? as u64;
         let bytes = n
             .checked_mul(w)
@@ -609,13 +708,24 @@ impl Gpu {
         self.check()
     }
 
-    /// Uploads a host tensor (f32 as is; int64 narrowed to int32 with a range check; bool
-    /// and int32 as 32-bit words).
+    /// Uploads a host tensor (f32 as is; f16 as f16 or widened to f32, per [`Store`]; int64
+    /// narrowed to int32 with a range check; bool and int32 as 32-bit words).
     pub fn upload_tensor(&self, t: &Tensor) -> Result<Tensor> {
         self.check()?;
         self.uploads.fetch_add(1, Ordering::Relaxed);
         let words: Vec<u32> = match t.dtype() {
             DataType::Float => t.to_f32_vec()?.into_iter().map(f32::to_bits).collect(),
+            DataType::Float16 if self.half => {
+                let h = t.as_slice::<half::f16>()?;
+                h.chunks(2)
+                    .map(|c| {
+                        let lo = c[0].to_bits() as u32;
+                        let hi = c.get(1).map_or(0, |v| v.to_bits() as u32);
+                        lo | (hi << 16)
+                    })
+                    .collect()
+            }
+            DataType::Float16 => t.to_f32_vec()?.into_iter().map(f32::to_bits).collect(),
             DataType::Int32 | DataType::Int64 | DataType::Bool => t
                 .to_i64_vec()?
                 .into_iter()
@@ -640,7 +750,8 @@ impl Gpu {
         self.downloads.fetch_add(1, Ordering::Relaxed);
         let b = dev_buf(t)?;
         let n = t.len();
-        let bytes = n as u64 * 4;
+        let half = t.dtype() == DataType::Float16 && self.half;
+        let bytes = if half { n.div_ceil(2) } else { n } as u64 * 4;
         let words: Vec<u32> = if n == 0 {
             Vec::new()
         } else {
@@ -683,6 +794,22 @@ impl Gpu {
             DataType::Float => {
                 Tensor::from_vec(&shape, words.into_iter().map(f32::from_bits).collect())
             }
+            DataType::Float16 if half => {
+                let v: Vec<half::f16> = words
+                    .iter()
+                    .flat_map(|w| [*w as u16, (*w >> 16) as u16])
+                    .take(n)
+                    .map(half::f16::from_bits)
+                    .collect();
+                Tensor::from_vec(&shape, v)
+            }
+            DataType::Float16 => Tensor::from_vec(
+                &shape,
+                words
+                    .into_iter()
+                    .map(|w| half::f16::from_f32(f32::from_bits(w)))
+                    .collect(),
+            ),
             DataType::Int32 => {
                 Tensor::from_vec(&shape, words.into_iter().map(|w| w as i32).collect())
             }
@@ -756,6 +883,12 @@ impl WebGpuProvider {
     /// Opens the system's preferred adapter (async: the browser's `requestAdapter`). `id` is
     /// the provider's index in the session's provider list (tensors carry it).
     pub async fn new(id: u16) -> Result<WebGpuProvider> {
+        Self::with_f16(id, true).await
+    }
+
+    /// [`WebGpuProvider::new`], with f16 storage for float16 tensors only when `allow_f16` (and
+    /// the adapter has `shader-f16`); otherwise they are stored as f32 words.
+    pub async fn with_f16(id: u16, allow_f16: bool) -> Result<WebGpuProvider> {
         // WGPU_BACKEND and friends choose the backend natively when set
         let instance =
             wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
@@ -783,7 +916,11 @@ impl WebGpuProvider {
         let (device, queue) = adapter
             .request_device(&wgpu::DeviceDescriptor {
                 label: Some("nxrt"),
-                required_features: wgpu::Features::empty(),
+                required_features: if shader_f16 && allow_f16 {
+                    wgpu::Features::SHADER_F16
+                } else {
+                    wgpu::Features::empty()
+                },
                 required_limits: limits.clone(),
                 ..Default::default()
             })
@@ -830,6 +967,7 @@ impl WebGpuProvider {
             arena,
         });
         let gpu = Arc::new_cyclic(|me| Gpu {
+            half: shader_f16 && allow_f16,
             batch,
             device,
             queue,
@@ -896,7 +1034,11 @@ impl ExecutionProvider for WebGpuProvider {
         };
         match input_types.get(d.type_input).copied().flatten() {
             Some(DataType::Float) => {}
-            Some(dt) => return Support::No(format!("the WebGPU kernel runs f32, not {dt}")),
+            Some(DataType::Float16) if d.half => {}
+            Some(dt) => {
+                let runs = if d.half { "f32 and f16" } else { "f32" };
+                return Support::No(format!("the WebGPU kernel runs {runs}, not {dt}"));
+            }
             None => return Support::No("input type unknown at load".into()),
         }
         match (d.build)(node) {

@@ -22,7 +22,7 @@ const COL_WG: u32 = 64;
 
 macro_rules! reduce_ops {
     ($($op:literal,)*) => {
-        &[$(OpDef { op: $op, since: 1, type_input: 0, host: &[1], build: build_reduce },)*]
+        &[$(OpDef { op: $op, since: 1, type_input: 0, half: false, host: &[1], build: build_reduce },)*]
     };
 }
 

@@ -40,6 +40,42 @@ pub fn fresh_gpu() -> Option<Arc<WebGpuProvider>> {
     }
 }
 
+/// The shared providers for float16 cases: f16 storage (`true`: needs `shader-f16`, `None`
+/// with the reason printed when the adapter lacks it) and f16 held in f32 words (`false`).
+pub fn half_gpu(f16_storage: bool) -> Option<Arc<WebGpuProvider>> {
+    static P: [OnceLock<Result<Arc<WebGpuProvider>, String>>; 2] =
+        [OnceLock::new(), OnceLock::new()];
+    match P[usize::from(f16_storage)].get_or_init(|| {
+        pollster::block_on(WebGpuProvider::with_f16(0, f16_storage))
+            .map(Arc::new)
+            .map_err(|e| e.to_string())
+    }) {
+        Ok(p) if p.gpu().half() == f16_storage => Some(p.clone()),
+        Ok(_) => {
+            eprintln!("skipped: this adapter has no shader-f16 (f16 storage untested here)");
+            None
+        }
+        Err(e) => {
+            eprintln!("skipped: no WebGPU adapter here ({e})");
+            None
+        }
+    }
+}
+
+/// `t` as float16 (other types unchanged).
+pub fn to_half(t: &Tensor) -> Tensor {
+    if t.dtype() != DataType::Float {
+        return t.clone();
+    }
+    let v: Vec<half::f16> = t
+        .to_f32_vec()
+        .unwrap()
+        .into_iter()
+        .map(half::f16::from_f32)
+        .collect();
+    Tensor::from_vec(t.shape(), v).unwrap()
+}
+
 pub fn cpu() -> Arc<dyn ExecutionProvider> {
     Arc::new(CpuProvider::new(Arc::new(ReferenceCpu)))
 }
@@ -95,6 +131,11 @@ pub fn init(name: &str, t: &Tensor) -> TensorProto {
     };
     match t.dtype() {
         DataType::Float => p.float_data = t.to_f32_vec().unwrap(),
+        DataType::Float16 => {
+            let h = t.as_slice::<half::f16>().unwrap();
+            let b: Vec<u8> = h.iter().flat_map(|v| v.to_bits().to_le_bytes()).collect();
+            p.raw_data = b.into();
+        }
         _ => p.int64_data = t.to_i64_vec().unwrap(),
     }
     p
@@ -160,6 +201,8 @@ pub struct Case {
     pub atol: f32,
     /// outputs the node has (all compared; f32 ones as floats, others exactly)
     pub outputs: usize,
+    /// inputs (feeds, then consts) that stay float32 in `check_half` (Resize's scales, ...)
+    pub keep_f32: Vec<usize>,
 }
 
 impl Case {
@@ -172,7 +215,13 @@ impl Case {
             consts: vec![],
             atol: 1e-5,
             outputs: 1,
+            keep_f32: vec![],
         }
+    }
+    /// Inputs (numbered over feeds, then consts) that `check_half` leaves float32.
+    pub fn keep_f32(mut self, k: &[usize]) -> Self {
+        self.keep_f32 = k.to_vec();
+        self
     }
     pub fn outputs(mut self, n: usize) -> Self {
         self.outputs = n;
@@ -274,7 +323,7 @@ impl Case {
                 };
                 assert_eq!(y.location(), nxrt_core::Location::Host);
                 let vals = match y.dtype() {
-                    DataType::Float => y.to_f32_vec().unwrap(),
+                    DataType::Float | DataType::Float16 => y.to_f32_vec().unwrap(),
                     _ => y
                         .to_i64_vec()
                         .unwrap()
@@ -305,6 +354,73 @@ impl Case {
         for (k, ((g, gs), (w, ws))) in got.iter().zip(&want).enumerate() {
             assert_eq!(gs, ws, "{} output {k}: shapes", self.op);
             close(&format!("{} output {k}", self.op), g, w, 1e-4, self.atol);
+        }
+    }
+}
+
+impl Case {
+    /// The case with its float inputs as float16 (but `keep_f32`'s).
+    pub fn halved(&self) -> Case {
+        let nf = self.feeds.len();
+        let conv = |k: usize, t: &Tensor| {
+            if self.keep_f32.contains(&k) {
+                t.clone()
+            } else {
+                to_half(t)
+            }
+        };
+        Case {
+            op: self.op,
+            opset: self.opset,
+            attrs: self.attrs.clone(),
+            feeds: self
+                .feeds
+                .iter()
+                .enumerate()
+                .map(|(k, t)| conv(k, t))
+                .collect(),
+            consts: self
+                .consts
+                .iter()
+                .enumerate()
+                .map(|(k, c)| c.as_ref().map(|t| conv(nf + k, t)))
+                .collect(),
+            atol: self.atol,
+            outputs: self.outputs,
+            keep_f32: self.keep_f32.clone(),
+        }
+    }
+
+    /// The float16 form of the case on both f16 stores (f16 words where the adapter has
+    /// `shader-f16`, f32 words otherwise), against the CPU's float16 run: the node must run on
+    /// WebGPU and agree within f16's precision (a rounding step either way).
+    #[track_caller]
+    pub fn check_half(self) {
+        let h = self.halved();
+        let (_, want) = h.run_all(vec![cpu()]);
+        for f16_storage in [false, true] {
+            let Some(g) = half_gpu(f16_storage) else {
+                continue;
+            };
+            let (s, got) = h.run_all(vec![g, cpu()]);
+            let placed = &s.partition().assignments;
+            assert_eq!(
+                placed[0].2,
+                "webgpu",
+                "f16 {} did not run on WebGPU: {:?}",
+                self.op,
+                s.partition().fallbacks
+            );
+            for (k, ((g, gs), (w, ws))) in got.iter().zip(&want).enumerate() {
+                assert_eq!(gs, ws, "f16 {} output {k}: shapes", self.op);
+                close(
+                    &format!("f16 (storage f16: {f16_storage}) {} output {k}", self.op),
+                    g,
+                    w,
+                    2e-3,
+                    self.atol.max(2e-3),
+                );
+            }
         }
     }
 }
