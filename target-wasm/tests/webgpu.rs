@@ -500,6 +500,37 @@ fn matmul_epilogues_fuse_bias_and_activation() {
 }
 
 #[test]
+fn fused_results_take_no_buffer() {
+    // four element-wise nodes and a MatMul fused into one dispatch: the device holds the two
+    // inputs, the output and MatMul's 12-byte batch table, no intermediate
+    let Some(g) = fresh_gpu() else { return };
+    let m = graph_model(
+        &[
+            ("MatMul", &["x0", "x1"], "mm"),
+            ("Sigmoid", &["mm"], "s"),
+            ("Mul", &["mm", "s"], "m"),
+            ("Add", &["m", "x0"], "a"),
+            ("Tanh", &["a"], "y"),
+        ],
+        &[&[10, 100], &[100, 100]],
+    );
+    let s = Session::new(
+        loader::load_model(&m, &loader::NoExternalData).unwrap(),
+        vec![g.clone(), cpu()],
+        &SessionOptions::default(),
+    )
+    .unwrap();
+    let feeds = vec![
+        ("x0".to_string(), Value::Tensor(ft(&[10, 100], 1))),
+        ("x1".to_string(), Value::Tensor(ft(&[100, 100], 2))),
+    ];
+    pollster::block_on(s.run_async(feeds)).unwrap();
+    let st = g.gpu().stats();
+    assert_eq!(st.dispatches, 1, "{st:?}");
+    assert_eq!(st.live_bytes, (1000 + 10_000 + 1000) * 4 + 12, "{st:?}");
+}
+
+#[test]
 fn conv_epilogues_fuse_activation_and_residual() {
     // the direct kernel (4 output channels) and the implicit GEMM (16)
     for m in [4, 16] {

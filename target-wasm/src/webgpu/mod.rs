@@ -226,7 +226,11 @@ pub struct GpuStats {
 /// over the tensors it reads until something needs the bytes ([`GpuBuf::raw`]), so a chain of
 /// element-wise ops runs as one fused dispatch.
 pub struct GpuBuf {
-    buf: Option<wgpu::Buffer>,
+    /// The device buffer, taken from the pool when first needed: a result that is fused into
+    /// its reader (a pending chain, a producer) never takes one.
+    buf: std::sync::OnceLock<wgpu::Buffer>,
+    /// The buffer's size (`bytes` rounded up to 4).
+    size: u64,
     /// Bytes in use (the buffer itself may be larger: sizes round up to 4).
     bytes: u64,
     gpu: Weak<Gpu>,
@@ -258,7 +262,12 @@ impl GpuBuf {
     /// element-wise chain). A failure there is recorded in the provider's error slot, which the
     /// caller's next dispatch or read-back returns.
     pub(crate) fn raw(&self) -> &wgpu::Buffer {
-        let buf = self.buf.as_ref().expect("a live buffer");
+        let buf = self.buf.get_or_init(|| {
+            self.gpu
+                .upgrade()
+                .expect("a device tensor outlives its provider")
+                .pooled_or_new(self.size)
+        });
         let pending = self.pending.lock().unwrap().take();
         let producer = self.producer.lock().unwrap().take();
         if let Some(gpu) = self.gpu.upgrade() {
@@ -391,6 +400,19 @@ impl Gpu {
 
     /// A buffer of at least `bytes` bytes, from the pool when one of that size is free.
     pub fn buffer(&self, bytes: u64, what: &str) -> Result<Arc<GpuBuf>> {
+        let size = self.checked_size(bytes, what)?;
+        Ok(Arc::new(GpuBuf {
+            buf: std::sync::OnceLock::from(self.pooled_or_new(size)),
+            size,
+            bytes,
+            gpu: self.me.clone(),
+            pending: Mutex::new(None),
+            producer: Mutex::new(None),
+        }))
+    }
+
+    /// The buffer size for `bytes` (rounded up to 4), an error above the adapter's limits.
+    fn checked_size(&self, bytes: u64, what: &str) -> Result<u64> {
         let size = bytes.max(4).div_ceil(4) * 4;
         let lim = self
             .limits
@@ -402,13 +424,18 @@ impl Gpu {
                  maxBufferSize ({lim} bytes)"
             )));
         }
+        Ok(size)
+    }
+
+    /// A buffer of exactly `size` bytes: a pooled one when there is one, else a new one.
+    fn pooled_or_new(&self, size: u64) -> wgpu::Buffer {
         let pooled = self
             .pool
             .lock()
             .unwrap()
             .get_mut(&size)
             .and_then(|v| v.pop());
-        let buf = match pooled {
+        match pooled {
             Some(b) => {
                 self.pooled_bytes.fetch_sub(size, Ordering::Relaxed);
                 b
@@ -424,14 +451,7 @@ impl Gpu {
                     mapped_at_creation: false,
                 })
             }
-        };
-        Ok(Arc::new(GpuBuf {
-            buf: Some(buf),
-            bytes,
-            gpu: self.me.clone(),
-            pending: Mutex::new(None),
-            producer: Mutex::new(None),
-        }))
+        }
     }
 
     /// A device tensor whose contents are `p`, computed when first needed.
@@ -441,7 +461,7 @@ impl Gpu {
         shape: &[usize],
         p: ew::Pending,
     ) -> Result<Tensor> {
-        let (t, b) = self.alloc(dt, shape)?;
+        let (t, b) = self.alloc_lazy(dt, shape)?;
         *b.pending.lock().unwrap() = Some(p);
         Ok(t)
     }
@@ -453,15 +473,30 @@ impl Gpu {
         shape: &[usize],
         k: Arc<dyn Producer>,
     ) -> Result<Tensor> {
-        let (t, b) = self.alloc(dt, shape)?;
+        let (t, b) = self.alloc_lazy(dt, shape)?;
         if !t.is_empty() {
             *b.producer.lock().unwrap() = Some(k);
         }
         Ok(t)
     }
 
-    /// A new device tensor of `dt` and `shape` (contents undefined until a kernel writes it).
-    pub(crate) fn alloc(&self, dt: DataType, shape: &[usize]) -> Result<(Tensor, Arc<GpuBuf>)> {
+    /// [`Gpu::alloc`] whose buffer is taken only when something needs its bytes.
+    fn alloc_lazy(&self, dt: DataType, shape: &[usize]) -> Result<(Tensor, Arc<GpuBuf>)> {
+        let (bytes, size) = self.tensor_bytes(dt, shape)?;
+        let b = Arc::new(GpuBuf {
+            buf: std::sync::OnceLock::new(),
+            size,
+            bytes,
+            gpu: self.me.clone(),
+            pending: Mutex::new(None),
+            producer: Mutex::new(None),
+        });
+        let t = Tensor::from_device(dt, shape.to_vec(), self.id, b.clone());
+        Ok((t, b))
+    }
+
+    /// A tensor's bytes and its buffer's size, checked against the adapter's limits.
+    fn tensor_bytes(&self, dt: DataType, shape: &[usize]) -> Result<(u64, u64)> {
         let w = self
             .elem_bytes(dt)
             .ok_or_else(|| gpu_err(format!("no device storage for {dt}")))?;
@@ -469,8 +504,14 @@ impl Gpu {
         let bytes = n
             .checked_mul(w)
             .ok_or_else(|| gpu_err(format!("tensor {shape:?} is too large")))?;
-        let b = self.buffer(bytes, &format!("a {dt} tensor of shape {shape:?}"))?;
-        let t = Tensor::from_device(dt, shape.to_vec(), self.id, b.clone());
+        let size = self.checked_size(bytes, &format!("a {dt} tensor of shape {shape:?}"))?;
+        Ok((bytes, size))
+    }
+
+    /// A new device tensor of `dt` and `shape` (contents undefined until a kernel writes it).
+    pub(crate) fn alloc(&self, dt: DataType, shape: &[usize]) -> Result<(Tensor, Arc<GpuBuf>)> {
+        let (t, b) = self.alloc_lazy(dt, shape)?;
+        b.raw();
         Ok((t, b))
     }
 
