@@ -53,6 +53,8 @@ export declare class InferenceSession {
     /** once: an initializer uploaded on the first run and kept on the device */
     copies: { value: string; from: string; to: string; node: string; once: boolean }[];
     fallbacks: { node: string; op: string; to: string; reasons: string }[];
+    /** What each device provider runs on: the adapter, shader-f16 and the limits it respects. */
+    devices: { provider: string; device: string }[];
   };
   run(feeds: Record<string, Tensor>, fetches?: readonly string[]): Promise<Record<string, OnnxValue>>;
   release(): Promise<void>;

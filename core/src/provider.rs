@@ -257,6 +257,11 @@ pub trait ExecutionProvider: Send + Sync {
             )))
         }
     }
+    /// What the provider runs on, for reports (`nxrt inspect`): a device provider's adapter,
+    /// features and limits. Empty by default.
+    fn describe(&self) -> String {
+        String::new()
+    }
     /// Counters for reports (`nxrt run` prints them): e.g. a device provider's dispatches,
     /// uploads, downloads and bytes on the device. Empty by default.
     fn counters(&self) -> Vec<(&'static str, u64)> {

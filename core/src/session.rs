@@ -89,6 +89,9 @@ pub struct PartitionReport {
     pub copy_list: Vec<CopyInfo>,
     /// Nodes that run on a later provider than the first, with each earlier provider's reason.
     pub fallbacks: Vec<Fallback>,
+    /// (provider name, what it runs on) for each provider that describes itself (a device
+    /// provider's adapter, features and limits).
+    pub devices: Vec<(String, String)>,
 }
 
 /// A node a preferred provider declined.
@@ -321,6 +324,12 @@ impl Session {
             }
         }
         let mut report = PartitionReport::default();
+        for p in &providers {
+            let d = p.describe();
+            if !d.is_empty() {
+                report.devices.push((p.name().to_string(), d));
+            }
+        }
         let graph = Arc::new(model.graph);
         let t1 = clock();
         let plan = compile(&graph, &providers, &mut report, None)?;

@@ -39,7 +39,7 @@ struct Common {
     /// Fix a symbolic dimension for generated inputs (default 1).
     #[arg(long = "dim", value_name = "NAME=VALUE")]
     dims: Vec<String>,
-    /// Execution provider (this build: cpu).
+    /// Execution provider: cpu, or webgpu (builds with the default `webgpu` feature).
     #[arg(long, default_value = "cpu")]
     provider: String,
     /// Intra-op threads (0 = all cores).
@@ -582,6 +582,7 @@ fn inspect(a: InspectArgs) -> Result<(), Error> {
                 "nodes": report.assignments.iter().map(|(n, op, p)| json!({"node": n, "op": op, "provider": p})).collect::<Vec<_>>(),
                 "copy_list": report.copy_list.iter().map(|c| json!({"value": c.value, "from": c.from, "to": c.to, "before_node": c.node, "once": c.once})).collect::<Vec<_>>(),
                 "copies_per_run": report.copy_list.iter().filter(|c| !c.once).count(),
+                "devices": report.devices.iter().map(|(p, d)| json!({"provider": p, "device": d})).collect::<Vec<_>>(),
                 "fallbacks": report.fallbacks.iter().map(|f| json!({"node": f.node, "op": f.op, "to": f.to, "declined": f.declined.iter().map(|(p, r)| json!({"provider": p, "reason": r})).collect::<Vec<_>>()})).collect::<Vec<_>>(),
             },
             "unsupported": report.unsupported.iter().map(|u| json!({"node": u.node, "op": u.op, "domain": u.domain, "opset": u.opset, "reason": u.reason})).collect::<Vec<_>>(),
@@ -626,6 +627,9 @@ fn inspect(a: InspectArgs) -> Result<(), Error> {
         parts.join(", "),
         report.copies
     );
+    for (p, d) in &report.devices {
+        println!("device {p}: {d}");
+    }
     if report.nodes_per_provider.len() > 1 || a.provider != "cpu" {
         println!("nodes by provider:");
         for (n, op, p) in &report.assignments {

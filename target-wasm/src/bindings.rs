@@ -166,7 +166,7 @@ impl WasmSession {
     }
 
     /// The partition as an object: `{nodes: [{node, op, provider}], copies: [{value, from, to,
-    /// node}], fallbacks: [{node, op, to, reasons}]}`.
+    /// node, once}], fallbacks: [{node, op, to, reasons}], devices: [{provider, device}]}`.
     #[wasm_bindgen(js_name = partitionReport)]
     pub fn partition_report(&self) -> Object {
         let r = self.inner.partition();
@@ -203,9 +203,17 @@ impl WasmSession {
             set(&e, "reasons", &JsValue::from_str(&why.join("; ")));
             fallbacks.push(&e);
         }
+        let devices = Array::new();
+        for (p, d) in &r.devices {
+            let e = Object::new();
+            set(&e, "provider", &JsValue::from_str(p));
+            set(&e, "device", &JsValue::from_str(d));
+            devices.push(&e);
+        }
         set(&o, "nodes", &nodes);
         set(&o, "copies", &copies);
         set(&o, "fallbacks", &fallbacks);
+        set(&o, "devices", &devices);
         o
     }
 

@@ -219,6 +219,17 @@ fn webgpu_partition(bin: &Path, model: &Path) -> Option<(u64, u64, u64)> {
         .output()
         .ok()?;
     let j: Json = serde_json::from_slice(&out.stdout).ok()?;
+    // the adapter the partition was made for is named, with its float16 support and limits
+    let dev = j["partition"]["devices"][0]["device"]
+        .as_str()
+        .unwrap_or("");
+    assert!(
+        j["partition"]["devices"][0]["provider"] == "webgpu"
+            && dev.contains("shader-f16")
+            && dev.contains("maxStorageBufferBindingSize"),
+        "inspect names no WebGPU device: {}",
+        j["partition"]["devices"]
+    );
     let per = j["partition"]["nodes_per_provider"].as_array()?;
     let count = |name: &str| {
         per.iter()

@@ -1108,6 +1108,25 @@ impl ExecutionProvider for WebGpuProvider {
     fn release_cached(&self) {
         self.gpu.trim();
     }
+    fn describe(&self) -> String {
+        let a = &self.gpu.summary;
+        let f16 = match (a.shader_f16, self.gpu.half) {
+            (true, true) => "shader-f16 (float16 stored as f16)",
+            (true, false) => "shader-f16 unused (float16 stored as f32)",
+            (false, _) => "no shader-f16 (float16 stored as f32)",
+        };
+        format!(
+            "{} ({}, {}); {f16}; maxStorageBufferBindingSize {}, maxBufferSize {}, \
+             maxComputeWorkgroupsPerDimension {}, maxStorageBuffersPerShaderStage {}",
+            a.name,
+            a.backend,
+            a.device_type,
+            a.max_storage_buffer_binding_size,
+            a.max_buffer_size,
+            a.max_compute_workgroups_per_dimension,
+            a.max_storage_buffers_per_shader_stage
+        )
+    }
     fn counters(&self) -> Vec<(&'static str, u64)> {
         let s = self.gpu.stats();
         vec![
