@@ -196,6 +196,55 @@ fn reductions_fold_more_rows_than_one_grid_dimension() {
     red("ReduceSum", ft(&[rows, 64], 3), Some(&[1]), 0).check();
 }
 
+#[test]
+fn reductions_in_float16() {
+    // (shape, axes, keepdims)
+    type RedCase = (&'static [usize], Option<&'static [i64]>, i64);
+    let cases: &[RedCase] = &[
+        (&[7, 13], Some(&[1]), 0),
+        (&[7, 13], Some(&[0]), 1),
+        (&[2, 3, 5, 7], Some(&[0, 2]), 1),
+        (&[2, 3, 5, 7], Some(&[-2, -1]), 0),
+        (&[2, 1, 5, 1, 3], Some(&[1, 2, 3]), 1),
+        // a workgroup per line, contiguous and strided
+        (&[3, 1031], Some(&[1]), 0),
+        (&[1031, 3], Some(&[0]), 1),
+        // an invocation per line
+        (&[300, 5], Some(&[1]), 0),
+        (&[5, 301], Some(&[0]), 1),
+        // everything
+        (&[4, 67], None, 0),
+        (&[], None, 1),
+    ];
+    for op in REDUCE {
+        for (k, &(shape, axes, keep)) in cases.iter().enumerate() {
+            red(op, data_for(op, shape, k as u32), axes, keep).check_half();
+        }
+        // noop_with_empty_axes: the input as it is
+        red(op, data_for(op, &[3, 5], 4), Some(&[]), 1)
+            .attr(ai("noop_with_empty_axes", 1))
+            .check_half();
+    }
+    // the axes attribute of older opsets
+    for (op, opset) in [("ReduceSum", 11), ("ReduceMean", 13), ("ReduceMax", 13)] {
+        Case::new(op, vec![ft(&[3, 4, 5], 8)])
+            .opset(opset)
+            .attr(ais("axes", &[0, 2]))
+            .attr(ai("keepdims", 0))
+            .check_half();
+    }
+}
+
+#[test]
+fn reductions_of_empty_sets_in_float16_give_the_cpu_identities() {
+    // an odd number of outputs: the f16 fill writes whole words of two
+    for op in REDUCE {
+        red(op, ft(&[3, 0, 5], 1), Some(&[1]), 0).check_half();
+        red(op, ft(&[3, 0, 5], 1), None, 1).check_half();
+        red(op, ft(&[0, 3], 1), Some(&[1]), 0).check_half();
+    }
+}
+
 // ----------------------------------------------------------------------------- softmax
 
 #[test]
@@ -239,6 +288,35 @@ fn softmax_before_opset_13_flattens_from_the_axis() {
                 .check();
         }
         Case::new(op, vec![ft(&[3, 4, 5], 6)]).opset(11).check();
+    }
+}
+
+#[test]
+fn softmax_and_log_softmax_in_float16() {
+    let cases: &[(&[usize], i64, i64)] = &[
+        (&[1], 0, 13),
+        (&[3, 1031], -1, 13),
+        (&[2, 1031, 3], 1, 13),
+        (&[300, 7], 1, 13),
+        (&[7, 300], 0, 13),
+        (&[2, 3, 5, 7], 1, 13),
+        (&[2, 3, 5, 7], -3, 13),
+        (&[2, 0, 5], 1, 13),
+        (&[], -1, 13),
+        // flattened from the axis (before opset 13)
+        (&[2, 3, 43], 1, 11),
+        (&[2, 3, 43], 0, 11),
+    ];
+    for op in ["Softmax", "LogSoftmax"] {
+        for (k, &(shape, axis, opset)) in cases.iter().enumerate() {
+            Case::new(op, vec![ft(shape, k as u32)])
+                .attr(ai("axis", axis))
+                .opset(opset)
+                .check_half();
+        }
+        let big =
+            Tensor::from_vec(&[2, 3], vec![1000.0f32, 999.0, 998.0, -50.0, 80.0, 80.5]).unwrap();
+        Case::new(op, vec![big]).opset(13).check_half();
     }
 }
 
@@ -327,6 +405,86 @@ fn instance_normalization() {
         .check();
 }
 
+#[test]
+fn normalizations_in_float16() {
+    let x = || ft(&[2, 3, 5, 7], 1);
+    for axis in [0i64, 1, 2, -1] {
+        let norm: Vec<usize> = [2, 3, 5, 7][axis.rem_euclid(4) as usize..].to_vec();
+        Case::new("LayerNormalization", vec![x()])
+            .consts(vec![Some(ft(&norm, 2)), Some(ft(&norm, 3))])
+            .attr(ai("axis", axis))
+            .opset(17)
+            .check_half();
+        Case::new("LayerNormalization", vec![x()])
+            .consts(vec![Some(ft(&norm, 2))])
+            .attr(ai("axis", axis))
+            .attr(af("epsilon", 0.1))
+            .opset(17)
+            .check_half();
+        Case::new("RMSNormalization", vec![x()])
+            .consts(vec![Some(ft(&norm, 2))])
+            .attr(ai("axis", axis))
+            .opset(23)
+            .check_half();
+    }
+    // Scale and B broadcast to the normalised shape (f16 copies of odd lengths)
+    Case::new("LayerNormalization", vec![x()])
+        .consts(vec![Some(ft(&[7], 2)), Some(ft(&[1, 7], 3))])
+        .attr(ai("axis", 2))
+        .opset(17)
+        .check_half();
+    Case::new("LayerNormalization", vec![x()])
+        .consts(vec![Some(ft(&[5, 1], 2)), Some(ft(&[1], 3))])
+        .attr(ai("axis", -2))
+        .opset(17)
+        .check_half();
+    Case::new("RMSNormalization", vec![x()])
+        .consts(vec![Some(ft(&[7], 2))])
+        .attr(af("epsilon", 0.5))
+        .attr(ai("axis", 2))
+        .opset(23)
+        .check_half();
+    // float16 X with float32 Scale and B
+    Case::new("LayerNormalization", vec![x()])
+        .consts(vec![Some(ft(&[5, 7], 2)), Some(ft(&[7], 3))])
+        .attr(ai("axis", 2))
+        .opset(17)
+        .keep_f32(&[1, 2])
+        .check_half();
+    Case::new("RMSNormalization", vec![x()])
+        .consts(vec![Some(ft(&[7], 2))])
+        .opset(23)
+        .keep_f32(&[1])
+        .check_half();
+    // long rows, many short rows, one element per row
+    for shape in [&[3, 1031][..], &[400, 6], &[5, 1]] {
+        let n = shape[1];
+        Case::new("LayerNormalization", vec![ft(shape, 4)])
+            .consts(vec![Some(ft(&[n], 5)), Some(ft(&[n], 6))])
+            .opset(17)
+            .check_half();
+        Case::new("RMSNormalization", vec![ft(shape, 4)])
+            .consts(vec![Some(ft(&[n], 5))])
+            .opset(23)
+            .check_half();
+    }
+    // InstanceNormalization: a workgroup per plane, an invocation per plane, planes of 1
+    for (k, shape) in [&[2, 3, 5, 7][..], &[1, 2, 1031], &[100, 3, 4], &[2, 5, 1]]
+        .iter()
+        .enumerate()
+    {
+        let c = shape[1];
+        Case::new("InstanceNormalization", vec![ft(shape, k as u32)])
+            .consts(vec![Some(ft(&[c], 10)), Some(ft(&[c], 11))])
+            .check_half();
+    }
+    Case::new("InstanceNormalization", vec![ft(&[2, 3, 11], 1)])
+        .consts(vec![Some(ft(&[3], 2)), Some(ft(&[3], 3))])
+        .attr(af("epsilon", 0.25))
+        .keep_f32(&[1, 2])
+        .check_half();
+}
+
 fn bn_consts(c: usize) -> Vec<Option<Tensor>> {
     let var = Tensor::from_vec(&[c], vals(c, 4).iter().map(|v| v.abs() + 0.1).collect()).unwrap();
     vec![
@@ -353,6 +511,25 @@ fn batch_normalization_inference() {
         .attr(ai("training_mode", 0))
         .opset(15)
         .check();
+}
+
+#[test]
+fn batch_normalization_in_float16() {
+    for opset in [9, 15] {
+        for shape in [&[2, 3, 5, 7][..], &[4, 3], &[1, 13, 257]] {
+            Case::new("BatchNormalization", vec![ft(shape, 5)])
+                .consts(bn_consts(shape[1]))
+                .opset(opset)
+                .check_half();
+        }
+    }
+    // float16 X and scale / B with float32 statistics (T, T1, T2 of opset 15)
+    Case::new("BatchNormalization", vec![ft(&[2, 3, 9], 5)])
+        .consts(bn_consts(3))
+        .attr(af("epsilon", 0.3))
+        .opset(15)
+        .keep_f32(&[3, 4])
+        .check_half();
 }
 
 // ----------------------------------------------------------------------------- Split, Expand, Cast
@@ -535,6 +712,60 @@ fn attention_masks_bool_and_float() {
     with_mask(base(), m).check();
 }
 
+#[test]
+fn attention_in_float16() {
+    // 4-D with a value head size differing from the key's, grouped-query heads, 3-D with
+    // head counts, keys longer than a workgroup, head size 1
+    attn(&[2, 4, 5, 8], &[2, 4, 7, 8], &[2, 4, 7, 6], 1).check_half();
+    attn(&[1, 6, 5, 8], &[1, 2, 9, 8], &[1, 2, 9, 8], 2).check_half();
+    attn(&[2, 5, 32], &[2, 7, 16], &[2, 7, 12], 3)
+        .attr(ai("q_num_heads", 4))
+        .attr(ai("kv_num_heads", 2))
+        .check_half();
+    attn(&[1, 2, 1, 16], &[1, 2, 300, 16], &[1, 2, 300, 5], 5).check_half();
+    attn(&[2, 1, 3, 1], &[2, 1, 4, 1], &[2, 1, 4, 1], 6).check_half();
+    // scale, softcap, causality (grouped)
+    attn(&[2, 5, 24], &[2, 5, 8], &[2, 5, 8], 4)
+        .attr(ai("q_num_heads", 3))
+        .attr(ai("kv_num_heads", 1))
+        .attr(ai("is_causal", 1))
+        .attr(af("scale", 0.7))
+        .attr(af("softcap", 2.0))
+        .check_half();
+    for (sq, skv) in [(5, 7), (7, 3)] {
+        attn(&[1, 6, sq, 8], &[1, 3, skv, 8], &[1, 3, skv, 4], 3)
+            .attr(ai("is_causal", 1))
+            .check_half();
+    }
+}
+
+#[test]
+fn attention_masks_in_float16() {
+    let base = || attn(&[2, 4, 5, 8], &[2, 4, 7, 8], &[2, 4, 7, 6], 1);
+    // bool masks and float masks of type T (float16), broadcast
+    for shape in [&[5, 7][..], &[2, 1, 5, 7], &[7], &[1, 4, 1, 7]] {
+        with_mask(base(), bools(shape, 9)).check_half();
+        with_mask(base(), ft(shape, 10)).check_half();
+    }
+    // shorter than the keys: the rest is padding
+    with_mask(base(), bools(&[5, 4], 11)).check_half();
+    with_mask(base(), ft(&[2, 1, 1, 3], 12)).check_half();
+    // a float32 mask with float16 Q, K, V
+    with_mask(base(), ft(&[2, 4, 5, 7], 13))
+        .keep_f32(&[3])
+        .check_half();
+    // a mask with causality and grouped heads; rows with every key masked out give zeros
+    with_mask(
+        attn(&[1, 6, 5, 8], &[1, 2, 5, 8], &[1, 2, 5, 8], 2).attr(ai("is_causal", 1)),
+        bools(&[1, 1, 5, 5], 13),
+    )
+    .check_half();
+    let mut m = vec![true; 5 * 7];
+    m[7..14].fill(false);
+    m[28..35].fill(false);
+    with_mask(base(), Tensor::from_vec(&[5, 7], m).unwrap()).check_half();
+}
+
 // ----------------------------------------------------------------------------- declines
 
 #[test]
@@ -600,11 +831,17 @@ fn node(
     }
 }
 
-#[test]
-fn kernels_read_fused_element_wise_results_and_feed_them() {
-    let Some(g) = fresh_gpu() else { return };
-    // a lazily computed element-wise chain feeds Softmax, LayerNormalization and Attention;
-    // their results feed a ReduceSum and another element-wise chain
+/// A lazily computed element-wise chain feeds Softmax, LayerNormalization and Attention;
+/// their results feed a ReduceSum and another element-wise chain. Run on `g` (every node
+/// there) and on the CPU alone, in `dt` (f32 or f16), compared within `tol`.
+fn fused_graph(g: std::sync::Arc<nxrt_wasm::webgpu::WebGpuProvider>, dt: DataType, tol: f32) {
+    let cv = |t: Tensor| {
+        if dt == DataType::Float16 {
+            to_half(&t)
+        } else {
+            t
+        }
+    };
     let shape = [2, 3, 5, 8];
     let m = ModelProto {
         ir_version: 9,
@@ -632,14 +869,11 @@ fn kernels_read_fused_element_wise_results_and_feed_them() {
                 node("Add", &["er", "at"], "y", vec![]),
             ],
             initializer: vec![
-                init("sc", &ft(&[8], 5)),
-                init("b", &ft(&[8], 6)),
+                init("sc", &cv(ft(&[8], 5))),
+                init("b", &cv(ft(&[8], 6))),
                 init("ax", &it(&[1], vec![-1])),
             ],
-            input: vec![
-                vi("x0", DataType::Float, &shape),
-                vi("x1", DataType::Float, &[8]),
-            ],
+            input: vec![vi("x0", dt, &shape), vi("x1", dt, &[8])],
             output: vec![ValueInfoProto {
                 name: "y".into(),
                 ..Default::default()
@@ -652,8 +886,8 @@ fn kernels_read_fused_element_wise_results_and_feed_them() {
     let load = || loader::load_model(&m, &loader::NoExternalData).unwrap();
     let feeds = || {
         vec![
-            ("x0".to_string(), Value::Tensor(ft(&shape, 1))),
-            ("x1".to_string(), Value::Tensor(ft(&[8], 2))),
+            ("x0".to_string(), Value::Tensor(cv(ft(&shape, 1)))),
+            ("x1".to_string(), Value::Tensor(cv(ft(&[8], 2)))),
         ]
     };
     let s = Session::new(load(), vec![g, cpu()], &SessionOptions::default()).unwrap();
@@ -666,11 +900,28 @@ fn kernels_read_fused_element_wise_results_and_feed_them() {
         panic!("tensors")
     };
     assert_eq!(a.shape(), b.shape());
+    assert_eq!(a.dtype(), dt);
     close(
-        "graph",
+        &format!("graph ({dt})"),
         &a.to_f32_vec().unwrap(),
         &b.to_f32_vec().unwrap(),
-        1e-4,
-        1e-4,
+        tol,
+        tol,
     );
+}
+
+#[test]
+fn kernels_read_fused_element_wise_results_and_feed_them() {
+    let Some(g) = fresh_gpu() else { return };
+    fused_graph(g, DataType::Float, 1e-4);
+}
+
+#[test]
+fn kernels_read_fused_float16_results_and_feed_them() {
+    // each f16 node rounds its result, the CPU's as the GPU's: a few f16 steps apart at most
+    for f16_storage in [false, true] {
+        if let Some(g) = half_gpu(f16_storage) {
+            fused_graph(g, DataType::Float16, 1e-2);
+        }
+    }
 }

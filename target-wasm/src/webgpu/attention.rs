@@ -11,14 +11,14 @@ use nxrt_core::ir::Node;
 use nxrt_core::kernels::opt_tensor_in;
 use nxrt_core::{DataType, Error, Result, Tensor};
 
-use super::reduce::{line_shader, run_lines, word, Mode, MAX_NAN, SUM};
+use super::reduce::{header_for, line_shader, run_lines, stores_of, word, Mode, MAX_NAN, SUM};
 use super::{dev_buf, dev_in, out1, Exec, Gpu, OpDef};
 
 pub(crate) const OPS: &[OpDef] = &[OpDef {
     op: "Attention",
     since: 23,
     type_input: 0,
-    half: false,
+    half: true,
     host: &[],
     build: build_attention,
 }];
@@ -166,7 +166,7 @@ const BODY: &str = "
   for (var j = t; j < total; j += S) {
     let kr = ko + j * p[13];
     var s = 0.0;
-    for (var u = 0u; u < d; u++) { s += (q[qo + u] * sqs) * (k[kr + u] * sqs); }
+    for (var u = 0u; u < d; u++) { s += (f32(q[qo + u]) * sqs) * (f32(k[kr + u]) * sqs); }
     if (cap > 0.0) { s = tanh(clamp(s / cap, -30.0, 30.0)) * cap; }
     var bj = 0.0;
 MASK
@@ -194,9 +194,9 @@ MASK
   for (var u = t; u < dv; u += S) {
     var acc = 0.0;
     if (!none) {
-      for (var j = 0u; j < total; j++) { acc += (sc[so + j] / sum) * v[vo + j * p[16] + u]; }
+      for (var j = 0u; j < total; j++) { acc += (sc[so + j] / sum) * f32(v[vo + j * p[16] + u]); }
     }
-    y[yo + u] = acc;
+    y[yo + u] = st(acc);
   }
 ";
 
@@ -242,9 +242,9 @@ fn attention(
         ));
     }
     for (t, n) in [(kt, "K"), (vt, "V")] {
-        if t.dtype() != DataType::Float {
+        if !matches!(t.dtype(), DataType::Float | DataType::Float16) {
             return Err(Error::Other(format!(
-                "the WebGPU Attention kernel takes f32 {n}, not {}",
+                "the WebGPU Attention kernel takes f32 or f16 {n}, not {}",
                 t.dtype()
             )));
         }
@@ -277,7 +277,7 @@ fn attention(
     } else {
         (vec![batch, sq, hq * dv], [sq * hq * dv, dv, hq * dv])
     };
-    // the mask: its kind (none, bool words, f32) and its dims right-aligned to 4
+    // the mask: its kind (none, bool words, float) and its dims right-aligned to 4
     let mut mdims = [1usize; 4];
     let mask_kind = match mask {
         None => "none",
@@ -298,16 +298,20 @@ fn attention(
             }
             match m.dtype() {
                 DataType::Bool => "bool",
-                DataType::Float => "float",
+                DataType::Float | DataType::Float16 => "float",
                 dt => {
                     return Err(Error::Other(format!(
-                        "the WebGPU Attention kernel takes a bool or f32 attn_mask, not {dt}"
+                        "the WebGPU Attention kernel takes a bool, f32 or f16 attn_mask, not {dt}"
                     )))
                 }
             }
         }
     };
-    let (y, yb) = gpu.alloc(DataType::Float, &y_shape)?;
+    // Q, K, V and a float mask each read in their own float type; Y is Q's (T1)
+    let mut floats = vec![qt, kt, vt];
+    floats.extend(mask.filter(|_| mask_kind == "float"));
+    let (sts, skey) = stores_of(gpu, &floats)?;
+    let (y, yb) = gpu.alloc(qt.dtype(), &y_shape)?;
     let rows = batch * hq * sq;
     if y.is_empty() {
         return out1(y);
@@ -317,12 +321,12 @@ fn attention(
     let scale = cfg.scale.map_or(1.0 / (d as f64).sqrt(), f64::from);
     let sqs = scale.sqrt() as f32;
     let mode = Mode::Row;
-    let key = format!("attention:{mask_kind}");
+    let key = format!("attention:{mask_kind}:{skey}");
     let pipe = gpu.pipeline(&key, || {
         let mut bufs = vec![
-            ("q", "read", "f32"),
-            ("k", "read", "f32"),
-            ("v", "read", "f32"),
+            ("q", "read", sts[0].ty()),
+            ("k", "read", sts[1].ty()),
+            ("v", "read", sts[2].ty()),
         ];
         let mask_code = match mask_kind {
             "bool" => {
@@ -330,20 +334,21 @@ fn attention(
                 MASK_AT.replace("MASKVAL", "select(ninf, 0.0, mask[mo] != 0u)")
             }
             "float" => {
-                bufs.push(("mask", "read", "f32"));
-                MASK_AT.replace("MASKVAL", "mask[mo]")
+                bufs.push(("mask", "read", sts[3].ty()));
+                MASK_AT.replace("MASKVAL", "f32(mask[mo])")
             }
             _ => String::new(),
         };
         bufs.push(("sc", "read_write", "f32"));
-        bufs.push(("y", "read_write", "f32"));
-        line_shader(
+        bufs.push(("y", "read_write", "T"));
+        let text = line_shader(
             &bufs,
             mode,
             &[("m", MAX_NAN), ("s", SUM)],
             "",
             &BODY.replace("MASK\n", &mask_code),
-        )
+        );
+        format!("{}{text}", header_for(&sts, sts[0]))
     })?;
     let mut params = vec![
         0,

@@ -4,9 +4,10 @@
 
 use nxrt_core::ir::Node;
 use nxrt_core::kernels::{norm_axis, opt_tensor_in};
-use nxrt_core::{DataType, Error, Result, Tensor};
+use nxrt_core::{Error, Result, Tensor};
 
-use super::reduce::{line_shader, run_lines, word, Mode, MAX, SUM};
+use super::ew::bcast_strides;
+use super::reduce::{header_for, line_shader, run_lines, stores_of, word, Mode, MAX, SUM};
 use super::{dev_buf, dev_in, out1, shader_1d, Exec, Gpu, GpuBuf, OpDef};
 
 pub(crate) const OPS: &[OpDef] = &[
@@ -14,7 +15,7 @@ pub(crate) const OPS: &[OpDef] = &[
         op: "Softmax",
         since: 1,
         type_input: 0,
-        half: false,
+        half: true,
         host: &[],
         build: build_softmax,
     },
@@ -22,7 +23,7 @@ pub(crate) const OPS: &[OpDef] = &[
         op: "LogSoftmax",
         since: 1,
         type_input: 0,
-        half: false,
+        half: true,
         host: &[],
         build: build_softmax,
     },
@@ -30,7 +31,7 @@ pub(crate) const OPS: &[OpDef] = &[
         op: "LayerNormalization",
         since: 17,
         type_input: 0,
-        half: false,
+        half: true,
         host: &[],
         build: build_layer_norm,
     },
@@ -38,7 +39,7 @@ pub(crate) const OPS: &[OpDef] = &[
         op: "RMSNormalization",
         since: 23,
         type_input: 0,
-        half: false,
+        half: true,
         host: &[],
         build: build_layer_norm,
     },
@@ -46,7 +47,7 @@ pub(crate) const OPS: &[OpDef] = &[
         op: "InstanceNormalization",
         since: 1,
         type_input: 0,
-        half: false,
+        half: true,
         host: &[],
         build: build_instance_norm,
     },
@@ -54,7 +55,7 @@ pub(crate) const OPS: &[OpDef] = &[
         op: "BatchNormalization",
         since: 1,
         type_input: 0,
-        half: false,
+        half: true,
         host: &[],
         build: build_batch_norm,
     },
@@ -92,23 +93,27 @@ fn build_softmax(node: &Node) -> Result<Exec> {
             let a = norm_axis(axis, r)?;
             (dims[a], prod(&dims[a + 1..]))
         };
-        let (y, yb) = gpu.alloc(DataType::Float, x.shape())?;
+        let st = gpu.store(x.dtype())?;
+        let (y, yb) = gpu.alloc(x.dtype(), x.shape())?;
         if y.is_empty() {
             return out1(y);
         }
         let lines = y.len() / n;
         let mode = Mode::pick(n, lines);
-        let key = format!("softmax:{log}:{}", mode.tag());
+        let key = format!("softmax:{log}:{}:{}", mode.tag(), st.key());
         let pipe = gpu.pipeline(&key, || {
             let write = if log {
                 "  let ls = log(s);
-  for (var k = t; k < n; k += S) { let o = base + k * inner; y[o] = (x[o] - m) - ls; }"
+  for (var k = t; k < n; k += S) {
+    let o = base + k * inner;
+    y[o] = st((f32(x[o]) - m) - ls);
+  }"
             } else {
                 "  let inv = 1.0 / s;
-  for (var k = t; k < n; k += S) { let o = base + k * inner; y[o] = exp(x[o] - m) * inv; }"
+  for (var k = t; k < n; k += S) { let o = base + k * inner; y[o] = st(exp(f32(x[o]) - m) * inv); }"
             };
-            line_shader(
-                &[("x", "read", "f32"), ("y", "read_write", "f32")],
+            let body = line_shader(
+                &[("x", "read", "T"), ("y", "read_write", "T")],
                 mode,
                 &[("m", MAX), ("s", SUM)],
                 "",
@@ -118,14 +123,15 @@ fn build_softmax(node: &Node) -> Result<Exec> {
   let inner = p[3];
   let base = (line / inner) * n * inner + line % inner;
   var m = bitcast<f32>(p[4]);
-  for (var k = t; k < n; k += S) {{ m = c_m(m, x[base + k * inner]); }}
+  for (var k = t; k < n; k += S) {{ m = c_m(m, f32(x[base + k * inner])); }}
   m = wg_m(t, m);
   var s = 0.0;
-  for (var k = t; k < n; k += S) {{ s += exp(x[base + k * inner] - m); }}
+  for (var k = t; k < n; k += S) {{ s += exp(f32(x[base + k * inner]) - m); }}
   s = wg_s(t, s);
 {write}"
                 ),
-            )
+            );
+            format!("{}{body}", st.header())
         })?;
         let mut params = [
             0,
@@ -153,7 +159,7 @@ fn stash_check(node: &Node) -> Result<()> {
 }
 
 /// A per-element parameter (Scale, B) over the normalised shape: `None` when its buffer
-/// already is one (its shape is `norm` up to unit axes), else a broadcast copy.
+/// already is one (its shape is `norm` up to unit axes), else a broadcast copy of its type.
 fn norm_param(gpu: &Gpu, t: &Tensor, norm: &[usize], what: &str) -> Result<Option<Tensor>> {
     let s = t.shape();
     let bad = || {
@@ -172,7 +178,44 @@ fn norm_param(gpu: &Gpu, t: &Tensor, norm: &[usize], what: &str) -> Result<Optio
         // it broadcasts without repeating anything: the same elements in the same order
         return Ok(None);
     }
-    Ok(Some(super::shape::expand_to(gpu, t, dev_buf(t)?, norm)?))
+    Ok(Some(expand_param(gpu, t, norm)?))
+}
+
+/// `t` broadcast to `out` (its dims right-aligned, each equal or 1), in `t`'s element type:
+/// the copy moves stored elements as they are, so it serves every float storage.
+fn expand_param(gpu: &Gpu, t: &Tensor, out: &[usize]) -> Result<Tensor> {
+    let st = gpu.store(t.dtype())?;
+    let xb = dev_buf(t)?;
+    let (y, yb) = gpu.alloc(t.dtype(), out)?;
+    let n = y.len();
+    if n == 0 {
+        return Ok(y);
+    }
+    let mut p = vec![0, word(n, "elements")?, word(out.len(), "a rank")?];
+    for &d in out {
+        p.push(word(d, "a dimension")?);
+    }
+    p.extend(bcast_strides(t.shape(), out));
+    let pipe = gpu.pipeline(&format!("norm:expand:{}", st.key()), || {
+        let body = shader_1d(
+            &[("x", "read", "T"), ("y", "read_write", "T")],
+            256,
+            "",
+            "  if (i >= p[1]) { return; }
+  let r = p[2];
+  var rem = i;
+  var o = 0u;
+  for (var d = r; d > 0u; d--) {
+    let dim = p[2u + d];
+    o += (rem % dim) * p[2u + r + d];
+    rem = rem / dim;
+  }
+  y[i] = x[o];",
+        );
+        format!("{}{body}", st.header())
+    })?;
+    gpu.dispatch(&pipe, &mut p, &[xb.raw(), yb.raw()], n as u64, 256)?;
+    Ok(y)
 }
 
 /// LayerNormalization (opset 17) and RMSNormalization (opset 23) over the axes from `axis`.
@@ -200,7 +243,11 @@ fn build_layer_norm(node: &Node) -> Result<Exec> {
             Some(b) => Some((b, norm_param(gpu, b, norm, "B")?)),
             None => None,
         };
-        let (y, yb) = gpu.alloc(DataType::Float, shape)?;
+        // X, Scale and B each read in their own float type; Y is X's
+        let mut ins = vec![x, sc];
+        ins.extend(bias);
+        let (sts, skey) = stores_of(gpu, &ins)?;
+        let (y, yb) = gpu.alloc(x.dtype(), shape)?;
         if y.is_empty() {
             return out1(y);
         }
@@ -212,34 +259,36 @@ fn build_layer_norm(node: &Node) -> Result<Exec> {
         };
         let mode = Mode::pick(n, rows);
         let has_b = bb.is_some();
-        let key = format!("layernorm:{rms}:{has_b}:{}", mode.tag());
+        let key = format!("layernorm:{rms}:{has_b}:{}:{skey}", mode.tag());
         let pipe = gpu.pipeline(&key, || {
-            let mut bufs = vec![("x", "read", "f32"), ("sc", "read", "f32")];
+            let mut bufs = vec![("x", "read", sts[0].ty()), ("sc", "read", sts[1].ty())];
             if has_b {
-                bufs.push(("bb", "read", "f32"));
+                bufs.push(("bb", "read", sts[2].ty()));
             }
-            bufs.push(("y", "read_write", "f32"));
-            let plus_b = if has_b { " + bb[k]" } else { "" };
+            bufs.push(("y", "read_write", "T"));
+            let plus_b = if has_b { " + f32(bb[k])" } else { "" };
             let body = if rms {
                 "  var q = 0.0;
-  for (var k = t; k < n; k += S) { let v = x[base + k]; q += v * v; }
+  for (var k = t; k < n; k += S) { let v = f32(x[base + k]); q += v * v; }
   q = wg_s(t, q);
   let inv = 1.0 / sqrt(q / f32(n) + eps);
-  for (var k = t; k < n; k += S) { y[base + k] = x[base + k] * inv * sc[k]; }"
+  for (var k = t; k < n; k += S) { y[base + k] = st(f32(x[base + k]) * inv * f32(sc[k])); }"
                     .to_string()
             } else {
                 format!(
                     "  var s = 0.0;
-  for (var k = t; k < n; k += S) {{ s += x[base + k]; }}
+  for (var k = t; k < n; k += S) {{ s += f32(x[base + k]); }}
   let mean = wg_s(t, s) / f32(n);
   var q = 0.0;
-  for (var k = t; k < n; k += S) {{ let d = x[base + k] - mean; q += d * d; }}
+  for (var k = t; k < n; k += S) {{ let d = f32(x[base + k]) - mean; q += d * d; }}
   q = wg_s(t, q);
   let inv = 1.0 / sqrt(q / f32(n) + eps);
-  for (var k = t; k < n; k += S) {{ y[base + k] = (x[base + k] - mean) * inv * sc[k]{plus_b}; }}"
+  for (var k = t; k < n; k += S) {{
+    y[base + k] = st((f32(x[base + k]) - mean) * inv * f32(sc[k]){plus_b});
+  }}"
                 )
             };
-            line_shader(
+            let text = line_shader(
                 &bufs,
                 mode,
                 &[("s", SUM)],
@@ -251,7 +300,8 @@ fn build_layer_norm(node: &Node) -> Result<Exec> {
   let base = line * n;
 {body}"
                 ),
-            )
+            );
+            format!("{}{text}", header_for(&sts, sts[0]))
         })?;
         let mut params = [
             0,
@@ -298,20 +348,21 @@ fn build_instance_norm(node: &Node) -> Result<Exec> {
         let n = prod(&shape[2..]);
         check_len("scale", sc, ch)?;
         check_len("B", b, ch)?;
-        let (y, yb) = gpu.alloc(DataType::Float, shape)?;
+        let (sts, skey) = stores_of(gpu, &[x, sc, b])?;
+        let (y, yb) = gpu.alloc(x.dtype(), shape)?;
         if y.is_empty() {
             return out1(y);
         }
         let rows = y.len() / n;
         let mode = Mode::pick(n, rows);
-        let key = format!("instancenorm:{}", mode.tag());
+        let key = format!("instancenorm:{}:{skey}", mode.tag());
         let pipe = gpu.pipeline(&key, || {
-            line_shader(
+            let text = line_shader(
                 &[
-                    ("x", "read", "f32"),
-                    ("sc", "read", "f32"),
-                    ("bb", "read", "f32"),
-                    ("y", "read_write", "f32"),
+                    ("x", "read", sts[0].ty()),
+                    ("sc", "read", sts[1].ty()),
+                    ("bb", "read", sts[2].ty()),
+                    ("y", "read_write", "T"),
                 ],
                 mode,
                 &[("s", SUM)],
@@ -322,15 +373,16 @@ fn build_instance_norm(node: &Node) -> Result<Exec> {
   let c = line % p[4];
   let base = line * n;
   var s = 0.0;
-  for (var k = t; k < n; k += S) { s += x[base + k]; }
+  for (var k = t; k < n; k += S) { s += f32(x[base + k]); }
   let mean = wg_s(t, s) / f32(n);
   var q = 0.0;
-  for (var k = t; k < n; k += S) { let d = x[base + k] - mean; q += d * d; }
+  for (var k = t; k < n; k += S) { let d = f32(x[base + k]) - mean; q += d * d; }
   q = wg_s(t, q);
-  let a = sc[c] / sqrt(q / f32(n) + eps);
-  let b = bb[c];
-  for (var k = t; k < n; k += S) { y[base + k] = (x[base + k] - mean) * a + b; }",
-            )
+  let a = f32(sc[c]) / sqrt(q / f32(n) + eps);
+  let b = f32(bb[c]);
+  for (var k = t; k < n; k += S) { y[base + k] = st((f32(x[base + k]) - mean) * a + b); }",
+            );
+            format!("{}{text}", header_for(&sts, sts[0]))
         })?;
         let mut params = [
             0,
@@ -381,29 +433,35 @@ fn build_batch_norm(node: &Node) -> Result<Exec> {
         let ch = shape[1];
         let inner = prod(&shape[2..]);
         let mut ps = Vec::with_capacity(4);
+        let mut ts = vec![x];
         for (k, what) in [(1, "scale"), (2, "B"), (3, "mean"), (4, "var")] {
             let (t, b) = dev_in(inputs, k)?;
             check_len(what, t, ch)?;
             ps.push(b);
+            ts.push(t);
         }
-        let (y, yb) = gpu.alloc(DataType::Float, shape)?;
-        let pipe = gpu.pipeline("batchnorm", || {
-            shader_1d(
+        // each input in its own float type (scale and B may differ from X, mean and var
+        // from both); Y is X's
+        let (sts, skey) = stores_of(gpu, &ts)?;
+        let (y, yb) = gpu.alloc(x.dtype(), shape)?;
+        let pipe = gpu.pipeline(&format!("batchnorm:{skey}"), || {
+            let text = shader_1d(
                 &[
-                    ("x", "read", "f32"),
-                    ("sc", "read", "f32"),
-                    ("bb", "read", "f32"),
-                    ("mu", "read", "f32"),
-                    ("va", "read", "f32"),
-                    ("y", "read_write", "f32"),
+                    ("x", "read", sts[0].ty()),
+                    ("sc", "read", sts[1].ty()),
+                    ("bb", "read", sts[2].ty()),
+                    ("mu", "read", sts[3].ty()),
+                    ("va", "read", sts[4].ty()),
+                    ("y", "read_write", "T"),
                 ],
                 256,
                 "",
                 "  if (i >= p[1]) { return; }
   let c = (i / p[3]) % p[2];
-  let a = sc[c] / sqrt(va[c] + bitcast<f32>(p[4]));
-  y[i] = (x[i] - mu[c]) * a + bb[c];",
-            )
+  let a = f32(sc[c]) / sqrt(f32(va[c]) + bitcast<f32>(p[4]));
+  y[i] = st((f32(x[i]) - f32(mu[c])) * a + f32(bb[c]));",
+            );
+            format!("{}{text}", header_for(&sts, sts[0]))
         })?;
         let n = y.len();
         let mut params = [

@@ -11,9 +11,10 @@
 
 use nxrt_core::ir::Node;
 use nxrt_core::kernels::norm_axis;
-use nxrt_core::{DataType, Error, Result};
+use nxrt_core::{DataType, Error, Result, Tensor};
 
-use super::{dev_in, host_i64s, out1, shader_1d, Exec, Gpu, OpDef};
+use super::ew::headers;
+use super::{dev_in, host_i64s, out1, shader_1d, Exec, Gpu, OpDef, Store};
 
 /// Invocations of a workgroup that owns one line.
 pub(crate) const WG: u32 = 256;
@@ -22,7 +23,7 @@ const COL_WG: u32 = 64;
 
 macro_rules! reduce_ops {
     ($($op:literal,)*) => {
-        &[$(OpDef { op: $op, since: 1, type_input: 0, half: false, host: &[1], build: build_reduce },)*]
+        &[$(OpDef { op: $op, since: 1, type_input: 0, half: true, host: &[1], build: build_reduce },)*]
     };
 }
 
@@ -185,21 +186,49 @@ pub(crate) fn word(v: usize, what: &str) -> Result<u32> {
         .map_err(|_| Error::Provider(format!("webgpu: {what} ({v}) does not fit 32 bits")))
 }
 
-/// Fills a new f32 tensor of `shape` with `v` (any bits: infinities and NaN too).
-pub(crate) fn fill(gpu: &Gpu, shape: &[usize], v: f32) -> Result<nxrt_core::Tensor> {
-    let (y, yb) = gpu.alloc(DataType::Float, shape)?;
+/// Fills a new float tensor of `dt` and `shape` with `v` rounded to `dt` (any bits:
+/// infinities and NaN too, which a kernel's `st` would not store exactly in f16).
+pub(crate) fn fill(gpu: &Gpu, dt: DataType, shape: &[usize], v: f32) -> Result<Tensor> {
+    let st = gpu.store(dt)?;
+    let (y, yb) = gpu.alloc(dt, shape)?;
+    // the buffer as 32-bit words: one f32, or two f16 (the buffer is padded to whole words)
+    let (w, words) = match st {
+        Store::F32 => (v.to_bits(), y.len()),
+        Store::F16AsF32 => (half::f16::from_f32(v).to_f32().to_bits(), y.len()),
+        Store::F16 => {
+            let h = u32::from(half::f16::from_f32(v).to_bits());
+            (h | h << 16, y.len().div_ceil(2))
+        }
+    };
     let pipe = gpu.pipeline("fill", || {
         shader_1d(
-            &[("y", "read_write", "f32")],
+            &[("y", "read_write", "u32")],
             256,
             "",
-            "  if (i >= p[1]) { return; }\n  y[i] = bitcast<f32>(p[2]);",
+            "  if (i >= p[1]) { return; }\n  y[i] = p[2];",
         )
     })?;
-    let n = y.len();
-    let mut params = [0, word(n, "a fill")?, v.to_bits()];
-    gpu.dispatch(&pipe, &mut params, &[yb.raw()], n as u64, 256)?;
+    let mut params = [0, word(words, "a fill")?, w];
+    gpu.dispatch(&pipe, &mut params, &[yb.raw()], words as u64, 256)?;
     Ok(y)
+}
+
+/// The storage of each float tensor of `ts` and a pipeline-cache key part naming them all.
+pub(crate) fn stores_of(gpu: &Gpu, ts: &[&Tensor]) -> Result<(Vec<Store>, String)> {
+    let st = ts
+        .iter()
+        .map(|t| gpu.store(t.dtype()))
+        .collect::<Result<Vec<_>>>()?;
+    let key = st.iter().map(|s| s.key()).collect::<Vec<_>>().join(",");
+    Ok((st, key))
+}
+
+/// The module header for a kernel reading tensors stored as `st` (each binding declared with
+/// its own `Store::ty`) and storing `out` (`T`, `st`).
+pub(crate) fn header_for(st: &[Store], out: Store) -> String {
+    let mut all = st.to_vec();
+    all.push(out);
+    headers(&all, out)
 }
 
 // ----------------------------------------------------------------------------- Reduce*
@@ -302,15 +331,15 @@ const LSE_BODY: &str = "
   let n = p[2];
   let base = kept_off(line);
   var m = bitcast<f32>(p[3]);
-  for (var k = t; k < n; k += S) { m = c_r(m, x[base + red_off(k)]); }
+  for (var k = t; k < n; k += S) { m = c_r(m, f32(x[base + red_off(k)])); }
   m = wg_r(t, m);
   let fin = abs(m) <= 3.4028235e38;
   var s = 0.0;
   if (fin) {
-    for (var k = t; k < n; k += S) { s += exp(x[base + red_off(k)] - m); }
+    for (var k = t; k < n; k += S) { s += exp(f32(x[base + red_off(k)]) - m); }
   }
   s = wg_s(t, s);
-  if (t == 0u) { y[line] = select(m, m + log(s), fin); }
+  if (t == 0u) { y[line] = st(select(m, m + log(s), fin)); }
 ";
 
 struct Reduce {
@@ -395,25 +424,27 @@ fn build_reduce(node: &Node) -> Result<Exec> {
         let outputs: usize = kept.iter().map(|k| k.0).product();
         let n: usize = rdc.iter().map(|k| k.0).product();
         if outputs == 0 {
-            return out1(gpu.alloc(DataType::Float, &out_shape)?.0);
+            return out1(gpu.alloc(x.dtype(), &out_shape)?.0);
         }
         if n == 0 {
-            return out1(fill(gpu, &out_shape, r.op.empty())?);
+            return out1(fill(gpu, x.dtype(), &out_shape, r.op.empty())?);
         }
-        let (y, yb) = gpu.alloc(DataType::Float, &out_shape)?;
+        let st = gpu.store(x.dtype())?;
+        let (y, yb) = gpu.alloc(x.dtype(), &out_shape)?;
         let mode = Mode::pick(n, outputs);
         let (map, comb, init, fin) = r.op.wgsl();
-        let key = format!("reduce:{:?}:{}", r.op, mode.tag());
+        let key = format!("reduce:{:?}:{}:{}", r.op, mode.tag(), st.key());
         let pipe = gpu.pipeline(&key, || {
-            let bufs = [("x", "read", "f32"), ("y", "read_write", "f32")];
+            let bufs = [("x", "read", "T"), ("y", "read_write", "T")];
             if r.op == Op::LogSumExp {
-                return line_shader(
+                let body = line_shader(
                     &bufs,
                     mode,
                     &[("r", MAX_NAN), ("s", SUM)],
                     OFFSETS,
                     LSE_BODY,
                 );
+                return format!("{}{body}", st.header());
             }
             let body = format!(
                 "  if (line >= p[1]) {{ return; }}
@@ -421,13 +452,14 @@ fn build_reduce(node: &Node) -> Result<Exec> {
   let base = kept_off(line);
   var acc = bitcast<f32>(p[3]);
   for (var k = t; k < n; k += S) {{
-    let v = x[base + red_off(k)];
+    let v = f32(x[base + red_off(k)]);
     acc = c_r(acc, {map});
   }}
   acc = wg_r(t, acc);
-  if (t == 0u) {{ y[line] = {fin}; }}"
+  if (t == 0u) {{ y[line] = st({fin}); }}"
             );
-            line_shader(&bufs, mode, &[("r", comb)], OFFSETS, &body)
+            let body = line_shader(&bufs, mode, &[("r", comb)], OFFSETS, &body);
+            format!("{}{body}", st.header())
         })?;
         let mut params = vec![
             0,
