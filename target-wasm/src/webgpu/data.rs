@@ -1,13 +1,18 @@
 //! Data movement: the reshaping ops are views of their input's buffer (no dispatch);
 //! Transpose, Slice and Gather are one gather-style dispatch each; Concat is one buffer copy per
 //! input when it joins along the outermost non-unit axis, one dispatch per input otherwise.
+//!
+//! Every kernel here moves elements without arithmetic, so float32 and float16 (either
+//! [`Store`](super::Store)) are the same code over the storage type `T`, and exact. Buffer
+//! copies need 4-byte offsets and sizes, which 2-byte f16 elements only give at even positions
+//! ([`copy_elems`]); a part at an odd one takes the element-indexed copy shader instead.
 
 use nxrt_core::ir::Node;
 use nxrt_core::kernels::tensor_in;
-use nxrt_core::{DataType, Error, Result};
+use nxrt_core::{Error, Result};
 
 use super::ew::MAX_RANK;
-use super::{dev_in, host_i64s, out1, shader_1d, view_of, Exec, Gpu, OpDef};
+use super::{dev_in, host_i64s, out1, shader_1d, view_of, Exec, Gpu, GpuBuf, OpDef};
 
 const WG: u32 = 256;
 
@@ -16,7 +21,7 @@ pub(crate) const OPS: &[OpDef] = &[
         op: "Reshape",
         since: 5,
         type_input: 0,
-        half: false,
+        half: true,
         host: &[1],
         build: build_reshape,
     },
@@ -24,7 +29,7 @@ pub(crate) const OPS: &[OpDef] = &[
         op: "Flatten",
         since: 1,
         type_input: 0,
-        half: false,
+        half: true,
         host: &[],
         build: build_flatten,
     },
@@ -32,7 +37,7 @@ pub(crate) const OPS: &[OpDef] = &[
         op: "Squeeze",
         since: 1,
         type_input: 0,
-        half: false,
+        half: true,
         host: &[1],
         build: build_squeeze,
     },
@@ -40,7 +45,7 @@ pub(crate) const OPS: &[OpDef] = &[
         op: "Unsqueeze",
         since: 1,
         type_input: 0,
-        half: false,
+        half: true,
         host: &[1],
         build: build_unsqueeze,
     },
@@ -48,7 +53,7 @@ pub(crate) const OPS: &[OpDef] = &[
         op: "Transpose",
         since: 1,
         type_input: 0,
-        half: false,
+        half: true,
         host: &[],
         build: build_transpose,
     },
@@ -56,7 +61,7 @@ pub(crate) const OPS: &[OpDef] = &[
         op: "Slice",
         since: 10,
         type_input: 0,
-        half: false,
+        half: true,
         host: &[1, 2, 3, 4],
         build: build_slice,
     },
@@ -64,7 +69,7 @@ pub(crate) const OPS: &[OpDef] = &[
         op: "Gather",
         since: 1,
         type_input: 0,
-        half: false,
+        half: true,
         host: &[1],
         build: build_gather,
     },
@@ -72,11 +77,43 @@ pub(crate) const OPS: &[OpDef] = &[
         op: "Concat",
         since: 4,
         type_input: 0,
-        half: false,
+        half: true,
         host: &[],
         build: build_concat,
     },
 ];
+
+/// `src` elements `src_at..src_at + len` (of `src_n`) copied to `dst` from element `dst_at` (of
+/// `dst_n`) as one buffer copy, elements `eb` bytes wide; `false` (nothing done) where that
+/// cannot be one: a buffer copy's offsets and size are multiples of 4 bytes, so 2-byte elements
+/// need even offsets, and an odd count only when the range ends both tensors (the copy then
+/// rounds up into the buffers' padding: their sizes round up to 4 bytes).
+pub(super) fn copy_elems(
+    gpu: &Gpu,
+    src: &wgpu::Buffer,
+    (src_at, src_n): (usize, usize),
+    dst: &wgpu::Buffer,
+    (dst_at, dst_n): (usize, usize),
+    len: usize,
+    eb: u64,
+) -> Result<bool> {
+    if len == 0 {
+        return Ok(true);
+    }
+    let (so, doff) = (src_at as u64 * eb, dst_at as u64 * eb);
+    let mut bytes = len as u64 * eb;
+    if so % 4 != 0 || doff % 4 != 0 {
+        return Ok(false);
+    }
+    if bytes % 4 != 0 {
+        if src_at + len != src_n || dst_at + len != dst_n {
+            return Ok(false);
+        }
+        bytes = bytes.div_ceil(4) * 4;
+    }
+    gpu.copy(src, so, dst, doff, bytes)?;
+    Ok(true)
+}
 
 fn norm_axis(a: i64, rank: usize) -> Result<usize> {
     let r = rank as i64;
@@ -188,7 +225,8 @@ fn build_unsqueeze(node: &Node) -> Result<Exec> {
 /// muls). Transpose and Slice are both this.
 fn strided_gather(
     gpu: &Gpu,
-    x: &super::GpuBuf,
+    x: &nxrt_core::Tensor,
+    xb: &GpuBuf,
     out: &[usize],
     start: u32,
     muls: &[i64],
@@ -196,14 +234,15 @@ fn strided_gather(
     if out.len() > MAX_RANK {
         return Err(Error::Other(format!("rank {} above {MAX_RANK}", out.len())));
     }
-    let (y, yb) = gpu.alloc(DataType::Float, out)?;
+    let st = gpu.store(x.dtype())?;
+    let (y, yb) = gpu.alloc(x.dtype(), out)?;
     let n = y.len();
     let mut p = vec![0, n as u32, out.len() as u32, start];
     p.extend(out.iter().map(|&d| d as u32));
     p.extend(muls.iter().map(|&m| m as i32 as u32));
-    let pipe = gpu.pipeline("strided_gather", || {
-        shader_1d(
-            &[("x", "read", "f32"), ("y", "read_write", "f32")],
+    let pipe = gpu.pipeline(&format!("strided_gather:{}", st.key()), || {
+        let body = shader_1d(
+            &[("x", "read", "T"), ("y", "read_write", "T")],
             WG,
             "",
             "  if (i >= p[1]) { return; }
@@ -217,9 +256,10 @@ fn strided_gather(
     o += i32(c) * bitcast<i32>(p[3u + r + d]);
   }
   y[i] = x[u32(o)];",
-        )
+        );
+        format!("{}{body}", st.header())
     })?;
-    gpu.dispatch(&pipe, &mut p, &[x.raw(), yb.raw()], n as u64, WG)?;
+    gpu.dispatch(&pipe, &mut p, &[xb.raw(), yb.raw()], n as u64, WG)?;
     Ok(y)
 }
 
@@ -256,7 +296,7 @@ fn build_transpose(node: &Node) -> Result<Exec> {
         let xs = contiguous(x.shape());
         let out: Vec<usize> = p.iter().map(|&a| x.shape()[a]).collect();
         let muls: Vec<i64> = p.iter().map(|&a| xs[a]).collect();
-        out1(strided_gather(gpu, xb, &out, 0, &muls)?)
+        out1(strided_gather(gpu, x, xb, &out, 0, &muls)?)
     }))
 }
 
@@ -314,7 +354,7 @@ fn build_slice(_node: &Node) -> Result<Exec> {
             }
         }
         let start = u32::try_from(start_off).map_err(|_| Error::Shape("Slice offset".into()))?;
-        out1(strided_gather(gpu, xb, &out, start, &muls)?)
+        out1(strided_gather(gpu, x, xb, &out, start, &muls)?)
     }))
 }
 
@@ -344,7 +384,8 @@ fn build_gather(node: &Node) -> Result<Exec> {
         let mut out: Vec<usize> = x.shape()[..a].to_vec();
         out.extend(idx_t.shape());
         out.extend(&x.shape()[a + 1..]);
-        let (y, yb) = gpu.alloc(DataType::Float, &out)?;
+        let st = gpu.store(x.dtype())?;
+        let (y, yb) = gpu.alloc(x.dtype(), &out)?;
         if y.is_empty() {
             return out1(y);
         }
@@ -358,12 +399,12 @@ fn build_gather(node: &Node) -> Result<Exec> {
             d as u32,
             outer as u32,
         ];
-        let pipe = gpu.pipeline("gather", || {
-            shader_1d(
+        let pipe = gpu.pipeline(&format!("gather:{}", st.key()), || {
+            let body = shader_1d(
                 &[
-                    ("x", "read", "f32"),
+                    ("x", "read", "T"),
                     ("ix", "read", "u32"),
-                    ("y", "read_write", "f32"),
+                    ("y", "read_write", "T"),
                 ],
                 WG,
                 "",
@@ -373,7 +414,8 @@ fn build_gather(node: &Node) -> Result<Exec> {
   let j = (i / inner) % ni;
   let o = i / (inner * ni);
   y[i] = x[(o * p[4] + ix[j]) * inner + c];",
-            )
+            );
+            format!("{}{body}", st.header())
         })?;
         gpu.dispatch(&pipe, &mut p, &[xb.raw(), ib.raw(), yb.raw()], n as u64, WG)?;
         out1(y)
@@ -405,31 +447,50 @@ fn build_concat(node: &Node) -> Result<Exec> {
                     t.shape()
                 )));
             }
+            if t.dtype() != first.dtype() {
+                return Err(Error::Other(format!(
+                    "Concat of {} and {}",
+                    first.dtype(),
+                    t.dtype()
+                )));
+            }
             out[a] += t.shape()[a];
             parts.push((t, b));
         }
-        let (y, yb) = gpu.alloc(DataType::Float, &out)?;
+        let st = gpu.store(first.dtype())?;
+        let (y, yb) = gpu.alloc(first.dtype(), &out)?;
+        let total = y.len();
         let outer: usize = out[..a].iter().product();
         let inner: usize = out[a + 1..].iter().product();
         let mut at = 0usize;
         for (t, b) in parts {
             let len = t.shape()[a] * inner;
-            if outer == 1 {
-                gpu.copy(b.raw(), 0, yb.raw(), (at * 4) as u64, (len * 4) as u64)?;
-            } else if len > 0 {
+            let copied = outer == 1
+                && copy_elems(
+                    gpu,
+                    b.raw(),
+                    (0, t.len()),
+                    yb.raw(),
+                    (at, total),
+                    len,
+                    st.bytes(),
+                )?;
+            if !copied && len > 0 {
                 // rows of `len` elements from each input, spread across the output's rows
+                // (one row: an f16 part at an odd offset)
                 let n = outer * len;
                 let mut p = vec![0, n as u32, len as u32, (out[a] * inner) as u32, at as u32];
-                let pipe = gpu.pipeline("concat_rows", || {
-                    shader_1d(
-                        &[("x", "read", "f32"), ("y", "read_write", "f32")],
+                let pipe = gpu.pipeline(&format!("concat_rows:{}", st.key()), || {
+                    let body = shader_1d(
+                        &[("x", "read", "T"), ("y", "read_write", "T")],
                         WG,
                         "",
                         "  if (i >= p[1]) { return; }
   let row = i / p[2];
   let c = i % p[2];
   y[row * p[3] + p[4] + c] = x[i];",
-                    )
+                    );
+                    format!("{}{body}", st.header())
                 })?;
                 gpu.dispatch(&pipe, &mut p, &[b.raw(), yb.raw()], n as u64, WG)?;
             }
