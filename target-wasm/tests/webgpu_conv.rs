@@ -326,6 +326,56 @@ fn conv_transpose_attributes() {
         )
         .check();
     }
+    // float16: bias and groups with strides, pads and output_padding; depthwise; 1-D, 3-D
+    conv_case(
+        "ConvTranspose",
+        &[2, 6, 5, 7],
+        &[6, 5, 3, 2],
+        Some(10),
+        &[
+            ai("group", 2),
+            ais("strides", &[2, 3]),
+            ais("pads", &[1, 0, 2, 1]),
+            ais("output_padding", &[1, 2]),
+            ais("dilations", &[2, 1]),
+        ],
+        11,
+    )
+    .check_half();
+    conv_case(
+        "ConvTranspose",
+        &[1, 4, 6, 3],
+        &[4, 1, 2, 3],
+        None,
+        &[ai("group", 4), ais("strides", &[3, 1])],
+        12,
+    )
+    .check_half();
+    conv_case(
+        "ConvTranspose",
+        &[2, 3, 11],
+        &[3, 2, 4],
+        Some(2),
+        &[
+            ais("strides", &[3]),
+            ais("pads", &[1, 2]),
+            ais("dilations", &[2]),
+        ],
+        13,
+    )
+    .check_half();
+    conv_case(
+        "ConvTranspose",
+        &[1, 2, 3, 4, 3],
+        &[2, 2, 2, 3, 2],
+        Some(2),
+        &[
+            ais("strides", &[2, 1, 2]),
+            ais("output_padding", &[1, 0, 1]),
+        ],
+        14,
+    )
+    .check_half();
 }
 
 fn pool_case(op: &'static str, xs: &[usize], attrs: &[AttributeProto], seed: u32) -> Case {
@@ -436,6 +486,19 @@ fn max_and_average_pool_attributes() {
                 10,
             )
             .check();
+            pool_case(
+                "AveragePool",
+                &[2, 3, 9, 10],
+                &[
+                    ais("kernel_shape", &[3, 4]),
+                    ais("strides", &[2, 3]),
+                    ais("pads", &[1, 2, 0, 1]),
+                    ai("count_include_pad", include),
+                    ai("ceil_mode", ceil),
+                ],
+                10,
+            )
+            .check_half();
         }
         pool_case(
             "AveragePool",
@@ -449,6 +512,71 @@ fn max_and_average_pool_attributes() {
             11,
         )
         .check();
+    }
+    // float16: odd sizes, pads, strides, ceil_mode, dilations, auto_pad, 1-D and 3-D
+    for op in ["MaxPool", "AveragePool"] {
+        pool_case(op, &[1, 3, 7, 9], &[ais("kernel_shape", &[3, 3])], 21).check_half();
+        for ceil in [0, 1] {
+            pool_case(
+                op,
+                &[2, 3, 11, 13],
+                &[
+                    ais("kernel_shape", &[3, 2]),
+                    ais("strides", &[2, 3]),
+                    ais("pads", &[1, 0, 2, 1]),
+                    ai("ceil_mode", ceil),
+                ],
+                22,
+            )
+            .check_half();
+        }
+        pool_case(
+            op,
+            &[1, 2, 12, 11],
+            &[
+                ais("kernel_shape", &[2, 3]),
+                ais("strides", &[3, 2]),
+                ais("dilations", &[2, 2]),
+                ai("ceil_mode", 1),
+            ],
+            23,
+        )
+        .opset(19)
+        .check_half();
+        pool_case(
+            op,
+            &[1, 3, 8, 7],
+            &[
+                ais("kernel_shape", &[3, 2]),
+                ais("strides", &[2, 2]),
+                astr("auto_pad", "SAME_LOWER"),
+            ],
+            24,
+        )
+        .check_half();
+        pool_case(
+            op,
+            &[2, 3, 31],
+            &[
+                ais("kernel_shape", &[4]),
+                ais("strides", &[3]),
+                ais("pads", &[2, 1]),
+                ai("ceil_mode", 1),
+            ],
+            25,
+        )
+        .check_half();
+        pool_case(
+            op,
+            &[1, 2, 5, 6, 7],
+            &[
+                ais("kernel_shape", &[2, 3, 2]),
+                ais("strides", &[1, 2, 2]),
+                ais("pads", &[1, 0, 1, 0, 1, 1]),
+            ],
+            26,
+        )
+        .check_half();
     }
 }
 
@@ -468,6 +596,7 @@ fn global_pools() {
         .enumerate()
         {
             Case::new(op, vec![ft(xs, k as u32)]).atol(1e-5).check();
+            Case::new(op, vec![ft(xs, k as u32)]).check_half();
         }
     }
 }
@@ -522,6 +651,15 @@ fn resize_nearest_every_rounding_and_coordinate_mode() {
             // every axis resized, rank 3
             resize_case(&[3, 4, 5], Some(&[2.0, 0.75, 1.5]), None, &attrs, 19).check();
         }
+        // float16 (scales stay float32)
+        let attrs = [
+            astr("mode", "nearest"),
+            astr("coordinate_transformation_mode", coord),
+        ];
+        resize_case(&[1, 2, 5, 7], Some(&[1.0, 1.0, 2.6, 1.7]), None, &attrs, 19)
+            .keep_f32(&[1, 2])
+            .check_half();
+        resize_case(&[1, 1, 4, 6], None, Some(&[1, 1, 9, 5]), &attrs, 19).check_half();
     }
 }
 
@@ -552,6 +690,19 @@ fn resize_linear_and_cubic() {
             resize_case(&[1, 1, 4, 6], None, Some(&[1, 1, 9, 1]), &attrs, 19).check();
             // a 1x1 plane enlarged (pytorch_half_pixel's special case at output size 1)
             resize_case(&[1, 2, 1, 1], None, Some(&[1, 2, 3, 1]), &attrs, 19).check();
+            // float16 (scales stay float32)
+            resize_case(&[1, 2, 5, 7], Some(&[1.0, 1.0, 2.6, 1.7]), None, &attrs, 19)
+                .keep_f32(&[1, 2])
+                .check_half();
+            resize_case(
+                &[2, 3, 11, 9],
+                Some(&[1.0, 1.0, 0.5, 0.7]),
+                None,
+                &attrs,
+                19,
+            )
+            .keep_f32(&[1, 2])
+            .check_half();
         }
     }
     // linear over three axes and over a leading axis with a scale of 1 elsewhere
@@ -582,6 +733,15 @@ fn resize_linear_and_cubic() {
             19,
         )
         .check();
+        resize_case(
+            &[1, 2, 17, 13],
+            Some(&[1.0, 1.0, 0.3, 0.45]),
+            None,
+            &[astr("mode", mode), ai("antialias", 1)],
+            19,
+        )
+        .keep_f32(&[1, 2])
+        .check_half();
     }
     for opset in [11, 13] {
         resize_case(
@@ -633,6 +793,15 @@ fn resize_axes_policies_and_crop() {
             .attr(astr("coordinate_transformation_mode", "tf_crop_and_resize"))
             .attr(af("extrapolation_value", 7.5))
             .check();
+        // float16, roi float32; an extrapolation value f16 rounds (7.3 -> 7.3008)
+        let roi = Tensor::from_vec(&[8], vec![0.0f32, 0.0, -0.2, 0.1, 1.0, 1.0, 0.8, 1.3]).unwrap();
+        Case::new("Resize", vec![ft(&[1, 2, 6, 7], 3)])
+            .consts(vec![Some(roi), None, Some(it(&[4], vec![1, 2, 5, 9]))])
+            .attr(astr("mode", mode))
+            .attr(astr("coordinate_transformation_mode", "tf_crop_and_resize"))
+            .attr(af("extrapolation_value", 7.3))
+            .keep_f32(&[1])
+            .check_half();
     }
 }
 
@@ -684,6 +853,18 @@ fn pad_every_mode() {
             None,
         )
         .check();
+        // float16: the constant value is float16 too
+        pad_case(
+            &[2, 3, 4, 5],
+            &[0, 1, 2, 3, 1, 0, 3, 2],
+            mode,
+            Some(1.3),
+            None,
+        )
+        .check_half();
+        pad_case(&[1, 2, 7, 6], &[0, 0, -2, 3, 0, 0, 1, -3], mode, None, None).check_half();
+        pad_case(&[4, 3], &[0, 7, 0, 5], mode, Some(-2.7), None).check_half();
+        pad_case(&[1031], &[3, 257], mode, None, None).check_half();
     }
     // a one-element axis under reflect
     pad_case(&[2, 1], &[0, 2, 0, 3], "reflect", None, None).check();
@@ -696,6 +877,13 @@ fn pad_every_mode() {
             .opset(2)
             .check();
     }
+    // opset 2: an f32 value attribute on a float16 tensor (rounded to f16)
+    Case::new("Pad", vec![ft(&[3, 4], 1)])
+        .attr(astr("mode", "constant"))
+        .attr(ais("pads", &[1, 2, 0, 1]))
+        .attr(af("value", 3.3))
+        .opset(2)
+        .check_half();
 }
 
 /// Runs `case` on [webgpu, cpu], asserts its node ran on the CPU, and compares with the CPU
@@ -748,9 +936,108 @@ fn unsupported_configurations_fall_back_to_the_cpu() {
     );
 }
 
+/// Runs `case` as float32 and then as float16 on each f16 store's provider (the same
+/// provider, so a pipeline cached for one storage type and reused for the other shows), and
+/// asserts both ran on WebGPU, agree with the CPU, and the float16 output is float16 (f32 words
+/// holding f16-rounded values would pass `check_half`'s comparison; the element type would not).
+#[track_caller]
+fn keeps_f16(case: Case) {
+    let run = |c: &Case, g| {
+        let m = loader::load_model(&c.model(), &loader::NoExternalData).unwrap();
+        let s = Session::new(m, vec![g, cpu()], &SessionOptions::default()).unwrap();
+        assert_eq!(s.partition().assignments[0].2, "webgpu", "{}", c.op);
+        let feeds = c
+            .feeds
+            .iter()
+            .enumerate()
+            .map(|(k, t)| (format!("x{k}"), Value::Tensor(t.clone())))
+            .collect();
+        let out = pollster::block_on(s.run_async(feeds)).unwrap();
+        let Value::Tensor(y) = &out[0].1 else {
+            panic!("a tensor")
+        };
+        (y.dtype(), y.to_f32_vec().unwrap())
+    };
+    let h = case.halved();
+    let (_, want32, _) = case.run_on(vec![cpu()]);
+    let (_, want16, _) = h.run_on(vec![cpu()]);
+    for f16_storage in [false, true] {
+        let Some(g) = half_gpu(f16_storage) else {
+            continue;
+        };
+        let what = format!("{} (storage f16: {f16_storage})", h.op);
+        let (dt, got) = run(&case, g.clone());
+        assert_eq!(dt, DataType::Float, "f32 {what} output type");
+        close(&format!("f32 {what}"), &got, &want32, 1e-4, case.atol);
+        let (dt, got) = run(&h, g);
+        assert_eq!(dt, DataType::Float16, "f16 {what} output type");
+        close(
+            &format!("f16 {what}"),
+            &got,
+            &want16,
+            2e-3,
+            case.atol.max(2e-3),
+        );
+    }
+}
+
+#[test]
+fn float16_nodes_produce_float16() {
+    keeps_f16(conv_case(
+        "ConvTranspose",
+        &[1, 6, 4, 5],
+        &[6, 5, 3, 3],
+        Some(10),
+        &[ai("group", 2), ais("strides", &[2, 2])],
+        1,
+    ));
+    for op in ["MaxPool", "AveragePool"] {
+        keeps_f16(pool_case(
+            op,
+            &[1, 3, 7, 9],
+            &[ais("kernel_shape", &[3, 3])],
+            2,
+        ));
+    }
+    for op in ["GlobalAveragePool", "GlobalMaxPool"] {
+        keeps_f16(Case::new(op, vec![ft(&[2, 3, 7, 9], 3)]));
+    }
+    keeps_f16(
+        resize_case(
+            &[1, 2, 5, 7],
+            Some(&[1.0, 1.0, 2.6, 1.7]),
+            None,
+            &[astr("mode", "linear")],
+            19,
+        )
+        .keep_f32(&[1, 2]),
+    );
+    keeps_f16(pad_case(&[3, 5], &[1, 2, 2, 3], "reflect", None, None));
+}
+
 #[test]
 fn a_vision_chain_stays_on_the_device() {
     let Some(g) = gpu() else { return };
+    vision_chain(g, false);
+}
+
+/// The same chain in float16 on both f16 stores: every kernel takes the one before's float16
+/// output (Resize's scales stay float32).
+#[test]
+fn a_float16_vision_chain_stays_on_the_device() {
+    for f16_storage in [false, true] {
+        if let Some(g) = half_gpu(f16_storage) {
+            vision_chain(g, true);
+        }
+    }
+}
+
+fn vision_chain(g: std::sync::Arc<nxrt_wasm::webgpu::WebGpuProvider>, half: bool) {
+    let (dt, ty) = if half {
+        (DataType::Float16, to_half as fn(&Tensor) -> Tensor)
+    } else {
+        (DataType::Float, Tensor::clone as fn(&Tensor) -> Tensor)
+    };
     // x -> Conv(w, b) -> Relu -> MaxPool -> Resize(scales) -> Pad -> GlobalAveragePool -> y
     let node = |op: &str, ins: &[&str], out: &str, attribute: Vec<AttributeProto>| NodeProto {
         op_type: op.into(),
@@ -787,15 +1074,15 @@ fn a_vision_chain_stays_on_the_device() {
                 node("GlobalAveragePool", &["p"], "y", vec![]),
             ],
             initializer: vec![
-                init("w", &ft(&[20, 3, 3, 3], 1)),
-                init("b", &ft(&[20], 2)),
+                init("w", &ty(&ft(&[20, 3, 3, 3], 1))),
+                init("b", &ty(&ft(&[20], 2))),
                 init(
                     "scales",
                     &Tensor::from_vec(&[4], vec![1.0f32, 1.0, 1.5, 2.0]).unwrap(),
                 ),
                 init("pads", &it(&[8], vec![0, 0, 1, 2, 0, 0, 2, 1])),
             ],
-            input: vec![vi("x", DataType::Float, &[2, 3, 17, 15])],
+            input: vec![vi("x", dt, &[2, 3, 17, 15])],
             output: vec![ValueInfoProto {
                 name: "y".into(),
                 ..Default::default()
@@ -812,11 +1099,12 @@ fn a_vision_chain_stays_on_the_device() {
             &SessionOptions::default(),
         )
         .unwrap();
-        let feeds = vec![("x".to_string(), Value::Tensor(ft(&[2, 3, 17, 15], 3)))];
+        let feeds = vec![("x".to_string(), Value::Tensor(ty(&ft(&[2, 3, 17, 15], 3))))];
         let out = pollster::block_on(s.run_async(feeds)).unwrap();
         let Value::Tensor(y) = &out[0].1 else {
             panic!("a tensor")
         };
+        assert_eq!(y.dtype(), dt);
         (
             s.partition().assignments.clone(),
             y.to_f32_vec().unwrap(),
@@ -828,7 +1116,8 @@ fn a_vision_chain_stays_on_the_device() {
     let (_, want, ws) = run(vec![cpu()]);
     assert_eq!(gs, ws);
     assert_eq!(gs, vec![2, 20, 1, 1]);
-    close("the chain", &got, &want, 1e-4, 1e-4);
+    let tol = if half { 2e-3 } else { 1e-4 };
+    close(&format!("the {dt} chain"), &got, &want, tol, tol);
 }
 
 #[test]

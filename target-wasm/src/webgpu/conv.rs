@@ -21,7 +21,7 @@ mod resize;
 
 use nxrt_core::ir::Node;
 use nxrt_core::kernels::opt_tensor_in;
-use nxrt_core::{DataType, Error, Result};
+use nxrt_core::{Error, Result};
 
 use std::sync::Arc;
 
@@ -43,7 +43,7 @@ pub(crate) const OPS: &[OpDef] = &[
         op: "ConvTranspose",
         since: 1,
         type_input: 0,
-        half: false,
+        half: true,
         host: &[],
         build: build_conv_transpose,
     },
@@ -51,7 +51,7 @@ pub(crate) const OPS: &[OpDef] = &[
         op: "MaxPool",
         since: 1,
         type_input: 0,
-        half: false,
+        half: true,
         host: &[],
         build: pool::build_max_pool,
     },
@@ -59,7 +59,7 @@ pub(crate) const OPS: &[OpDef] = &[
         op: "AveragePool",
         since: 1,
         type_input: 0,
-        half: false,
+        half: true,
         host: &[],
         build: pool::build_average_pool,
     },
@@ -67,7 +67,7 @@ pub(crate) const OPS: &[OpDef] = &[
         op: "GlobalAveragePool",
         since: 1,
         type_input: 0,
-        half: false,
+        half: true,
         host: &[],
         build: pool::build_global_average_pool,
     },
@@ -75,7 +75,7 @@ pub(crate) const OPS: &[OpDef] = &[
         op: "GlobalMaxPool",
         since: 1,
         type_input: 0,
-        half: false,
+        half: true,
         host: &[],
         build: pool::build_global_max_pool,
     },
@@ -83,7 +83,7 @@ pub(crate) const OPS: &[OpDef] = &[
         op: "Resize",
         since: 11,
         type_input: 0,
-        half: false,
+        half: true,
         host: &[1, 2, 3],
         build: resize::build_resize,
     },
@@ -91,7 +91,7 @@ pub(crate) const OPS: &[OpDef] = &[
         op: "Pad",
         since: 1,
         type_input: 0,
-        half: false,
+        half: true,
         host: &[1, 2, 3],
         build: resize::build_pad,
     },
@@ -816,10 +816,10 @@ fn conv_gemm(
 fn conv_transpose_shader() -> String {
     shader_1d(
         &[
-            ("x", "read", "f32"),
-            ("w", "read", "f32"),
-            ("bias", "read", "f32"),
-            ("y", "read_write", "f32"),
+            ("x", "read", "T"),
+            ("w", "read", "T"),
+            ("bias", "read", "T"),
+            ("y", "read_write", "T"),
         ],
         WG,
         "",
@@ -835,7 +835,7 @@ fn conv_transpose_shader() -> String {
   let in_plane = id * ih * iw;
   let kk = kd * kh * kw;
   var acc = 0.0;
-  if (p[7] != 0u) {{ acc = bias[m]; }}
+  if (p[7] != 0u) {{ acc = f32(bias[m]); }}
   let xb = (n * C + g * cg) * in_plane;
   let wb = (g * cg * mg + ml) * kk;
   let wstep = mg * kk;
@@ -860,12 +860,12 @@ fn conv_transpose_shader() -> String {
         let xo = xb + (z * ih + yy) * iw + xx;
         let wo = wb + (a * kh + b) * kw + c;
         for (var ci = 0u; ci < cg; ci++) {{
-          acc = fma(x[xo + ci * in_plane], w[wo + ci * wstep], acc);
+          acc = fma(f32(x[xo + ci * in_plane]), f32(w[wo + ci * wstep]), acc);
         }}
       }}
     }}
   }}
-  y[i] = acc;",
+  y[i] = st(acc);",
             geo_prelude()
         ),
     )
@@ -1022,10 +1022,14 @@ fn build_conv_transpose(node: &Node) -> Result<Exec> {
         let (x, xb) = dev_in(inputs, 0)?;
         let (w, wb) = dev_in(inputs, 1)?;
         let b = opt_tensor_in(inputs, 2)?;
+        if w.dtype() != x.dtype() || b.is_some_and(|b| b.dtype() != x.dtype()) {
+            return Err(fail("ConvTranspose of mixed element types"));
+        }
+        let st = gpu.store(x.dtype())?;
         let cs = conv_transpose_shape(&a, x.shape(), w.shape(), b.map(|b| b.len()))?;
         let mut shape = vec![cs.n, cs.m];
         shape.extend_from_slice(cs.g.out_dims(cs.nd));
-        let (y, yb) = gpu.alloc(DataType::Float, &shape)?;
+        let (y, yb) = gpu.alloc(x.dtype(), &shape)?;
         if y.is_empty() {
             return out1(y);
         }
@@ -1045,7 +1049,9 @@ fn build_conv_transpose(node: &Node) -> Result<Exec> {
         ];
         params.extend(cs.g.words()?);
         let bias = bias.unwrap_or(wb.raw());
-        let pipe = gpu.pipeline("convtranspose", conv_transpose_shader)?;
+        let pipe = gpu.pipeline(&format!("convtranspose:{}", st.key()), || {
+            format!("{}{}", st.header(), conv_transpose_shader())
+        })?;
         gpu.dispatch(
             &pipe,
             &mut params,

@@ -2,7 +2,7 @@
 //! global pools (one workgroup per plane, a tree reduction in workgroup memory).
 
 use nxrt_core::ir::Node;
-use nxrt_core::{DataType, Result};
+use nxrt_core::Result;
 
 use super::super::{dev_in, out1, shader_1d, Exec, Gpu};
 use super::{fail, geo_prelude, parse_spatial, pool_geom, word, Spatial, GEO, WG};
@@ -19,7 +19,7 @@ fn pool_shader(max: bool) -> String {
         (
             "bitcast<f32>(p[5])",
             "if (v > acc) { acc = v; }",
-            "y[i] = acc;",
+            "y[i] = st(acc);",
         )
     } else {
         (
@@ -27,11 +27,11 @@ fn pool_shader(max: bool) -> String {
             "acc += v; cnt += 1u;",
             "var div = cnt;
   if (p[4] != 0u) { div = pz * py * px; }
-  if (div == 0u) { y[i] = 0.0; } else { y[i] = acc / f32(div); }",
+  if (div == 0u) { y[i] = st(0.0); } else { y[i] = st(acc / f32(div)); }",
         )
     };
     shader_1d(
-        &[("x", "read", "f32"), ("y", "read_write", "f32")],
+        &[("x", "read", "T"), ("y", "read_write", "T")],
         WG,
         "",
         &format!(
@@ -61,7 +61,7 @@ fn pool_shader(max: bool) -> String {
       for (var c = 0u; c < kw; c++) {{
         let xx = x0 + i32(c * dw);
         if (xx < 0 || xx >= i32(iw)) {{ continue; }}
-        let v = x[row + u32(xx)];
+        let v = f32(x[row + u32(xx)]);
         {fold}
       }}
     }}
@@ -114,7 +114,8 @@ fn build_pool(node: &Node, kind: Kind) -> Result<Exec> {
         let g = pool_geom(&a.sp, &xs[2..], a.ceil)?;
         let mut shape = vec![xs[0], xs[1]];
         shape.extend_from_slice(g.out_dims(nd));
-        let (y, yb) = gpu.alloc(DataType::Float, &shape)?;
+        let st = gpu.store(x.dtype())?;
+        let (y, yb) = gpu.alloc(x.dtype(), &shape)?;
         let (max, include_pad) = match a.kind {
             Kind::Max => (true, false),
             Kind::Avg { include_pad } => (false, include_pad),
@@ -131,8 +132,10 @@ fn build_pool(node: &Node, kind: Kind) -> Result<Exec> {
         ];
         debug_assert_eq!(params.len(), GEO);
         params.extend(g.words()?);
-        let key = if max { "pool:max" } else { "pool:avg" };
-        let pipe = gpu.pipeline(key, || pool_shader(max))?;
+        let kind = if max { "max" } else { "avg" };
+        let pipe = gpu.pipeline(&format!("pool:{kind}:{}", st.key()), || {
+            format!("{}{}", st.header(), pool_shader(max))
+        })?;
         gpu.dispatch(
             &pipe,
             &mut params,
@@ -170,8 +173,8 @@ fn global_shader(max: bool) -> String {
     format!(
         "
 @group(0) @binding(0) var<storage, read> p: array<u32>;
-@group(0) @binding(1) var<storage, read> x: array<f32>;
-@group(0) @binding(2) var<storage, read_write> y: array<f32>;
+@group(0) @binding(1) var<storage, read> x: array<T>;
+@group(0) @binding(2) var<storage, read_write> y: array<T>;
 
 var<workgroup> red: array<f32, {GWG}>;
 
@@ -186,7 +189,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   if (plane < planes) {{
     let base = plane * len;
     for (var j = li; j < len; j += {GWG}u) {{
-      acc = op(acc, x[base + j]);
+      acc = op(acc, f32(x[base + j]));
     }}
   }}
   red[li] = acc;
@@ -196,7 +199,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     workgroupBarrier();
   }}
   if (li == 0u && plane < planes) {{
-    y[plane] = {fin};
+    y[plane] = st({fin});
   }}
 }}
 ",
@@ -217,15 +220,18 @@ fn build_global(max: bool) -> Result<Exec> {
         let len: usize = xs[2..].iter().product();
         let mut shape = xs.to_vec();
         shape[2..].iter_mut().for_each(|d| *d = 1);
-        let (y, yb) = gpu.alloc(DataType::Float, &shape)?;
+        let st = gpu.store(x.dtype())?;
+        let (y, yb) = gpu.alloc(x.dtype(), &shape)?;
         let mut params = vec![
             0,
             word(planes, "a plane count")?,
             word(len, "a plane size")?,
             f32::NEG_INFINITY.to_bits(),
         ];
-        let key = if max { "gpool:max" } else { "gpool:avg" };
-        let pipe = gpu.pipeline(key, || global_shader(max))?;
+        let kind = if max { "max" } else { "avg" };
+        let pipe = gpu.pipeline(&format!("gpool:{kind}:{}", st.key()), || {
+            format!("{}{}", st.header(), global_shader(max))
+        })?;
         gpu.dispatch(
             &pipe,
             &mut params,

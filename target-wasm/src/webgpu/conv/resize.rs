@@ -35,8 +35,8 @@ fn gather_shader() -> String {
     shader_1d(
         &[
             ("tab", "read", "u32"),
-            ("x", "read", "f32"),
-            ("y", "read_write", "f32"),
+            ("x", "read", "T"),
+            ("y", "read_write", "T"),
         ],
         WG,
         "",
@@ -54,10 +54,10 @@ fn gather_shader() -> String {
   var base = 0u;
   var ncomb = 1u;
   for (var a = 0u; a < r; a++) {{
-    let T = p[4u + 2u * r + a];
-    let e = tab[p[4u + 3u * r + a] + co[a] * T];
-    if (e == {OOB}u) {{ y[i] = bitcast<f32>(p[3]); return; }}
-    if (T == 1u) {{ base += e * p[4u + r + a]; }} else {{ ncomb *= T; }}
+    let nt = p[4u + 2u * r + a];
+    let e = tab[p[4u + 3u * r + a] + co[a] * nt];
+    if (e == {OOB}u) {{ y[i] = st(bitcast<f32>(p[3])); return; }}
+    if (nt == 1u) {{ base += e * p[4u + r + a]; }} else {{ ncomb *= nt; }}
   }}
   if (ncomb == 1u) {{ y[i] = x[base]; return; }}
   var acc = 0.0;
@@ -66,17 +66,17 @@ fn gather_shader() -> String {
     var off = base;
     var wt = 1.0;
     for (var a = 0u; a < r; a++) {{
-      let T = p[4u + 2u * r + a];
-      if (T == 1u) {{ continue; }}
-      let t = cr % T;
-      cr = cr / T;
-      let e = co[a] * T + t;
+      let nt = p[4u + 2u * r + a];
+      if (nt == 1u) {{ continue; }}
+      let t = cr % nt;
+      cr = cr / nt;
+      let e = co[a] * nt + t;
       off += tab[p[4u + 3u * r + a] + e] * p[4u + r + a];
       wt *= bitcast<f32>(tab[p[4u + 4u * r + a] + e]);
     }}
-    acc = fma(wt, x[off], acc);
+    acc = fma(wt, f32(x[off]), acc);
   }}
-  y[i] = acc;"
+  y[i] = st(acc);"
         ),
     )
 }
@@ -96,7 +96,8 @@ fn gather(
             "the WebGPU gather takes rank {MAX_RANK} at most, not {r}"
         )));
     }
-    let (y, yb) = gpu.alloc(DataType::Float, out)?;
+    let st = gpu.store(x.dtype())?;
+    let (y, yb) = gpu.alloc(x.dtype(), out)?;
     if y.is_empty() {
         return out1(y);
     }
@@ -137,7 +138,9 @@ fn gather(
     }
     let tbytes: &[u8] = bytemuck::cast_slice(&words);
     let tbuf = gpu.table(tbytes, "a Resize/Pad table")?;
-    let pipe = gpu.pipeline("gather:tables", gather_shader)?;
+    let pipe = gpu.pipeline(&format!("gather:tables:{}", st.key()), || {
+        format!("{}{}", st.header(), gather_shader())
+    })?;
     gpu.dispatch(
         &pipe,
         &mut params,
