@@ -125,16 +125,19 @@ impl Store {
     pub fn header(self) -> &'static str {
         match self {
             Store::F32 => "alias T = f32;\nfn st(v: f32) -> T { return v; }\n",
-            // pack2x16float is undefined outside f16's range: keep such values as they are
-            // (the f16 result would be infinite, and so they stay far out of range)
+            // pack2x16float is undefined outside f16's range: values that round to infinity
+            // in f16 (|v| >= 65520) are made infinite from their sign bits at run time, NaN
+            // passes through
             Store::F16AsF32 => {
                 "alias T = f32;\nfn st(v: f32) -> T {\n  \
                  let h = unpack2x16float(pack2x16float(vec2<f32>(v, 0.0))).x;\n  \
-                 return select(h, v, abs(v) > 65504.0);\n}\n"
+                 let inf = bitcast<f32>((bitcast<u32>(v) & 0x80000000u) | 0x7f800000u);\n  \
+                 return select(select(h, inf, abs(v) >= 65520.0), v, v != v);\n}\n"
             }
-            Store::F16 => {
-                "enable f16;\nalias T = f16;\nfn st(v: f32) -> T { return T(clamp(v, -65504.0, 65504.0)); }\n"
-            }
+            // the conversion rounds to nearest and overflows to infinity on IEEE hardware
+            // (WGSL leaves out-of-range conversions to the implementation; a clamp would
+            // turn every infinity into 65504)
+            Store::F16 => "enable f16;\nalias T = f16;\nfn st(v: f32) -> T { return T(v); }\n",
         }
     }
 }
