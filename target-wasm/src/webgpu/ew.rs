@@ -160,8 +160,9 @@ pub(crate) fn epilogue<'a>(
     w.push_str(ERF);
     w.push_str(&e.funcs);
     w.push_str("\nfn epi(pv: f32, i: u32) -> f32 {\n");
+    let classes = leaf_classes(&e.shape, &e.leaves);
     if m > 0 {
-        w.push_str(&offsets_code_at(m, base));
+        w.push_str(&offsets_code_at(&classes, base));
         for k in 0..m {
             w.push_str(&format!("  let v{k} = f32(ex{k}[o{k}]);\n"));
         }
@@ -178,7 +179,7 @@ pub(crate) fn epilogue<'a>(
         .collect::<Result<_>>()?;
     Ok(EpiParts {
         wgsl: w,
-        key: format!("{base}:{}:{}", tys.join(","), e.key()),
+        key: format!("{base}:{}:{classes}:{}", tys.join(","), e.key()),
         params: e.params()?,
         bufs,
     })
@@ -304,7 +305,8 @@ pub(crate) fn materialize(gpu: &Gpu, out: &wgpu::Buffer, p: Pending) -> Result<(
         .iter()
         .map(|(t, _)| leaf_ty(gpu, t))
         .collect::<Result<_>>()?;
-    let key = format!("{key}:{}:{}", out_store.key(), tys.join(","));
+    let classes = leaf_classes(&p.shape, &p.leaves);
+    let key = format!("{key}:{}:{}:{classes}", out_store.key(), tys.join(","));
     let pipe = gpu.pipeline(&key, || {
         let mut decl: Vec<(String, &str, &str)> = (0..n_leaves)
             .map(|k| (format!("x{k}"), "read", tys[k]))
@@ -312,7 +314,10 @@ pub(crate) fn materialize(gpu: &Gpu, out: &wgpu::Buffer, p: Pending) -> Result<(
         decl.push(("y".into(), "read_write", "T"));
         let decl_ref: Vec<(&str, &str, &str)> =
             decl.iter().map(|(a, b, c)| (a.as_str(), *b, *c)).collect();
-        let mut body = format!("  if (i >= p[1]) {{ return; }}\n{}", offsets_code(n_leaves));
+        let mut body = format!(
+            "  if (i >= p[1]) {{ return; }}\n{}",
+            offsets_code_at(&classes, 0)
+        );
         for k in 0..n_leaves {
             body.push_str(&format!("  let v{k} = f32(x{k}[o{k}]);\n"));
         }
@@ -605,24 +610,68 @@ fn bcast_params(out: &[usize], ins: &[&[usize]]) -> Result<Vec<u32>> {
 
 /// WGSL that turns flat output index `i` into the offsets `o0..` of each broadcast input.
 fn offsets_code(inputs: usize) -> String {
-    offsets_code_at(inputs, 0)
+    offsets_code_at(&"g".repeat(inputs), 0)
 }
 
-/// [`offsets_code`] over parameters laid out from word `base` ([0, n, rank, dims.., strides..]).
-fn offsets_code_at(inputs: usize, base: usize) -> String {
-    let mut s = format!("  let r = p[{}u];\n  var rem = i;\n", base + 2);
-    for k in 0..inputs {
-        s.push_str(&format!("  var o{k} = 0u;\n"));
+/// How leaf `k` is read, by its strides over `shape` (one letter each, part of the pipeline
+/// key): `z` every element is the same one (a scalar), `s` element for element, `c<d>` one
+/// value per index of axis `d` (a per-channel bias, scale or slope), `g` general broadcasting.
+/// The special forms skip the per-axis division loop, which dominated small fused epilogues.
+fn leaf_classes(shape: &[usize], leaves: &[(Tensor, Vec<u32>)]) -> String {
+    let own = bcast_strides(shape, shape);
+    let mut out = String::new();
+    for (_, st) in leaves {
+        let nz: Vec<usize> = (0..st.len()).filter(|&d| st[d] != 0).collect();
+        if nz.is_empty() {
+            out.push('z');
+        } else if *st == own {
+            out.push('s');
+        } else if nz.len() == 1 && st[nz[0]] == 1 && nz[0] < 10 {
+            out.push_str(&format!("c{}", nz[0]));
+        } else {
+            out.push('g');
+        }
     }
-    s.push_str(&format!("  for (var d = r; d > 0u; d--) {{\n    let dim = p[{}u + d];\n    let c = rem % dim;\n    rem = rem / dim;\n", base + 2));
-    for k in 0..inputs {
-        s.push_str(&format!(
-            "    o{k} += c * p[{}u + r * {} + d - 1u];\n",
-            base + 3,
-            k + 1
-        ));
+    out
+}
+
+/// [`offsets_code`] for leaves of the given classes ([`leaf_classes`]), over parameters laid
+/// out from word `base` ([0, n, rank, dims.., strides..]).
+fn offsets_code_at(classes: &str, base: usize) -> String {
+    let mut s = format!("  let r = p[{}u];\n", base + 2);
+    let mut general = Vec::new();
+    let mut chars = classes.chars().peekable();
+    let mut k = 0usize;
+    while let Some(c) = chars.next() {
+        match c {
+            'z' => s.push_str(&format!("  let o{k} = 0u;\n")),
+            's' => s.push_str(&format!("  let o{k} = i;\n")),
+            'c' => {
+                let d = chars.next().and_then(|d| d.to_digit(10)).unwrap_or(0);
+                // the product of the dims after d, then one division and one remainder
+                s.push_str(&format!(
+                    "  var in{k} = 1u;\n  for (var e = {d}u + 1u; e < r; e++) {{ in{k} *= p[{b}u + e]; }}\n  let o{k} = (i / in{k}) % p[{b}u + {d}u];\n",
+                    b = base + 3
+                ));
+            }
+            _ => {
+                s.push_str(&format!("  var o{k} = 0u;\n"));
+                general.push(k);
+            }
+        }
+        k += 1;
     }
-    s.push_str("  }\n");
+    if !general.is_empty() {
+        s.push_str(&format!("  var rem = i;\n  for (var d = r; d > 0u; d--) {{\n    let dim = p[{}u + d];\n    let c = rem % dim;\n    rem = rem / dim;\n", base + 2));
+        for &k in &general {
+            s.push_str(&format!(
+                "    o{k} += c * p[{}u + r * {} + d - 1u];\n",
+                base + 3,
+                k + 1
+            ));
+        }
+        s.push_str("  }\n");
+    }
     s
 }
 
