@@ -8,6 +8,7 @@ extern crate alloc;
 
 pub mod arena;
 pub mod conformance;
+pub mod convert;
 pub mod dtype;
 pub mod embedded;
 pub mod error;

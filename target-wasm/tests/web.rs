@@ -173,3 +173,62 @@ async fn bad_models_and_feeds_are_errors_not_traps() {
     let ok = JsFuture::from(s.run(feeds).map_err(JsValue::from).unwrap()).await;
     assert!(ok.is_ok(), "the session is still usable");
 }
+
+/// A float16 model on the page's WebGPU (headless Chromium: SwiftShader, no `shader-f16`, so
+/// float16 is held in f32 words rounded on every store; the WGSL is Chromium's compiler's, not
+/// naga's), against the CPU's float16 run. Without an adapter (Node) it says so and passes.
+#[cfg(feature = "webgpu")]
+#[wasm_bindgen_test]
+async fn float16_runs_on_the_page_webgpu() {
+    use nxrt_core::kernels::CpuProvider;
+    use nxrt_core::provider::{ExecutionProvider, ReferenceCpu};
+    use nxrt_core::{loader, DataType, Session, SessionOptions, Tensor};
+    use std::sync::Arc;
+    let gpu = match nxrt_wasm::webgpu::WebGpuProvider::new(0).await {
+        Ok(g) => Arc::new(g),
+        Err(e) => {
+            wasm_bindgen_test::console_log!("skipped: no WebGPU adapter here ({e})");
+            return;
+        }
+    };
+    let bytes = nxrt_core::convert::to_float16(&nxrt_core::embedded::tiny_cnn()).unwrap();
+    let img: Vec<half::f16> = data(2 * 256, 7)
+        .into_iter()
+        .map(half::f16::from_f32)
+        .collect();
+    let feeds = || {
+        vec![(
+            "image".into(),
+            Tensor::from_vec(&[2, 1, 16, 16], img.clone())
+                .unwrap()
+                .into(),
+        )]
+    };
+    let cpu =
+        || -> Arc<dyn ExecutionProvider> { Arc::new(CpuProvider::new(Arc::new(ReferenceCpu))) };
+    let load = || loader::load_model(&bytes, &loader::NoExternalData).unwrap();
+    let s = Session::new(load(), vec![gpu.clone(), cpu()], &SessionOptions::default()).unwrap();
+    let placed = &s.partition().assignments;
+    assert!(placed.iter().all(|(_, _, p)| p == "webgpu"), "{placed:?}");
+    let got = s.run_async(feeds()).await.unwrap();
+    let c = Session::new(load(), vec![cpu()], &SessionOptions::default()).unwrap();
+    let want = c.run_async(feeds()).await.unwrap();
+    let (g, w) = (
+        got[0].1.as_tensor().unwrap(),
+        want[0].1.as_tensor().unwrap(),
+    );
+    assert_eq!(g.dtype(), DataType::Float16);
+    assert_eq!(g.shape(), w.shape());
+    let (g, w) = (g.to_f32_vec().unwrap(), w.to_f32_vec().unwrap());
+    for (i, (a, b)) in g.iter().zip(&w).enumerate() {
+        assert!(
+            (a - b).abs() <= 2e-3 + 2e-3 * b.abs(),
+            "element {i}: webgpu {a} vs cpu {b}"
+        );
+    }
+    wasm_bindgen_test::console_log!(
+        "float16 on the page's WebGPU (f16 storage: {}): {} outputs agree",
+        gpu.gpu().half(),
+        g.len()
+    );
+}

@@ -14,92 +14,19 @@
 use std::sync::Arc;
 
 use nxrt_core::kernels::CpuProvider;
-use nxrt_core::proto::{type_proto, ModelProto, TensorProto};
 use nxrt_core::provider::ExecutionProvider;
 use nxrt_core::{loader, npy, DataType, Session, SessionOptions, Tensor, Value};
 use nxrt_tests::cache_dir;
 use nxrt_wasm::webgpu::WebGpuProvider;
-use prost::Message;
 use serde_json::Value as Json;
 
-const FLOAT: i32 = 1;
-const FLOAT16: i32 = 10;
-
-/// (model, bound on max |webgpu - cpu| / max |cpu| over each output)
+/// (model, bound on max |webgpu - cpu| / max |cpu| over each output); the float16 form is
+/// `nxrt_core::convert::to_float16`'s
 const MODELS: &[(&str, f64)] = &[
     ("mobilenet_v3_small", 5e-3),
     ("oww_embedding_model", 5e-3),
     ("ppocr_mobile_v2_cls", 5e-3),
 ];
-
-/// A float32 initializer or Constant value as float16.
-fn halve_tensor(t: &mut TensorProto) {
-    if t.data_type != FLOAT {
-        return;
-    }
-    let vals: Vec<f32> = if !t.float_data.is_empty() {
-        std::mem::take(&mut t.float_data)
-    } else {
-        t.raw_data
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect()
-    };
-    let bytes: Vec<u8> = vals
-        .iter()
-        .flat_map(|v| half::f16::from_f32(*v).to_bits().to_le_bytes())
-        .collect();
-    t.raw_data = bytes.into();
-    t.data_type = FLOAT16;
-}
-
-/// The model with every float32 tensor as float16 but Resize's roi and scales (always float32).
-fn to_f16(bytes: &[u8]) -> Vec<u8> {
-    let mut m = ModelProto::decode(bytes).expect("a model");
-    let g = m.graph.as_mut().expect("a graph");
-    let mut keep: Vec<String> = Vec::new();
-    for n in &g.node {
-        if n.op_type == "Resize" {
-            keep.extend(n.input.iter().skip(1).take(2).cloned());
-        }
-    }
-    for t in &mut g.initializer {
-        if !keep.contains(&t.name) {
-            halve_tensor(t);
-        }
-    }
-    for n in &mut g.node {
-        let keep_out = n.output.iter().any(|o| keep.contains(o));
-        for a in &mut n.attribute {
-            if n.op_type == "Cast" && a.name == "to" && a.i == FLOAT as i64 {
-                a.i = FLOAT16 as i64;
-            }
-            if n.op_type == "Constant" && !keep_out {
-                if let Some(t) = a.t.as_mut() {
-                    halve_tensor(t);
-                }
-            }
-        }
-    }
-    for vi in g
-        .input
-        .iter_mut()
-        .chain(g.output.iter_mut())
-        .chain(g.value_info.iter_mut())
-    {
-        if keep.contains(&vi.name) {
-            continue;
-        }
-        if let Some(type_proto::Value::TensorType(t)) =
-            vi.r#type.as_mut().and_then(|t| t.value.as_mut())
-        {
-            if t.elem_type == FLOAT {
-                t.elem_type = FLOAT16;
-            }
-        }
-    }
-    m.encode_to_vec()
-}
 
 fn run(
     model: &[u8],
@@ -158,7 +85,7 @@ fn f16_models_agree_on_webgpu_and_the_cpu() {
                     corpus.display()
                 );
             };
-            let model = to_f16(&bytes);
+            let model = nxrt_core::convert::to_float16(&bytes).expect("float16 form");
             let case = std::fs::read_dir(dir.join("ref"))
                 .unwrap()
                 .filter_map(|e| e.ok())

@@ -917,6 +917,17 @@ pub(crate) fn shader_1d(bufs: &[(&str, &str, &str)], wg: u32, prelude: &str, bod
     s
 }
 
+/// Whether the JS global offers `navigator.gpu`.
+#[cfg(target_arch = "wasm32")]
+fn browser_has_webgpu() -> bool {
+    let present = |v: &wasm_bindgen::JsValue| !v.is_undefined() && !v.is_null();
+    js_sys::Reflect::get(&js_sys::global(), &"navigator".into())
+        .ok()
+        .filter(present)
+        .and_then(|n| js_sys::Reflect::get(&n, &"gpu".into()).ok())
+        .is_some_and(|g| present(&g))
+}
+
 /// The WebGPU execution provider.
 pub struct WebGpuProvider {
     gpu: Arc<Gpu>,
@@ -933,6 +944,13 @@ impl WebGpuProvider {
     /// [`WebGpuProvider::new`], with f16 storage for float16 tensors only when `allow_f16` (and
     /// the adapter has `shader-f16`); otherwise they are stored as f32 words.
     pub async fn with_f16(id: u16, allow_f16: bool) -> Result<WebGpuProvider> {
+        // wgpu panics when the JS global has no navigator.gpu (Node, an old browser): an error
+        #[cfg(target_arch = "wasm32")]
+        if !browser_has_webgpu() {
+            return Err(gpu_err(
+                "no WebGPU adapter: this JS environment has no navigator.gpu",
+            ));
+        }
         // WGPU_BACKEND and friends choose the backend natively when set
         let instance =
             wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
