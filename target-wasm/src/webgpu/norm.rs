@@ -6,7 +6,6 @@ use nxrt_core::ir::Node;
 use nxrt_core::kernels::{norm_axis, opt_tensor_in};
 use nxrt_core::{Error, Result, Tensor};
 
-use super::ew::bcast_strides;
 use super::reduce::{header_for, line_shader, run_lines, stores_of, word, Mode, MAX, SUM};
 use super::{dev_buf, dev_in, out1, shader_1d, Exec, Gpu, GpuBuf, OpDef};
 
@@ -178,44 +177,7 @@ fn norm_param(gpu: &Gpu, t: &Tensor, norm: &[usize], what: &str) -> Result<Optio
         // it broadcasts without repeating anything: the same elements in the same order
         return Ok(None);
     }
-    Ok(Some(expand_param(gpu, t, norm)?))
-}
-
-/// `t` broadcast to `out` (its dims right-aligned, each equal or 1), in `t`'s element type:
-/// the copy moves stored elements as they are, so it serves every float storage.
-fn expand_param(gpu: &Gpu, t: &Tensor, out: &[usize]) -> Result<Tensor> {
-    let st = gpu.store(t.dtype())?;
-    let xb = dev_buf(t)?;
-    let (y, yb) = gpu.alloc(t.dtype(), out)?;
-    let n = y.len();
-    if n == 0 {
-        return Ok(y);
-    }
-    let mut p = vec![0, word(n, "elements")?, word(out.len(), "a rank")?];
-    for &d in out {
-        p.push(word(d, "a dimension")?);
-    }
-    p.extend(bcast_strides(t.shape(), out));
-    let pipe = gpu.pipeline(&format!("norm:expand:{}", st.key()), || {
-        let body = shader_1d(
-            &[("x", "read", "T"), ("y", "read_write", "T")],
-            256,
-            "",
-            "  if (i >= p[1]) { return; }
-  let r = p[2];
-  var rem = i;
-  var o = 0u;
-  for (var d = r; d > 0u; d--) {
-    let dim = p[2u + d];
-    o += (rem % dim) * p[2u + r + d];
-    rem = rem / dim;
-  }
-  y[i] = x[o];",
-        );
-        format!("{}{body}", st.header())
-    })?;
-    gpu.dispatch(&pipe, &mut p, &[xb.raw(), yb.raw()], n as u64, 256)?;
-    Ok(y)
+    Ok(Some(super::shape::expand_to(gpu, t, dev_buf(t)?, norm)?))
 }
 
 /// LayerNormalization (opset 17) and RMSNormalization (opset 23) over the axes from `axis`.
