@@ -568,3 +568,85 @@ fn cast_reads_out_of_range_f16_words_as_infinity() {
         assert_eq!(bits(got), bits(want), "f16 storage: {f16_storage}");
     }
 }
+
+/// A fused float16 chain rounds after every op, as the CPU does: `(a + b) - a` where `a + b`
+/// is not an f16 value gives the rounded sum's difference, and a MatMul's product is rounded
+/// before the Add fused into it. Bit for bit on both stores.
+#[test]
+fn fused_float16_chains_round_after_every_op() {
+    let h = |s: &[usize], v: Vec<f32>| to_half(&Tensor::from_vec(s, v).unwrap());
+    let a = h(&[4], vec![1.0, 3.0, 1000.0, 2048.0]);
+    let b = h(&[4], vec![3.0 / 4096.0, 0.0009, 0.3, 1.0]);
+    let m = ModelProto {
+        ir_version: 9,
+        opset_import: vec![OperatorSetIdProto {
+            domain: String::new(),
+            version: 18,
+        }],
+        graph: Some(GraphProto {
+            name: "g".into(),
+            node: vec![
+                node("Add", &["a", "b"], &["s"], vec![]),
+                node("Sub", &["s", "a"], &["d"], vec![]),
+                node("MatMul", &["a2", "b2"], &["mm"], vec![]),
+                node("Sub", &["mm", "c"], &["e"], vec![]),
+            ],
+            input: vec![
+                vi("a", DataType::Float16, &[4]),
+                vi("b", DataType::Float16, &[4]),
+                vi("a2", DataType::Float16, &[1, 2]),
+                vi("b2", DataType::Float16, &[2, 1]),
+                vi("c", DataType::Float16, &[1, 1]),
+            ],
+            output: vec![
+                ValueInfoProto {
+                    name: "d".into(),
+                    ..Default::default()
+                },
+                ValueInfoProto {
+                    name: "e".into(),
+                    ..Default::default()
+                },
+            ],
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+    .encode_to_vec();
+    // 1 * 1 + 1 * 3/4096 = 1.000732 is not an f16: rounded to 1 + 2^-10 before c is taken away
+    let feeds = || {
+        vec![
+            ("a".to_string(), Value::Tensor(a.clone())),
+            ("b".to_string(), Value::Tensor(b.clone())),
+            ("a2".to_string(), Value::Tensor(h(&[1, 2], vec![1.0, 1.0]))),
+            (
+                "b2".to_string(),
+                Value::Tensor(h(&[2, 1], vec![1.0, 3.0 / 4096.0])),
+            ),
+            ("c".to_string(), Value::Tensor(h(&[1, 1], vec![1.0]))),
+        ]
+    };
+    let load = || loader::load_model(&m, &loader::NoExternalData).unwrap();
+    let c = Session::new(load(), vec![cpu()], &SessionOptions::default()).unwrap();
+    let want = pollster::block_on(c.run_async(feeds())).unwrap();
+    let Value::Tensor(d0) = &want[0].1 else {
+        panic!("a tensor")
+    };
+    assert_eq!(
+        d0.to_f32_vec().unwrap()[0],
+        1.0 / 1024.0,
+        "the CPU rounds the sum"
+    );
+    for (f16_storage, g) in half_gpus() {
+        let s = Session::new(load(), vec![g, cpu()], &SessionOptions::default()).unwrap();
+        let placed = &s.partition().assignments;
+        assert!(placed.iter().all(|(_, _, p)| p == "webgpu"), "{placed:?}");
+        let got = pollster::block_on(s.run_async(feeds())).unwrap();
+        for ((n, gv), (_, wv)) in got.iter().zip(&want) {
+            let (Value::Tensor(gt), Value::Tensor(wt)) = (gv, wv) else {
+                panic!("tensors")
+            };
+            assert_eq!(bits(gt), bits(wt), "{n}, f16 storage: {f16_storage}");
+        }
+    }
+}

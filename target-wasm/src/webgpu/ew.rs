@@ -206,10 +206,10 @@ fn fusable(gpu: &Gpu, p: &Pending) -> Option<(std::sync::Arc<dyn super::Producer
         let arc = t.device_buffer()?;
         let b = dev_buf(t).ok()?;
         // the producer's module declares one storage type: every leaf must share it
-        if !b.has_producer()
-            || t.len() != numel
-            || p.leaves.iter().any(|(u, _)| u.dtype() != t.dtype())
-        {
+        let Some(k) = b.producer() else {
+            continue;
+        };
+        if t.len() != numel || p.leaves.iter().any(|(u, _)| u.dtype() != t.dtype()) {
             continue;
         }
         // every use of this buffer in the expression must read it element for element
@@ -231,17 +231,22 @@ fn fusable(gpu: &Gpu, p: &Pending) -> Option<(std::sync::Arc<dyn super::Producer
         let rest = p.leaves.len() - uses.len();
         let slots = gpu.limits.max_storage_buffers_per_shader_stage as usize;
         // the producer's own bindings plus the epilogue's must fit
-        let k = b.take_producer()?;
         if k.bindings() + rest > slots {
-            *b.producer.lock().unwrap() = Some(k);
             continue;
         }
+        // taken: this buffer is never computed, its producer runs into the chain's output
+        b.take_producer();
         let mut expr = p.expr.clone();
         let mut leaves = Vec::with_capacity(rest);
         let mut names = vec![String::new(); p.leaves.len()];
         for (k, (lt, ls)) in p.leaves.iter().enumerate() {
             if uses.contains(&k) {
-                names[k] = "pv".into();
+                // the producer's own float16 output is rounded before the chain reads it
+                names[k] = if t.dtype() == DataType::Float16 {
+                    "q16_(pv)".into()
+                } else {
+                    "pv".into()
+                };
             } else {
                 names[k] = format!("v{}", leaves.len());
                 leaves.push((lt.clone(), ls.clone()));
@@ -250,7 +255,11 @@ fn fusable(gpu: &Gpu, p: &Pending) -> Option<(std::sync::Arc<dyn super::Producer
         for k in (0..p.leaves.len()).rev() {
             expr = expr.replace(&format!("${k}"), &names[k]);
         }
-        let funcs = p.funcs.values().cloned().collect::<Vec<_>>().join("\n");
+        let mut funcs = p.funcs.clone();
+        if t.dtype() == DataType::Float16 {
+            funcs.insert("q16_".into(), Q16.into());
+        }
+        let funcs = funcs.values().cloned().collect::<Vec<_>>().join("\n");
         return Some((
             k,
             Epilogue {
@@ -343,6 +352,24 @@ pub(crate) fn headers(stores: &[Store], out: Store) -> String {
     let h = out.header();
     let h = h.strip_prefix("enable f16;\n").unwrap_or(h);
     format!("{}{h}", enable_for(stores))
+}
+
+/// Rounds an f32 to the nearest f16 value (infinite past f16's range, NaN kept): a float16
+/// chain applies it after every op, as the CPU rounds every op's float16 output, so fusing
+/// does not change a float16 result. The same on both stores.
+const Q16: &str = "fn q16_(v: f32) -> f32 {
+  let h = unpack2x16float(pack2x16float(vec2<f32>(v, 0.0))).x;
+  let inf = bitcast<f32>((bitcast<u32>(v) & 0x80000000u) | 0x7f800000u);
+  return select(select(h, inf, abs(v) >= 65520.0), v, v != v);
+}";
+
+/// `expr` of element type `dt`, rounded to f16 when `dt` is float16 (`funcs` gains `q16_`).
+fn rounded(dt: DataType, expr: String, funcs: &mut BTreeMap<String, String>) -> String {
+    if dt != DataType::Float16 {
+        return expr;
+    }
+    funcs.insert("q16_".into(), Q16.into());
+    format!("q16_({expr})")
 }
 
 const WG: u32 = 256;
@@ -569,7 +596,7 @@ fn build_unary(node: &Node) -> Result<Exec> {
             }
         };
         let mut p = operand(x)?;
-        p.expr = format!("{name}({})", p.expr);
+        p.expr = rounded(x.dtype(), format!("{name}({})", p.expr), &mut p.funcs);
         p.funcs.insert(name, def);
         let gpu = _gpu;
         out1(gpu.alloc_pending(x.dtype(), x.shape(), p)?)
@@ -737,6 +764,11 @@ fn build_binary(node: &Node) -> Result<Exec> {
         let mut funcs = pa.funcs;
         funcs.extend(pb.funcs);
         funcs.insert(name.clone(), def.clone());
+        let expr = rounded(
+            pa.dtype,
+            format!("{name}({}, {})", pa.expr, shift(&pb.expr, na)),
+            &mut funcs,
+        );
         let mut leaves = pa.leaves;
         leaves.extend(pb.leaves);
         let p = Pending {
@@ -744,7 +776,7 @@ fn build_binary(node: &Node) -> Result<Exec> {
             shape: out.clone(),
             leaves,
             funcs,
-            expr: format!("{name}({}, {})", pa.expr, shift(&pb.expr, na)),
+            expr,
         };
         gpu.check()?;
         out1(gpu.alloc_pending(a.dtype(), &out, p)?)

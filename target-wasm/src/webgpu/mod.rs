@@ -295,9 +295,9 @@ impl GpuBuf {
         self.producer.lock().unwrap().take()
     }
 
-    /// Whether a kernel is waiting to compute this buffer.
-    pub(crate) fn has_producer(&self) -> bool {
-        self.producer.lock().unwrap().is_some()
+    /// The kernel waiting to compute this buffer, if any (left in place).
+    pub(crate) fn producer(&self) -> Option<Arc<dyn Producer>> {
+        self.producer.lock().unwrap().clone()
     }
 
     /// The pending expression, if the contents are not computed yet (cloned).
