@@ -11,7 +11,8 @@ use nxrt_core::ir::Node;
 use nxrt_core::kernels::opt_tensor_in;
 use nxrt_core::{DataType, Error, Result, Tensor};
 
-use super::reduce::{header_for, line_shader, run_lines, stores_of, word, Mode, MAX_NAN, SUM};
+use super::module_header;
+use super::reduce::{line_shader, run_lines, stores_of, word, Mode, MAX_NAN, SUM};
 use super::{dev_buf, dev_in, out1, Exec, Gpu, OpDef};
 
 pub(crate) const OPS: &[OpDef] = &[OpDef {
@@ -348,7 +349,7 @@ fn attention(
             "",
             &BODY.replace("MASK\n", &mask_code),
         );
-        format!("{}{text}", header_for(&sts, sts[0]))
+        format!("{}{text}", module_header(&sts, sts[0]))
     })?;
     let mut params = vec![
         0,

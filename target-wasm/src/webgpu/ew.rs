@@ -14,9 +14,8 @@ use nxrt_core::ir::Node;
 use nxrt_core::kernels::{broadcast_shapes, tensor_in};
 use nxrt_core::{DataType, Error, Result, Tensor};
 
-use super::{
-    dev_buf, dev_in, enable_for, host_f32, out1, shader_1d, view_of, Exec, Gpu, OpDef, Store,
-};
+use super::module_header;
+use super::{dev_buf, dev_in, host_f32, out1, shader_1d, view_of, Exec, Gpu, OpDef, Store};
 
 /// Leaves one fused dispatch reads at most (plus params and output: within the 8 storage
 /// bindings every adapter has).
@@ -339,19 +338,11 @@ pub(crate) fn materialize(gpu: &Gpu, out: &wgpu::Buffer, p: Pending) -> Result<(
             .collect();
         format!(
             "{}{}",
-            headers(&leaf_stores, out_store),
+            module_header(&leaf_stores, out_store),
             shader_1d(&decl_ref, WG, &format!("{ERF}\n{funcs}\n"), &body)
         )
     })?;
     gpu.dispatch(&pipe, &mut params, &bufs, n as u64, WG)
-}
-
-/// The module header for a kernel storing `out` and reading `stores`: `enable f16;` when any
-/// is f16, then `alias T` and `st` of `out`.
-pub(crate) fn headers(stores: &[Store], out: Store) -> String {
-    let h = out.header();
-    let h = h.strip_prefix("enable f16;\n").unwrap_or(h);
-    format!("{}{h}", enable_for(stores))
 }
 
 /// Rounds an f32 to the nearest f16 value (infinite past f16's range, NaN kept): a float16

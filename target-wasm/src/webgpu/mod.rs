@@ -142,13 +142,16 @@ impl Store {
     }
 }
 
-/// `enable f16;` when any of `stores` needs it (a module with several storage types: Cast).
-pub(crate) fn enable_for(stores: &[Store]) -> &'static str {
-    if stores.contains(&Store::F16) {
+/// The header of a module that reads tensors stored as `reads` and stores `out`: `enable f16;`
+/// when any of them is f16 (it must open the module), then `out`'s `alias T` and `st`.
+pub(crate) fn module_header(reads: &[Store], out: Store) -> String {
+    let enable = if reads.contains(&Store::F16) || out == Store::F16 {
         "enable f16;\n"
     } else {
         ""
-    }
+    };
+    let h = out.header();
+    format!("{enable}{}", h.strip_prefix("enable f16;\n").unwrap_or(h))
 }
 
 /// What the adapter is and what it allows.

@@ -6,7 +6,8 @@ use nxrt_core::ir::Node;
 use nxrt_core::kernels::{norm_axis, opt_tensor_in};
 use nxrt_core::{Error, Result, Tensor};
 
-use super::reduce::{header_for, line_shader, run_lines, stores_of, word, Mode, MAX, SUM};
+use super::module_header;
+use super::reduce::{line_shader, run_lines, stores_of, word, Mode, MAX, SUM};
 use super::{dev_buf, dev_in, out1, shader_1d, Exec, Gpu, GpuBuf, OpDef};
 
 pub(crate) const OPS: &[OpDef] = &[
@@ -263,7 +264,7 @@ fn build_layer_norm(node: &Node) -> Result<Exec> {
 {body}"
                 ),
             );
-            format!("{}{text}", header_for(&sts, sts[0]))
+            format!("{}{text}", module_header(&sts, sts[0]))
         })?;
         let mut params = [
             0,
@@ -344,7 +345,7 @@ fn build_instance_norm(node: &Node) -> Result<Exec> {
   let b = f32(bb[c]);
   for (var k = t; k < n; k += S) { y[base + k] = st((f32(x[base + k]) - mean) * a + b); }",
             );
-            format!("{}{text}", header_for(&sts, sts[0]))
+            format!("{}{text}", module_header(&sts, sts[0]))
         })?;
         let mut params = [
             0,
@@ -423,7 +424,7 @@ fn build_batch_norm(node: &Node) -> Result<Exec> {
   let a = f32(sc[c]) / sqrt(f32(va[c]) + bitcast<f32>(p[4]));
   y[i] = st((f32(x[i]) - f32(mu[c])) * a + f32(bb[c]));",
             );
-            format!("{}{text}", header_for(&sts, sts[0]))
+            format!("{}{text}", module_header(&sts, sts[0]))
         })?;
         let n = y.len();
         let mut params = [

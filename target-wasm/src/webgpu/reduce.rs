@@ -13,7 +13,6 @@ use nxrt_core::ir::Node;
 use nxrt_core::kernels::norm_axis;
 use nxrt_core::{DataType, Error, Result, Tensor};
 
-use super::ew::headers;
 use super::{dev_in, host_i64s, out1, shader_1d, Exec, Gpu, OpDef, Store};
 
 /// Invocations of a workgroup that owns one line.
@@ -221,14 +220,6 @@ pub(crate) fn stores_of(gpu: &Gpu, ts: &[&Tensor]) -> Result<(Vec<Store>, String
         .collect::<Result<Vec<_>>>()?;
     let key = st.iter().map(|s| s.key()).collect::<Vec<_>>().join(",");
     Ok((st, key))
-}
-
-/// The module header for a kernel reading tensors stored as `st` (each binding declared with
-/// its own `Store::ty`) and storing `out` (`T`, `st`).
-pub(crate) fn header_for(st: &[Store], out: Store) -> String {
-    let mut all = st.to_vec();
-    all.push(out);
-    headers(&all, out)
 }
 
 // ----------------------------------------------------------------------------- Reduce*

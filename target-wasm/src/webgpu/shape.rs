@@ -7,7 +7,8 @@ use nxrt_core::kernels::{broadcast_shapes, norm_axis};
 use nxrt_core::{DataType, Error, Result, Tensor, Value};
 
 use super::data::copy_elems;
-use super::ew::{bcast_strides, headers};
+use super::ew::bcast_strides;
+use super::module_header;
 use super::reduce::word;
 use super::{dev_in, host_i64s, out1, shader_1d, view_of, Exec, Gpu, GpuBuf, OpDef, Store};
 
@@ -281,7 +282,7 @@ fn cast_module(from: Store, to: Store) -> String {
   if (j + 1u < p[1]) { hi = f16_bits(x[j + 1u]); }
   y[i] = f16_bits(x[j]) | (hi << 16u);",
         );
-        return format!("{}{body}", headers(&[from, to], to));
+        return format!("{}{body}", module_header(&[from], to));
     }
     let cv = if from == Store::F16AsF32 || to == Store::F16AsF32 {
         format!("{F16_BITS}fn cv(v: f32) -> T {{ return unpack2x16float(f16_bits(v)).x; }}\n")
@@ -294,7 +295,7 @@ fn cast_module(from: Store, to: Store) -> String {
         &cv,
         "  if (i >= p[1]) { return; }\n  y[i] = cv(f32(x[i]));",
     );
-    format!("{}{body}", headers(&[from, to], to))
+    format!("{}{body}", module_header(&[from], to))
 }
 
 /// Cast between float32 and float16 (the type input is checked to be one of them): to the
