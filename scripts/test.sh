@@ -3,7 +3,8 @@
 # machine it installs what it needs (toolchain targets, Chromium, lavapipe, wasm-bindgen-cli via
 # ../shared/toolchain/setup.sh), fetches the real-model corpus and the ONNX node tests into
 # $NXRT_CACHE (default ~/.cache/nxrt, never the repo), then checks formatting and lints, builds
-# core for wasm32v1-none (proof that core has no std), runs every test, and runs the node-test
+# core for wasm32v1-none (proof that core has no std), runs core's SIMD tests on aarch64 (NEON,
+# under qemu-user), runs every test, and runs the node-test
 # conformance suite against the committed baseline (a case that passed and now fails is an error),
 # checks docs/operators.md is current, then builds the wasm package (js/build.sh), runs the node
 # tests on it in Node against tests/conformance/wasm.json, and runs its tests: wasm-bindgen tests in Node and
@@ -28,12 +29,17 @@ if [ "${SKIP_SETUP:-0}" != 1 ]; then
   BENCH=0 bash "$SHARED/corpus/fetch_corpus.sh"
   step "ONNX node tests -> $NXRT_CACHE/conformance"
   bash "$SHARED/conformance/fetch-node-tests.sh" "$NXRT_CACHE/conformance"
+  step "aarch64 cross linker and qemu-user (the NEON SIMD tests)"
+  if ! command -v qemu-aarch64 >/dev/null || ! command -v aarch64-linux-gnu-gcc >/dev/null; then
+    apt-get install -y gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user \
+      || { apt-get update && apt-get install -y gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user; }
+  fi
 fi
 [ -f /opt/nxrt-tools/env.sh ] && source /opt/nxrt-tools/env.sh
 # the Vulkan loader (lavapipe, for the WebGPU tests) wants a runtime dir
 export XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-$(mktemp -d)}"
 rustup component list --installed 2>/dev/null | grep -q clippy || rustup component add clippy rustfmt
-for t in wasm32v1-none wasm32-unknown-unknown; do
+for t in wasm32v1-none wasm32-unknown-unknown aarch64-unknown-linux-gnu; do
   rustup target list --installed | grep -qx "$t" || rustup target add "$t"
 done
 
@@ -42,6 +48,9 @@ cargo fmt --all -- --check
 
 step "core builds for wasm32v1-none (no std anywhere)"
 cargo build -p nxrt-core --target wasm32v1-none --release
+
+step "core's SIMD layer on aarch64: the NEON instantiation under qemu-user"
+cargo test --release -p nxrt-core --lib --target aarch64-unknown-linux-gnu simd
 
 step "build (release)"
 cargo build --release -p nxrt -p nxrt-tests

@@ -103,7 +103,7 @@ fn halve_tensor(t: &mut TensorProto) -> Result<()> {
     let vals: Vec<f32> = if !t.float_data.is_empty() {
         core::mem::take(&mut t.float_data)
     } else {
-        if t.raw_data.len() % 4 != 0 {
+        if !t.raw_data.len().is_multiple_of(4) {
             return Err(Error::InvalidModel(format!(
                 "tensor '{}': {} raw bytes are not whole float32 values",
                 t.name,

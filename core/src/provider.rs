@@ -17,22 +17,7 @@ use crate::value::Value;
 /// A boxed future, so that provider traits stay object-safe and the run path stays async.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
-/// Strided single-precision GEMM: `C = alpha * A·B + beta * C` with A m×k, B k×n, C m×n
-/// (C row-major with row stride `ldc`). A and B are addressed through (row, column) strides so
-/// transposed operands need no copy.
-#[derive(Clone, Copy, Debug)]
-pub struct Gemm {
-    pub m: usize,
-    pub n: usize,
-    pub k: usize,
-    pub a_rs: isize,
-    pub a_cs: isize,
-    pub b_rs: isize,
-    pub b_cs: isize,
-    pub ldc: usize,
-    pub alpha: f32,
-    pub beta: f32,
-}
+pub use crate::simd::gemm::{gemm_fits, reference_sgemm, scale_c, Gemm};
 
 /// Hot primitives a CPU target may accelerate (SIMD, threads). Core's reference kernels call
 /// these, so every kernel written once in core gets the target's fast paths.
@@ -298,94 +283,5 @@ impl CpuBackend for ReferenceCpu {
         if !crate::simd::sgemm_checked(g, a, b, c) {
             reference_sgemm(g, a, b, c)
         }
-    }
-}
-
-/// Applies `beta` to C's `m x n` block (`beta = 0` overwrites, so NaNs in C do not leak).
-pub fn scale_c(g: &Gemm, c: &mut [f32]) {
-    for i in 0..g.m {
-        let row = &mut c[i * g.ldc..i * g.ldc + g.n];
-        if g.beta == 0.0 {
-            row.fill(0.0);
-        } else if g.beta != 1.0 {
-            row.iter_mut().for_each(|x| *x *= g.beta);
-        }
-    }
-}
-
-/// Whether every element a [`Gemm`] touches lies inside slices of these lengths, with
-/// non-negative strides (what an unchecked or SIMD SGEMM needs before it starts).
-pub fn gemm_fits(g: &Gemm, a_len: usize, b_len: usize, c_len: usize) -> bool {
-    fn last(rows: usize, cols: usize, rs: isize, cs: isize) -> Option<usize> {
-        if rs < 0 || cs < 0 {
-            return None;
-        }
-        if rows == 0 || cols == 0 {
-            return Some(0);
-        }
-        (rows - 1)
-            .checked_mul(rs as usize)?
-            .checked_add((cols - 1).checked_mul(cs as usize)?)
-    }
-    let (m, n, k) = (g.m, g.n, g.k);
-    if m == 0 || n == 0 {
-        return true;
-    }
-    let fits = |x: Option<usize>, len: usize| x.is_some_and(|x| k == 0 || x < len);
-    fits(last(m, k, g.a_rs, g.a_cs), a_len)
-        && fits(last(k, n, g.b_rs, g.b_cs), b_len)
-        && g.ldc >= n
-        && (m - 1)
-            .checked_mul(g.ldc)
-            .and_then(|x| x.checked_add(n))
-            .is_some_and(|x| x <= c_len)
-}
-
-/// A cache-blocked portable SGEMM (packs B panels row-major, inner loop over contiguous C rows
-/// so the compiler vectorises it).
-pub fn reference_sgemm(g: &Gemm, a: &[f32], b: &[f32], c: &mut [f32]) {
-    let (m, n, k) = (g.m, g.n, g.k);
-    if m == 0 || n == 0 {
-        return;
-    }
-    scale_c(g, c);
-    if k == 0 {
-        return;
-    }
-    const KC: usize = 256;
-    const NC: usize = 512;
-    let mut bp = alloc::vec![0f32; KC.min(k) * NC.min(n)];
-    let mut k0 = 0;
-    while k0 < k {
-        let kc = KC.min(k - k0);
-        let mut n0 = 0;
-        while n0 < n {
-            let nc = NC.min(n - n0);
-            // pack B[k0..k0+kc, n0..n0+nc] row-major
-            for kk in 0..kc {
-                let dst = &mut bp[kk * nc..kk * nc + nc];
-                let base = (k0 + kk) as isize * g.b_rs + n0 as isize * g.b_cs;
-                if g.b_cs == 1 {
-                    dst.copy_from_slice(&b[base as usize..base as usize + nc]);
-                } else {
-                    for (j, d) in dst.iter_mut().enumerate() {
-                        *d = b[(base + j as isize * g.b_cs) as usize];
-                    }
-                }
-            }
-            for i in 0..m {
-                let crow = &mut c[i * g.ldc + n0..i * g.ldc + n0 + nc];
-                let abase = i as isize * g.a_rs + k0 as isize * g.a_cs;
-                for kk in 0..kc {
-                    let av = g.alpha * a[(abase + kk as isize * g.a_cs) as usize];
-                    let brow = &bp[kk * nc..kk * nc + nc];
-                    for (cv, bv) in crow.iter_mut().zip(brow) {
-                        *cv += av * bv;
-                    }
-                }
-            }
-            n0 += nc;
-        }
-        k0 += kc;
     }
 }

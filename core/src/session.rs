@@ -715,7 +715,7 @@ impl Session {
         // Shapes change every run (a decoder's growing cache, say): after a few misses in a
         // row, plan only every 16th run instead of paying to record each one.
         let misses = self.plan_misses.fetch_add(1, Ordering::Relaxed);
-        if misses >= 3 && run_no % 16 != 0 {
+        if misses >= 3 && !run_no.is_multiple_of(16) {
             let cx = RunCx {
                 spans,
                 ..Default::default()

@@ -1,5 +1,6 @@
-//! The native CPU backend: SGEMM from the `gemm` crate (runtime ISA dispatch: AVX2/FMA,
-//! AVX-512, NEON) and rayon threads for `parallel_for`.
+//! The native CPU backend: core's SIMD SGEMM (runtime ISA dispatch: AVX-512F, AVX2+FMA; NEON
+//! on aarch64) split across rayon threads, the `gemm` crate for the narrow shapes where it
+//! measures faster (`examples/gemm_bench.rs`), and rayon threads for `parallel_for`.
 
 use nxrt_core::provider::{gemm_fits, reference_sgemm, CpuBackend, Gemm};
 use nxrt_core::{Error, Result};
@@ -30,25 +31,81 @@ impl NativeCpu {
     }
 
     fn isa() -> &'static str {
-        #[cfg(target_arch = "x86_64")]
-        {
-            if std::arch::is_x86_feature_detected!("avx512f") {
-                return "avx512f";
-            }
-            if std::arch::is_x86_feature_detected!("avx2")
-                && std::arch::is_x86_feature_detected!("fma")
-            {
-                return "avx2+fma";
-            }
-            "sse2"
+        // what the SIMD layer dispatches to (NXRT_SIMD may cap it)
+        nxrt_core::simd::isa_name()
+    }
+}
+
+/// Below this many multiply-adds a GEMM runs on one thread (a fork-join costs a few us).
+const PAR_MIN_MACS: usize = 1 << 20;
+
+impl NativeCpu {
+    /// nxrt's own SIMD SGEMM (core's `simd`, AVX-512F/AVX2/NEON micro-kernels), split across
+    /// the session's threads: by row blocks when there are enough rows, else by column
+    /// blocks computed into per-thread tiles. The operands must fit (`gemm_fits`).
+    fn simd_sgemm(&self, g: &Gemm, a: &[f32], b: &[f32], c: &mut [f32]) {
+        let (m, n, k) = (g.m, g.n, g.k);
+        let t = self.threads;
+        let Some(pool) = self.pool.as_ref().filter(|_| m * n * k >= PAR_MIN_MACS) else {
+            return nxrt_core::simd::sgemm_unchecked(g, a, b, c);
+        };
+        if m >= 16 * t {
+            // row blocks: disjoint rows of C, each a contiguous slice
+            let rows = m.div_ceil(t).div_ceil(8) * 8;
+            let chunks: Vec<(usize, &mut [f32])> = {
+                let mut out = Vec::new();
+                let mut rest = &mut c[..];
+                let mut i0 = 0;
+                while i0 < m {
+                    let h = rows.min(m - i0);
+                    let len = if i0 + h == m { rest.len() } else { h * g.ldc };
+                    let (head, tail) = rest.split_at_mut(len);
+                    out.push((i0, head));
+                    rest = tail;
+                    i0 += h;
+                }
+                out
+            };
+            pool.install(|| {
+                chunks.into_par_iter().for_each(|(i0, cs)| {
+                    let h = rows.min(m - i0);
+                    let sub = Gemm { m: h, ..*g };
+                    let off = i0 * g.a_rs as usize;
+                    nxrt_core::simd::sgemm_unchecked(&sub, &a[off..], b, cs);
+                })
+            });
+            return;
         }
-        #[cfg(target_arch = "aarch64")]
-        {
-            "neon"
+        if n < 64 * t {
+            return nxrt_core::simd::sgemm_unchecked(g, a, b, c);
         }
-        #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
-        {
-            "scalar"
+        // column blocks, each computed into its own m x w tile and copied back
+        let cols = n.div_ceil(t).div_ceil(32) * 32;
+        let blocks: Vec<(usize, Vec<f32>)> = pool.install(|| {
+            (0..n.div_ceil(cols))
+                .into_par_iter()
+                .map(|q| {
+                    let j0 = q * cols;
+                    let w = cols.min(n - j0);
+                    let mut tile = vec![0f32; m * w];
+                    if g.beta != 0.0 {
+                        for i in 0..m {
+                            tile[i * w..(i + 1) * w]
+                                .copy_from_slice(&c[i * g.ldc + j0..i * g.ldc + j0 + w]);
+                        }
+                    }
+                    let sub = Gemm { n: w, ldc: w, ..*g };
+                    let off = j0 * g.b_cs as usize;
+                    nxrt_core::simd::sgemm_unchecked(&sub, a, &b[off..], &mut tile);
+                    (j0, tile)
+                })
+                .collect()
+        });
+        for (j0, tile) in blocks {
+            let w = tile.len() / m;
+            for i in 0..m {
+                c[i * g.ldc + j0..i * g.ldc + j0 + w].copy_from_slice(&tile[i * w..(i + 1) * w]);
+            }
         }
     }
 }
@@ -68,40 +125,12 @@ impl CpuBackend for NativeCpu {
             // bounds-checks every access).
             return reference_sgemm(g, a, b, c);
         }
-        let par = if self.threads > 1 && (m * n * k) >= 64 * 64 * 64 {
-            gemm::Parallelism::Rayon(self.threads)
-        } else {
-            gemm::Parallelism::None
-        };
-        let mut run = || unsafe {
-            // SAFETY: the index ranges of A, B and C were checked against the slices above;
-            // C is exclusively borrowed.
-            gemm::gemm(
-                m,
-                n,
-                k,
-                c.as_mut_ptr(),
-                1,
-                g.ldc as isize,
-                g.beta != 0.0,
-                a.as_ptr(),
-                g.a_cs,
-                g.a_rs,
-                b.as_ptr(),
-                g.b_cs,
-                g.b_rs,
-                g.beta,
-                g.alpha,
-                false,
-                false,
-                false,
-                par,
-            )
-        };
-        match (&self.pool, par) {
-            (Some(pool), gemm::Parallelism::Rayon(_)) => pool.install(run),
-            _ => run(),
+        if n < 16 && m >= 64 {
+            // A narrow C (strided 1-D convolutions: oww_melspectrogram's 257 x 8 x 512): the
+            // gemm crate's small-N kernels measure faster here than our 2-vector-wide tiles
+            return gemm_crate_run(self.pool.as_ref(), self.threads, g, a, b, c);
         }
+        self.simd_sgemm(g, a, b, c)
     }
 
     fn parallel_for(&self, n: usize, f: &(dyn Fn(usize) + Sync)) {
@@ -113,6 +142,62 @@ impl CpuBackend for NativeCpu {
 
     fn threads(&self) -> usize {
         self.threads
+    }
+}
+
+/// The `gemm` crate's SGEMM on `threads` threads (a pool of its own when more than one); for
+/// benchmarks that compare it with nxrt's own (`examples/gemm_bench.rs`). The operands must
+/// fit (see `gemm_fits`).
+pub fn gemm_crate_sgemm(threads: usize, g: &Gemm, a: &[f32], b: &[f32], c: &mut [f32]) {
+    assert!(gemm_fits(g, a.len(), b.len(), c.len()));
+    gemm_crate_run(None, threads, g, a, b, c)
+}
+
+fn gemm_crate_run(
+    pool: Option<&rayon::ThreadPool>,
+    threads: usize,
+    g: &Gemm,
+    a: &[f32],
+    b: &[f32],
+    c: &mut [f32],
+) {
+    let (m, n, k) = (g.m, g.n, g.k);
+    if m == 0 || n == 0 || k == 0 {
+        return reference_sgemm(g, a, b, c);
+    }
+    let par = if threads > 1 && (m * n * k) >= 64 * 64 * 64 {
+        gemm::Parallelism::Rayon(threads)
+    } else {
+        gemm::Parallelism::None
+    };
+    let mut run = || unsafe {
+        // SAFETY: the callers checked the index ranges of A, B and C against the slices
+        // (gemm_fits); C is exclusively borrowed.
+        gemm::gemm(
+            m,
+            n,
+            k,
+            c.as_mut_ptr(),
+            1,
+            g.ldc as isize,
+            g.beta != 0.0,
+            a.as_ptr(),
+            g.a_cs,
+            g.a_rs,
+            b.as_ptr(),
+            g.b_cs,
+            g.b_rs,
+            g.beta,
+            g.alpha,
+            false,
+            false,
+            false,
+            par,
+        )
+    };
+    match (pool, par) {
+        (Some(pool), gemm::Parallelism::Rayon(_)) => pool.install(run),
+        _ => run(),
     }
 }
 
@@ -168,6 +253,51 @@ mod tests {
             cpu.sgemm(&acc, &a, &bt, &mut c);
             let twice: Vec<f32> = want.iter().map(|x| 2.0 * x).collect();
             assert_eq!(c, twice);
+        }
+    }
+
+    #[test]
+    fn threaded_sgemm_splits_rows_and_columns_like_one_thread() {
+        // (m, n, k): row blocks (m >= 16 per thread), column tiles (few rows), and a GEMV
+        for &(m, n, k) in &[(70usize, 150usize, 120usize), (5, 700, 400), (1, 3000, 400)] {
+            for &(tb, beta) in &[(false, 0.0f32), (true, 0.5)] {
+                let a: Vec<f32> = (0..m * k)
+                    .map(|i| ((i * 7) % 13) as f32 * 0.25 - 1.0)
+                    .collect();
+                let b: Vec<f32> = (0..k * n)
+                    .map(|i| ((i * 5) % 11) as f32 * 0.5 - 2.0)
+                    .collect();
+                let ldc = n + 5;
+                let g = Gemm {
+                    m,
+                    n,
+                    k,
+                    a_rs: k as isize,
+                    a_cs: 1,
+                    b_rs: if tb { 1 } else { n as isize },
+                    b_cs: if tb { k as isize } else { 1 },
+                    ldc,
+                    alpha: 1.5,
+                    beta,
+                };
+                let c0: Vec<f32> = (0..m * ldc).map(|i| (i % 3) as f32).collect();
+                let mut want = c0.clone();
+                reference_sgemm(&g, &a, &b, &mut want);
+                for threads in [1, 2, 3] {
+                    let cpu = NativeCpu::new(threads).unwrap();
+                    let mut c = c0.clone();
+                    cpu.sgemm(&g, &a, &b, &mut c);
+                    for i in 0..m {
+                        for j in 0..ldc {
+                            let (x, y) = (c[i * ldc + j], want[i * ldc + j]);
+                            assert!(
+                                (x - y).abs() <= 1e-3 * (1.0 + y.abs()),
+                                "{m}x{n}x{k} tb={tb} threads={threads} at ({i},{j}): {x} vs {y}"
+                            );
+                        }
+                    }
+                }
+            }
         }
     }
 }

@@ -49,10 +49,18 @@ pub fn now_ns() -> u64 {
 
 /// Reads the profiling environment once per process: `NXRT_EXEC_PHASE_PROFILE=1` turns on the
 /// phase profiler and the planner's diagnostics, `NXRT_ACTIVATION_MEMORY_PLAN=1` the planner's
-/// diagnostics only. Recorded as the environment path, apart from the API path.
+/// diagnostics only. Recorded as the environment path, apart from the API path. Also reads
+/// `NXRT_SIMD` (`avx512f`, `avx2`, `neon`, `portable`): the most capable instruction set the
+/// SIMD layer may pick, for base-vs-change measurements on one machine.
 pub fn read_profiling_env() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
+        if let Some(isa) = std::env::var("NXRT_SIMD")
+            .ok()
+            .and_then(|v| nxrt_core::simd::Isa::parse(&v))
+        {
+            nxrt_core::simd::set_max_isa(isa);
+        }
         let on = |k: &str| std::env::var(k).is_ok_and(|v| !v.is_empty() && v != "0");
         nxrt_core::profile::apply_environment(
             on("NXRT_EXEC_PHASE_PROFILE"),

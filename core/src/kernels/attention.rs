@@ -269,7 +269,7 @@ fn load_heads<R: Cf>(
         });
     }
     let h = heads.unwrap_or(1);
-    if s[2] % h != 0 {
+    if !s[2].is_multiple_of(h) {
         bail!(
             "Attention: {name}'s hidden size {} is not a multiple of its {h} heads",
             s[2]

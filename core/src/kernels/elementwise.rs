@@ -1623,6 +1623,38 @@ fn build_mean(_: &Node) -> Result<Box<dyn Kernel>> {
 
 // ============================================================================ unary maths
 
+/// f32 `act(x)` through the SIMD layer (in place over a dying input in a planned run); `None`
+/// for other element types.
+fn act_f32(cx: &KernelCx<'_>, x: &Tensor, act: simd::Act) -> Result<Option<Tensor>> {
+    if x.dtype() != DataType::Float {
+        return Ok(None);
+    }
+    if let Some(mut out) = cx.output_in_place::<f32>(0, x) {
+        simd::unary_inplace(act, &mut out);
+        return Ok(Some(out.into_tensor()));
+    }
+    let xv = x.as_slice::<f32>()?;
+    let mut out = cx.output::<f32>(0, x.shape())?;
+    simd::unary(act, &xv, &mut out);
+    Ok(Some(out.into_tensor()))
+}
+
+/// Defines a factory for a float-only unary op with an f32 SIMD path ([`simd::Act`]) and the
+/// [`Real`] formula for the other float types.
+macro_rules! unary_act {
+    ($fname:ident, $op:literal, $act:expr, |$v:ident : $R:ident| $body:expr) => {
+        fn $fname(_: &Node) -> Result<Box<dyn Kernel>> {
+            kernel_cx(|cx, inputs| {
+                let x = tensor_in(inputs, 0)?;
+                if let Some(t) = act_f32(cx, x, $act)? {
+                    return out1(t);
+                }
+                out1(float_map!(x, $op, |$v: $R| $body)?)
+            })
+        }
+    };
+}
+
 /// Defines a factory for a float-only unary op from one [`Real`] formula.
 macro_rules! unary_real {
     ($fname:ident, $op:literal, |$v:ident : $R:ident| $body:expr) => {
@@ -1632,7 +1664,7 @@ macro_rules! unary_real {
     };
 }
 
-unary_real!(build_exp, "Exp", |v: R| v.exp_());
+unary_act!(build_exp, "Exp", simd::Act::Exp, |v: R| v.exp_());
 unary_real!(build_log, "Log", |v: R| v.ln_());
 unary_real!(build_sqrt, "Sqrt", |v: R| v.sqrt_());
 unary_real!(build_reciprocal, "Reciprocal", |v: R| R::c(1.0) / v);
@@ -1647,7 +1679,7 @@ unary_real!(build_cosh, "Cosh", |v: R| v.cosh_());
 unary_real!(build_asinh, "Asinh", |v: R| v.asinh_());
 unary_real!(build_acosh, "Acosh", |v: R| v.acosh_());
 unary_real!(build_atanh, "Atanh", |v: R| v.atanh_());
-unary_real!(build_tanh, "Tanh", |v: R| v.tanh_());
+unary_act!(build_tanh, "Tanh", simd::Act::Tanh, |v: R| v.tanh_());
 fn build_sigmoid(_: &Node) -> Result<Box<dyn Kernel>> {
     kernel_cx(|cx, inputs| {
         let x = tensor_in(inputs, 0)?;
@@ -1664,7 +1696,7 @@ fn build_sigmoid(_: &Node) -> Result<Box<dyn Kernel>> {
         out1(float_map!(x, "Sigmoid", |v: R| sigmoid(v))?)
     })
 }
-unary_real!(build_erf, "Erf", |v: R| v.erf_());
+unary_act!(build_erf, "Erf", simd::Act::Erf, |v: R| v.erf_());
 unary_real!(build_floor, "Floor", |v: R| v.floor_());
 unary_real!(build_ceil, "Ceil", |v: R| v.ceil_());
 unary_real!(build_round, "Round", |v: R| v.rint_());
@@ -1742,20 +1774,28 @@ fn build_isinf(node: &Node) -> Result<Box<dyn Kernel>> {
 
 fn build_leaky_relu(node: &Node) -> Result<Box<dyn Kernel>> {
     let alpha = node.get_f("alpha", 0.01)? as f64;
-    kernel(move |inputs| {
-        out1(float_map!(
-            tensor_in(inputs, 0)?,
-            "LeakyRelu",
-            |v: R| if v < R::c(0.0) { v * R::c(alpha) } else { v }
-        )?)
+    kernel_cx(move |cx, inputs| {
+        let x = tensor_in(inputs, 0)?;
+        if let Some(t) = act_f32(cx, x, simd::Act::LeakyRelu(alpha as f32))? {
+            return out1(t);
+        }
+        out1(float_map!(x, "LeakyRelu", |v: R| if v < R::c(0.0) {
+            v * R::c(alpha)
+        } else {
+            v
+        })?)
     })
 }
 
 fn build_hard_sigmoid(node: &Node) -> Result<Box<dyn Kernel>> {
     let alpha = node.get_f("alpha", 0.2)? as f64;
     let beta = node.get_f("beta", 0.5)? as f64;
-    kernel(move |inputs| {
-        out1(float_map!(tensor_in(inputs, 0)?, "HardSigmoid", |v: R| {
+    kernel_cx(move |cx, inputs| {
+        let x = tensor_in(inputs, 0)?;
+        if let Some(t) = act_f32(cx, x, simd::Act::HardSigmoid(alpha as f32, beta as f32))? {
+            return out1(t);
+        }
+        out1(float_map!(x, "HardSigmoid", |v: R| {
             let y = R::c(alpha) * v + R::c(beta);
             if y < R::c(0.0) {
                 R::c(0.0)
@@ -1769,8 +1809,12 @@ fn build_hard_sigmoid(node: &Node) -> Result<Box<dyn Kernel>> {
 }
 
 fn build_hard_swish(_: &Node) -> Result<Box<dyn Kernel>> {
-    kernel(|inputs| {
-        out1(float_map!(tensor_in(inputs, 0)?, "HardSwish", |v: R| {
+    kernel_cx(|cx, inputs| {
+        let x = tensor_in(inputs, 0)?;
+        if let Some(t) = act_f32(cx, x, simd::Act::HardSwish)? {
+            return out1(t);
+        }
+        out1(float_map!(x, "HardSwish", |v: R| {
             let y = R::c(1.0 / 6.0) * v + R::c(0.5);
             if y < R::c(0.0) {
                 R::c(0.0)
@@ -1786,9 +1830,12 @@ fn build_hard_swish(_: &Node) -> Result<Box<dyn Kernel>> {
 /// Swish: `x * sigmoid(alpha * x)`.
 fn build_swish(node: &Node) -> Result<Box<dyn Kernel>> {
     let alpha = node.get_f("alpha", 1.0)? as f64;
-    kernel(move |inputs| {
-        out1(float_map!(tensor_in(inputs, 0)?, "Swish", |v: R| v
-            * sigmoid(R::c(alpha) * v))?)
+    kernel_cx(move |cx, inputs| {
+        let x = tensor_in(inputs, 0)?;
+        if let Some(t) = act_f32(cx, x, simd::Act::Swish(alpha as f32))? {
+            return out1(t);
+        }
+        out1(float_map!(x, "Swish", |v: R| v * sigmoid(R::c(alpha) * v))?)
     })
 }
 
@@ -1858,8 +1905,16 @@ fn build_gelu(node: &Node) -> Result<Box<dyn Kernel>> {
         "tanh" => true,
         other => unsupported!("Gelu: approximate='{other}' is not supported (none, tanh)"),
     };
-    kernel(move |inputs| {
+    kernel_cx(move |cx, inputs| {
         let x = tensor_in(inputs, 0)?;
+        let act = if tanh {
+            simd::Act::GeluTanh
+        } else {
+            simd::Act::Gelu
+        };
+        if let Some(t) = act_f32(cx, x, act)? {
+            return out1(t);
+        }
         out1(if tanh {
             float_map!(x, "Gelu", |v: R| {
                 let k = R::c(0.797_884_560_802_865_4); // sqrt(2/pi)

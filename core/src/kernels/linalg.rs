@@ -39,6 +39,18 @@ pub(crate) trait Num: Elem + Copy + Send + Sync + PartialOrd {
     fn gemm(_cx: &KernelCx<'_>, g: &Gemm, a: &[Self], b: &[Self], c: &mut [Self]) {
         gemm_generic(g, a, b, c)
     }
+    /// `acc[i] = bias + sum over taps (w, off) of w * src[off + i]` (a direct convolution's
+    /// taps over a padded plane); `f32` overrides this with the SIMD layer.
+    #[inline]
+    fn taps(taps: &[(Self, usize)], src: &[Self], bias: Self, acc: &mut [Self]) {
+        for (i, o) in acc.iter_mut().enumerate() {
+            let mut a = bias;
+            for &(w, off) in taps {
+                a = a.add(w.mul(src[off + i]));
+            }
+            *o = a;
+        }
+    }
 }
 
 impl Num for f32 {
@@ -65,6 +77,10 @@ impl Num for f32 {
             return;
         }
         cx.cpu.sgemm(g, a, b, c)
+    }
+    #[inline]
+    fn taps(taps: &[(Self, usize)], src: &[Self], bias: Self, acc: &mut [Self]) {
+        crate::simd::conv_taps(taps, src, bias, acc)
     }
 }
 

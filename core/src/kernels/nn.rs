@@ -607,8 +607,7 @@ fn conv_depthwise<T: Num>(
             }
         }
         // Every tap reads its phase plane at a constant offset from the (wp-wide) output
-        // position; accumulate LANES outputs at a time over all taps in registers.
-        const LANES: usize = 16;
+        // position; T::taps accumulates all taps in registers (SIMD for f32).
         let taps: Vec<(T, usize)> = (0..kh * kw)
             .map(|t| {
                 let (ki, kj) = (t / kw, t % kw);
@@ -620,25 +619,7 @@ fn conv_depthwise<T: Num>(
         let bias_v = bias.map_or(T::ZERO, |b| b[ch]);
         let span = (oh - 1) * wp + ow;
         let mut acc = vec![T::ZERO; span];
-        let mut idx = 0;
-        while idx + LANES <= span {
-            let mut a = [bias_v; LANES];
-            for &(wv, src) in &taps {
-                let v = &phases[src + idx..src + idx + LANES];
-                for l in 0..LANES {
-                    a[l] = a[l].add(wv.mul(v[l]));
-                }
-            }
-            acc[idx..idx + LANES].copy_from_slice(&a);
-            idx += LANES;
-        }
-        for (i, o) in acc.iter_mut().enumerate().skip(idx) {
-            let mut a = bias_v;
-            for &(wv, src) in &taps {
-                a = a.add(wv.mul(phases[src + i]));
-            }
-            *o = a;
-        }
+        T::taps(&taps, &phases, bias_v, &mut acc);
         for (orow, arow) in out.chunks_exact_mut(ow).zip(acc.chunks(wp)) {
             orow.copy_from_slice(&arow[..ow]);
         }

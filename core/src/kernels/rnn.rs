@@ -15,6 +15,7 @@ use crate::error::Result;
 use crate::ir::Node;
 use crate::kernels::types::FLOATS;
 use crate::provider::{Gemm, Kernel, KernelCx, KernelDef};
+use crate::simd;
 use crate::tensor::Tensor;
 use crate::value::Value;
 use crate::{bail, unsupported};
@@ -44,6 +45,30 @@ enum Act {
 }
 
 impl Act {
+    /// The SIMD layer's form of this activation, where it has one.
+    fn simd(self) -> Option<simd::Act> {
+        Some(match self {
+            Act::Sigmoid => simd::Act::Sigmoid,
+            Act::Tanh => simd::Act::Tanh,
+            Act::Relu => simd::Act::Relu,
+            Act::HardSigmoid(a, b) => simd::Act::HardSigmoid(a, b),
+            Act::LeakyRelu(a) => simd::Act::LeakyRelu(a),
+            _ => return None,
+        })
+    }
+
+    /// Clips (when `clip` is set) and applies the activation to a run of gate values in
+    /// place: through the SIMD layer where it has the function, else element by element.
+    fn apply_slice(self, x: &mut [f32], clip: Option<f32>) {
+        if let Some(c) = clip {
+            simd::unary_inplace(simd::Act::Clip(-c, c), x);
+        }
+        match self.simd() {
+            Some(a) => simd::unary_inplace(a, x),
+            None => x.iter_mut().for_each(|v| *v = self.apply(*v)),
+        }
+    }
+
     #[inline]
     fn apply(self, x: f32) -> f32 {
         use super::fmath::{exp, sigmoid, tanh};
@@ -595,6 +620,11 @@ fn run_direction(
             let zeros = vec![0f32; 3 * hs];
             let p = din.p.unwrap_or(&zeros);
             let (pi, po, pf) = (&p[..hs], &p[hs..2 * hs], &p[2 * hs..]);
+            // without peepholes or coupled gates the gates are whole runs: i, o, f through
+            // f, c through g, each one vector pass
+            let vector = din.p.is_none() && !cfg.input_forget;
+            let mut gate = vec![0f32; gh];
+            let mut tc = vec![0f32; hs];
             for s in 0..max_len {
                 gemm_wt(cx, batch, gh, hs, h, din.r, &mut hr);
                 for b in 0..batch {
@@ -603,6 +633,25 @@ fn run_direction(
                     let rr = &hr[b * gh..(b + 1) * gh];
                     let hb = &mut h[b * hs..(b + 1) * hs];
                     let cb = &mut c[b * hs..(b + 1) * hs];
+                    if vector {
+                        simd::binary_repeat(simd::BinOp::Add, xr, rr, &mut gate);
+                        fa.apply_slice(&mut gate[..3 * hs], clip);
+                        ga.apply_slice(&mut gate[3 * hs..], clip);
+                        let (gi, rest) = gate.split_at(hs);
+                        let (go, rest) = rest.split_at(hs);
+                        let (gf, gc) = rest.split_at(hs);
+                        for j in 0..hs {
+                            let cn = gf[j] * cb[j] + gi[j] * gc[j];
+                            cb[j] = cn;
+                            tc[j] = cn;
+                        }
+                        ha.apply_slice(&mut tc, None);
+                        for j in 0..hs {
+                            hb[j] = go[j] * tc[j];
+                        }
+                        emit(t, b, hb);
+                        continue;
+                    }
                     for j in 0..hs {
                         let cp = cb[j];
                         let gi = fa.apply(clipped(xr[j] + rr[j] + pi[j] * cp, clip));
@@ -623,6 +672,7 @@ fn run_direction(
         }
         Cell::Gru => {
             let (fa, ga) = (acts[0], acts[1]);
+            let mut gate = vec![0f32; gh];
             if lbr {
                 for s in 0..max_len {
                     gemm_wt(cx, batch, gh, hs, h, din.r, &mut hr);
@@ -631,12 +681,23 @@ fn run_direction(
                         let xr = &xw[(t * batch + b) * gh..][..gh];
                         let rr = &hr[b * gh..(b + 1) * gh];
                         let hb = &mut h[b * hs..(b + 1) * hs];
+                        // z and r in one vector pass, then n
+                        simd::binary_repeat(
+                            simd::BinOp::Add,
+                            &xr[..2 * hs],
+                            &rr[..2 * hs],
+                            &mut gate[..2 * hs],
+                        );
+                        fa.apply_slice(&mut gate[..2 * hs], clip);
+                        let (zr, nb) = gate.split_at_mut(2 * hs);
                         for j in 0..hs {
-                            let z = fa.apply(clipped(xr[j] + rr[j], clip));
-                            let r = fa.apply(clipped(xr[hs + j] + rr[hs + j], clip));
                             let rh = rr[2 * hs + j] + rbh.map_or(0.0, |v| v[j]);
-                            let n = ga.apply(clipped(xr[2 * hs + j] + r * rh, clip));
-                            hb[j] = (1.0 - z) * n + z * hb[j];
+                            nb[j] = xr[2 * hs + j] + zr[hs + j] * rh;
+                        }
+                        ga.apply_slice(nb, clip);
+                        for j in 0..hs {
+                            let z = zr[j];
+                            hb[j] = (1.0 - z) * nb[j] + z * hb[j];
                         }
                         emit(t, b, hb);
                     }
@@ -655,8 +716,9 @@ fn run_direction(
                         let xr = &xw[(t * batch + b) * gh..][..gh];
                         let zb = &mut zr[b * 2 * hs..(b + 1) * 2 * hs];
                         for j in 0..2 * hs {
-                            zb[j] = fa.apply(clipped(xr[j] + zb[j], clip));
+                            zb[j] += xr[j];
                         }
+                        fa.apply_slice(zb, clip);
                         for j in 0..hs {
                             rh[b * hs + j] = zb[hs + j] * h[b * hs + j];
                         }
@@ -666,10 +728,14 @@ fn run_direction(
                         let Some(t) = time_of(s, b) else { continue };
                         let xr = &xw[(t * batch + b) * gh..][..gh];
                         let hb = &mut h[b * hs..(b + 1) * hs];
+                        let nb = &mut gate[..hs];
+                        for j in 0..hs {
+                            nb[j] = xr[2 * hs + j] + hn[b * hs + j];
+                        }
+                        ga.apply_slice(nb, clip);
                         for j in 0..hs {
                             let z = zr[b * 2 * hs + j];
-                            let n = ga.apply(clipped(xr[2 * hs + j] + hn[b * hs + j], clip));
-                            hb[j] = (1.0 - z) * n + z * hb[j];
+                            hb[j] = (1.0 - z) * nb[j] + z * hb[j];
                         }
                         emit(t, b, hb);
                     }

@@ -411,7 +411,7 @@ fn build_tfidf(node: &Node) -> Result<Box<dyn Kernel>> {
             bail!("TfIdfVectorizer: ngram_counts {counts:?} do not fit the pool");
         }
         let items = (end - start) as usize;
-        if items % n != 0 {
+        if !items.is_multiple_of(n) {
             bail!("TfIdfVectorizer: {items} pool items do not make whole {n}-grams");
         }
         for g in pool[start as usize..end as usize].chunks_exact(n) {

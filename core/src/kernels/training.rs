@@ -68,7 +68,7 @@ fn run_optimizer(
     let r = scalar_f64(tensor_in(inputs, 0)?, op, "R")?;
     let t = scalar_count(tensor_in(inputs, 1)?, op)?;
     let rest = inputs.len().saturating_sub(2);
-    if rest == 0 || rest % groups != 0 {
+    if rest == 0 || !rest.is_multiple_of(groups) {
         bail!(
             "{op}: expects R, T and {groups} tensors per optimised variable, got {} inputs",
             inputs.len()

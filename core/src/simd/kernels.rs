@@ -1,9 +1,8 @@
 //! The generic bodies behind `simd`'s dispatched functions. Each is `#[inline(always)]` so it
 //! is compiled inside the ISA-specific wrapper that instantiates it.
 
+use super::gemm::{scale_c, Gemm};
 use super::VF32;
-use crate::provider::Gemm;
-use alloc::vec;
 
 /// An element-wise binary f32 operation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -14,6 +13,105 @@ pub enum BinOp {
     Div,
     Max,
     Min,
+}
+
+/// An element-wise f32 activation: what the unary kernels, fused epilogues and recurrent gates
+/// apply (every one is NaN-propagating, like the ONNX ops of the same name).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Act {
+    Identity,
+    Relu,
+    /// `x < 0 ? alpha * x : x`
+    LeakyRelu(f32),
+    Sigmoid,
+    Tanh,
+    /// `clamp(alpha * x + beta, 0, 1)`
+    HardSigmoid(f32, f32),
+    /// `x * clamp(x / 6 + 1/2, 0, 1)`
+    HardSwish,
+    /// `x * sigmoid(alpha * x)` (SiLU at alpha = 1)
+    Swish(f32),
+    /// `x < 0 ? alpha * (e^x - 1) : x`
+    Elu(f32),
+    /// `x / 2 * (1 + erf(x / sqrt 2))`
+    Gelu,
+    /// `x / 2 * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 x^3)))`
+    GeluTanh,
+    /// `min(max(x, lo), hi)`
+    Clip(f32, f32),
+    Exp,
+    Erf,
+}
+
+impl Act {
+    /// The activation on one value, through the dispatched vector code (one lane used), so a
+    /// scalar caller gets exactly what a vector loop gives.
+    pub fn scalar(self, x: f32) -> f32 {
+        let mut o = [0f32; 1];
+        super::unary(self, &[x], &mut o);
+        o[0]
+    }
+}
+
+/// Applies `act` to a vector.
+#[inline(always)]
+pub fn act<V: VF32>(act: Act, v: V) -> V {
+    let zero = V::splat(0.0);
+    match act {
+        Act::Identity => v,
+        Act::Relu => v.max(zero),
+        Act::LeakyRelu(a) => v.max(zero).add(V::splat(a).mul(v.min(zero))),
+        Act::Sigmoid => v.sigmoid(),
+        Act::Tanh => v.tanh(),
+        Act::HardSigmoid(a, b) => V::splat(a).fma(v, V::splat(b)).max(zero).min(V::splat(1.0)),
+        Act::HardSwish => {
+            let y = V::splat(1.0 / 6.0).fma(v, V::splat(0.5));
+            v.mul(y.max(zero).min(V::splat(1.0)))
+        }
+        Act::Swish(a) => v.mul(V::splat(a).mul(v).sigmoid()),
+        Act::Elu(a) => {
+            let neg = v.min(zero).exp().sub(V::splat(1.0));
+            v.max(zero).add(V::splat(a).mul(neg))
+        }
+        Act::Gelu => {
+            let e = v
+                .mul(V::splat(core::f32::consts::FRAC_1_SQRT_2))
+                .one_plus_erf();
+            V::splat(0.5).mul(v).mul(e)
+        }
+        Act::GeluTanh => {
+            let x3 = v.mul(v).mul(v);
+            let inner = V::splat(0.044_715).fma(x3, v).mul(V::splat(0.797_884_6));
+            V::splat(0.5).mul(v).mul(V::splat(1.0).add(inner.tanh()))
+        }
+        Act::Clip(lo, hi) => v.max(V::splat(lo)).min(V::splat(hi)),
+        Act::Exp => v.exp(),
+        Act::Erf => v.erf(),
+    }
+}
+
+/// `out[i] = act(x[i])`.
+#[inline(always)]
+pub fn unary<V: VF32>(a: Act, x: &[f32], out: &mut [f32]) {
+    map::<V>(a, x, out);
+}
+
+/// `x[i] = act(x[i])` in place.
+#[inline(always)]
+pub fn unary_inplace<V: VF32>(a: Act, x: &mut [f32]) {
+    let l = V::LANES;
+    let n = x.len();
+    let mut i = 0;
+    while i + l <= n {
+        act(a, V::load(&x[i..])).store(&mut x[i..]);
+        i += l;
+    }
+    if i < n {
+        let mut buf = [0f32; 16];
+        buf[..n - i].copy_from_slice(&x[i..n]);
+        act(a, V::load(&buf)).store(&mut buf);
+        x[i..n].copy_from_slice(&buf[..n - i]);
+    }
 }
 
 #[inline(always)]
@@ -97,7 +195,7 @@ fn scalar_chunk<V: VF32>(op: BinOp, a: &[f32], s: f32, swap: bool, out: &mut [f3
 
 #[inline(always)]
 pub fn binary_repeat<V: VF32>(op: BinOp, a: &[f32], b: &[f32], out: &mut [f32]) {
-    assert!(!b.is_empty() && a.len() % b.len() == 0 && out.len() == a.len());
+    assert!(!b.is_empty() && a.len().is_multiple_of(b.len()) && out.len() == a.len());
     if b.len() == 1 {
         return scalar_chunk::<V>(op, a, b[0], false, out);
     }
@@ -108,7 +206,7 @@ pub fn binary_repeat<V: VF32>(op: BinOp, a: &[f32], b: &[f32], out: &mut [f32]) 
 
 #[inline(always)]
 pub fn binary_repeat_lhs<V: VF32>(op: BinOp, a: &[f32], b: &[f32], out: &mut [f32]) {
-    assert!(!a.is_empty() && b.len() % a.len() == 0 && out.len() == b.len());
+    assert!(!a.is_empty() && b.len().is_multiple_of(a.len()) && out.len() == b.len());
     if a.len() == 1 {
         return scalar_chunk::<V>(op, b, a[0], true, out);
     }
@@ -117,39 +215,80 @@ pub fn binary_repeat_lhs<V: VF32>(op: BinOp, a: &[f32], b: &[f32], out: &mut [f3
     }
 }
 
+/// `out[i] = act(x[i])`: a vector main loop, and the tail through the vector code too
+/// (padded), so every element gets the same math. (No closures here: a closure is compiled
+/// without the caller's target features, so its intrinsics would not inline.)
 #[inline(always)]
-fn map<V: VF32>(x: &[f32], out: &mut [f32], f: impl Fn(V) -> V) {
+fn map<V: VF32>(a: Act, x: &[f32], out: &mut [f32]) {
     let l = V::LANES;
     let n = x.len().min(out.len());
     let mut i = 0;
     while i + l <= n {
-        f(V::load(&x[i..])).store(&mut out[i..]);
+        act(a, V::load(&x[i..])).store(&mut out[i..]);
         i += l;
     }
-    // the tail goes through the vector code too (padded), so every element gets the same math
     if i < n {
         let mut buf = [0f32; 16];
         buf[..n - i].copy_from_slice(&x[i..n]);
-        f(V::load(&buf)).store(&mut buf);
+        act(a, V::load(&buf)).store(&mut buf);
         out[i..n].copy_from_slice(&buf[..n - i]);
+    }
+}
+
+/// `acc[i] = bias + sum over taps (w, off) of w * src[off + i]`: four vectors of outputs at a
+/// time held in registers over all taps, then one vector, then scalars.
+#[inline(always)]
+pub fn conv_taps<V: VF32>(taps: &[(f32, usize)], src: &[f32], bias: f32, acc: &mut [f32]) {
+    let l = V::LANES;
+    let n = acc.len();
+    let bv = V::splat(bias);
+    let mut i = 0;
+    while i + 4 * l <= n {
+        let mut a = [bv; 4];
+        for &(w, off) in taps {
+            let wv = V::splat(w);
+            let s = &src[off + i..off + i + 4 * l];
+            a[0] = wv.fma(V::load(s), a[0]);
+            a[1] = wv.fma(V::load(&s[l..]), a[1]);
+            a[2] = wv.fma(V::load(&s[2 * l..]), a[2]);
+            a[3] = wv.fma(V::load(&s[3 * l..]), a[3]);
+        }
+        for (q, v) in a.iter().enumerate() {
+            v.store(&mut acc[i + q * l..]);
+        }
+        i += 4 * l;
+    }
+    while i + l <= n {
+        let mut a = bv;
+        for &(w, off) in taps {
+            a = V::splat(w).fma(V::load(&src[off + i..]), a);
+        }
+        a.store(&mut acc[i..]);
+        i += l;
+    }
+    for (j, o) in acc.iter_mut().enumerate().skip(i) {
+        let mut a = bias;
+        for &(w, off) in taps {
+            a += w * src[off + j];
+        }
+        *o = a;
     }
 }
 
 #[inline(always)]
 pub fn relu<V: VF32>(x: &[f32], out: &mut [f32]) {
     // max(x, 0) with x first keeps NaN
-    map::<V>(x, out, |v| v.max(V::splat(0.0)));
+    map::<V>(Act::Relu, x, out);
 }
 
 #[inline(always)]
 pub fn sigmoid<V: VF32>(x: &[f32], out: &mut [f32]) {
-    let one = V::splat(1.0);
-    map::<V>(x, out, |v| one.div(one.add(V::splat(0.0).sub(v).exp())));
+    map::<V>(Act::Sigmoid, x, out);
 }
 
 #[inline(always)]
 pub fn exp<V: VF32>(x: &[f32], out: &mut [f32]) {
-    map::<V>(x, out, |v| v.exp());
+    map::<V>(Act::Exp, x, out);
 }
 
 #[inline(always)]
@@ -285,20 +424,29 @@ pub fn normalize_row<V: VF32>(
 
 // ------------------------------------------------------------------------------------ SGEMM
 
-const MR: usize = 4;
 const KC: usize = 256;
 const MC: usize = 64;
 const NC: usize = 2048;
 
 /// `C = alpha*A*B + beta*C`: B packed in `KC x NR` panels (NR = 2 vectors), A in `MR x KC`
-/// panels with alpha folded in, and an `MR x NR` register-blocked micro-kernel.
+/// panels with alpha folded in, and an `MR x NR` register-blocked micro-kernel (MR =
+/// `V::GEMM_MR`).
 #[inline(always)]
 pub fn sgemm<V: VF32>(g: &Gemm, a: &[f32], b: &[f32], c: &mut [f32]) {
+    if V::GEMM_MR >= 8 {
+        sgemm_mr::<V, 8>(g, a, b, c)
+    } else {
+        sgemm_mr::<V, 4>(g, a, b, c)
+    }
+}
+
+#[inline(always)]
+fn sgemm_mr<V: VF32, const MR: usize>(g: &Gemm, a: &[f32], b: &[f32], c: &mut [f32]) {
     let (m, n, k) = (g.m, g.n, g.k);
     if m == 0 || n == 0 {
         return;
     }
-    crate::provider::scale_c(g, c);
+    scale_c(g, c);
     if k == 0 || g.alpha == 0.0 {
         return;
     }
@@ -306,11 +454,63 @@ pub fn sgemm<V: VF32>(g: &Gemm, a: &[f32], b: &[f32], c: &mut [f32]) {
         return;
     }
     let nr = 2 * V::LANES;
+    if 2 * n <= nr && m >= 2 * nr {
+        // Narrow C (a strided 1-D conv, a few output positions): most of each NR-wide tile
+        // would be padding, so compute C^T = B^T A^T (n rows, m columns) and add it in.
+        let mut t = super::scratch(n * m);
+        let gt = Gemm {
+            m: n,
+            n: m,
+            k,
+            a_rs: g.b_cs,
+            a_cs: g.b_rs,
+            b_rs: g.a_cs,
+            b_cs: g.a_rs,
+            ldc: m,
+            alpha: g.alpha,
+            beta: 0.0,
+        };
+        t.fill(0.0);
+        if !(gt.m < SMALL_M && sgemm_few_rows::<V>(&gt, b, a, &mut t)) {
+            sgemm_packed::<V, MR>(&gt, b, a, &mut t);
+        }
+        for i in 0..m {
+            let row = &mut c[i * g.ldc..i * g.ldc + n];
+            for (j, x) in row.iter_mut().enumerate() {
+                *x += t[j * m + i];
+            }
+        }
+        return;
+    }
+    sgemm_packed::<V, MR>(g, a, b, c)
+}
+
+/// The packed, blocked SGEMM accumulating `alpha*A*B` into C (beta already applied).
+#[inline(always)]
+fn sgemm_packed<V: VF32, const MR: usize>(g: &Gemm, a: &[f32], b: &[f32], c: &mut [f32]) {
+    let (m, n, k) = (g.m, g.n, g.k);
+    let nr = 2 * V::LANES;
     let kc_max = KC.min(k);
     let nc_max = NC.min(n).div_ceil(nr) * nr;
     let mc_max = MC.min(m).div_ceil(MR) * MR;
-    let mut bp = vec![0f32; kc_max * nc_max];
-    let mut ap = vec![0f32; kc_max * mc_max];
+    let (bn, an) = (kc_max * nc_max, kc_max * mc_max);
+    let mut buf = super::scratch(bn + an);
+    let (bp, ap) = buf.split_at_mut(bn);
+    sgemm_blocks::<V, MR>(g, a, b, c, bp, ap)
+}
+
+/// The blocked loops of [`sgemm_mr`] over packing buffers `bp` (B panels) and `ap` (A panels).
+#[inline(always)]
+fn sgemm_blocks<V: VF32, const MR: usize>(
+    g: &Gemm,
+    a: &[f32],
+    b: &[f32],
+    c: &mut [f32],
+    bp: &mut [f32],
+    ap: &mut [f32],
+) {
+    let (m, n, k) = (g.m, g.n, g.k);
+    let nr = 2 * V::LANES;
     let at = |i: usize, p: usize| a[i * g.a_rs as usize + p * g.a_cs as usize];
     let bt = |p: usize, j: usize| b[p * g.b_rs as usize + j * g.b_cs as usize];
 
@@ -324,6 +524,19 @@ pub fn sgemm<V: VF32>(g: &Gemm, a: &[f32], b: &[f32], c: &mut [f32]) {
             for (pi, panel) in bp.chunks_mut(kc * nr).take(nc.div_ceil(nr)).enumerate() {
                 let j0 = jc + pi * nr;
                 let w = nr.min(jc + nc - j0);
+                if g.b_rs == 1 && g.b_cs != 1 {
+                    // column-major B: read each column's run of kc contiguously
+                    for jj in 0..w {
+                        let s = (j0 + jj) * g.b_cs as usize + pc;
+                        for (p, &v) in b[s..s + kc].iter().enumerate() {
+                            panel[p * nr + jj] = v;
+                        }
+                    }
+                    for p in 0..kc {
+                        panel[p * nr + w..p * nr + nr].fill(0.0);
+                    }
+                    continue;
+                }
                 for p in 0..kc {
                     let dst = &mut panel[p * nr..p * nr + nr];
                     if g.b_cs == 1 {
@@ -361,7 +574,7 @@ pub fn sgemm<V: VF32>(g: &Gemm, a: &[f32], b: &[f32], c: &mut [f32]) {
                     for (pi, apanel) in ap.chunks(kc * MR).take(mc.div_ceil(MR)).enumerate() {
                         let i0 = ic + pi * MR;
                         let h = MR.min(ic + mc - i0);
-                        micro::<V>(kc, apanel, bpanel, c, i0 * g.ldc + j0, g.ldc, h, w);
+                        micro::<V, MR>(kc, apanel, bpanel, c, i0 * g.ldc + j0, g.ldc, h, w);
                     }
                 }
                 ic += mc;
@@ -390,44 +603,43 @@ fn sgemm_few_rows<V: VF32>(g: &Gemm, a: &[f32], b: &[f32], c: &mut [f32]) -> boo
         g.b_cs as usize,
     );
     if g.b_cs == 1 {
-        for i in 0..m {
-            let crow = &mut c[i * g.ldc..i * g.ldc + n];
-            let arow = |p: usize| g.alpha * a[i * a_rs + p * a_cs];
-            let mut j = 0;
-            while j + 4 * l <= n {
-                let mut acc = [
-                    V::load(&crow[j..]),
-                    V::load(&crow[j + l..]),
-                    V::load(&crow[j + 2 * l..]),
-                    V::load(&crow[j + 3 * l..]),
-                ];
-                for p in 0..k {
-                    let av = V::splat(arow(p));
-                    let brow = &b[p * b_rs + j..p * b_rs + j + 4 * l];
-                    for (q, x) in acc.iter_mut().enumerate() {
-                        *x = av.fma(V::load(&brow[q * l..]), *x);
+        // C's rows stay in L1 while B streams through once, four rows of B at a time (one
+        // load and store of C per four multiply-adds)
+        let nv = n / l * l;
+        let mut p = 0;
+        while p < k {
+            let q = 4.min(k - p);
+            let b0 = &b[p * b_rs..p * b_rs + n];
+            let b1 = &b[(p + 1).min(k - 1) * b_rs..][..n];
+            let b2 = &b[(p + 2).min(k - 1) * b_rs..][..n];
+            let b3 = &b[(p + 3).min(k - 1) * b_rs..][..n];
+            for i in 0..m {
+                let crow = &mut c[i * g.ldc..i * g.ldc + n];
+                // rows of B past k get a zero weight
+                let w = |d: usize| {
+                    if d < q {
+                        g.alpha * a[i * a_rs + (p + d) * a_cs]
+                    } else {
+                        0.0
                     }
+                };
+                let (a0, a1, a2, a3) = (w(0), w(1), w(2), w(3));
+                let (v0, v1, v2, v3) = (V::splat(a0), V::splat(a1), V::splat(a2), V::splat(a3));
+                let mut j = 0;
+                while j < nv {
+                    let x = V::load(&crow[j..]);
+                    let x = v0.fma(V::load(&b0[j..]), x);
+                    let x = v1.fma(V::load(&b1[j..]), x);
+                    let x = v2.fma(V::load(&b2[j..]), x);
+                    let x = v3.fma(V::load(&b3[j..]), x);
+                    x.store(&mut crow[j..]);
+                    j += l;
                 }
-                for (q, x) in acc.iter().enumerate() {
-                    x.store(&mut crow[j + q * l..]);
+                for jj in nv..n {
+                    crow[jj] += a0 * b0[jj] + a1 * b1[jj] + a2 * b2[jj] + a3 * b3[jj];
                 }
-                j += 4 * l;
             }
-            while j + l <= n {
-                let mut x = V::load(&crow[j..]);
-                for p in 0..k {
-                    x = V::splat(arow(p)).fma(V::load(&b[p * b_rs + j..]), x);
-                }
-                x.store(&mut crow[j..]);
-                j += l;
-            }
-            for (jj, cv) in crow.iter_mut().enumerate().skip(j) {
-                let mut s = 0.0;
-                for p in 0..k {
-                    s += arow(p) * b[p * b_rs + jj];
-                }
-                *cv += s;
-            }
+            p += q;
         }
         return true;
     }
@@ -485,7 +697,7 @@ fn dot4<V: VF32>(x: &[f32], ys: [&[f32]; 4]) -> [f32; 4] {
 /// Accumulates an `h x w` tile (h <= MR, w <= 2 lanes) of `A_panel · B_panel` into C.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-fn micro<V: VF32>(
+fn micro<V: VF32, const MR: usize>(
     kc: usize,
     ap: &[f32],
     bp: &[f32],

@@ -4,32 +4,171 @@
 //! | ISA | vector | chosen |
 //! |---|---|---|
 //! | wasm SIMD128 | `v128` (4 lanes) | at compile time, when built with `+simd128` |
-//! | x86-64 AVX2 + FMA | `__m256` (8 lanes) | at run time (CPUID, no `std` needed) |
+//! | aarch64 NEON | `float32x4_t` (4 lanes) | at compile time (NEON is baseline on aarch64) |
+//! | x86-64 AVX-512F | `__m512` (16 lanes) | at run time (CPUID + XGETBV, no `std` needed) |
+//! | x86-64 AVX2 + FMA | `__m256` (8 lanes) | at run time, where AVX-512F is absent or capped |
 //! | anything else | `[f32; 4]` in plain Rust (the compiler vectorises it for the baseline ISA) | fallback |
 //!
 //! Every public function here dispatches once per call and then runs a monomorphised loop with
-//! the vector type's intrinsics inlined (the generic bodies are `#[inline(always)]`, and the x86
-//! instantiation sits inside a `#[target_feature(enable = "avx2,fma")]` wrapper).
+//! the vector type's intrinsics inlined (the generic bodies are `#[inline(always)]`, and each
+//! x86 instantiation sits inside a `#[target_feature]` wrapper). [`set_max_isa`] caps the choice
+//! (the native target maps `NXRT_SIMD=avx2|portable` onto it, for A/B measurements).
 //!
-//! The native target also uses the `gemm` crate for SGEMM (it is faster on x86 than our
-//! micro-kernel); the kernels below are what core's reference kernels call on every target.
+//! [`Gemm`] (the strided GEMM description) lives here, at the bottom, so the SIMD layer imports
+//! nothing from the provider layer above it.
 
+#[cfg(target_arch = "x86_64")]
+mod avx512;
+pub mod gemm;
 mod kernels;
+#[cfg(target_arch = "aarch64")]
+mod neon;
 mod portable;
 #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
 mod wasm;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
-pub use kernels::BinOp;
+pub use gemm::Gemm;
+pub use kernels::{Act, BinOp};
 pub use portable::Portable;
 
-use crate::provider::Gemm;
+use core::sync::atomic::{AtomicU8, Ordering};
+
+/// An instruction set the dispatcher can pick, weakest first.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+#[repr(u8)]
+pub enum Isa {
+    Portable = 1,
+    Simd128 = 2,
+    Neon = 3,
+    Avx2 = 4,
+    Avx512 = 5,
+}
+
+impl Isa {
+    /// The name reports print (`avx512f`, `avx2+fma`, `neon`, `simd128`, `portable`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Isa::Portable => "portable",
+            Isa::Simd128 => "simd128",
+            Isa::Neon => "neon",
+            Isa::Avx2 => "avx2+fma",
+            Isa::Avx512 => "avx512f",
+        }
+    }
+
+    /// Parses a name as [`Isa::name`] prints it (also `avx2`, `avx512`).
+    pub fn parse(s: &str) -> Option<Isa> {
+        Some(match s {
+            "portable" | "scalar" => Isa::Portable,
+            "simd128" => Isa::Simd128,
+            "neon" => Isa::Neon,
+            "avx2" | "avx2+fma" => Isa::Avx2,
+            "avx512" | "avx512f" => Isa::Avx512,
+            _ => return None,
+        })
+    }
+}
+
+static CHOSEN: AtomicU8 = AtomicU8::new(0); // 0: not chosen yet
+static BEST: AtomicU8 = AtomicU8::new(0);
+
+/// The best instruction set this machine has (detected once).
+fn best() -> Isa {
+    match BEST.load(Ordering::Relaxed) {
+        0 => {
+            let b = detect();
+            BEST.store(b as u8, Ordering::Relaxed);
+            b
+        }
+        v => from_u8(v),
+    }
+}
+
+fn from_u8(v: u8) -> Isa {
+    match v {
+        5 => Isa::Avx512,
+        4 => Isa::Avx2,
+        3 => Isa::Neon,
+        2 => Isa::Simd128,
+        _ => Isa::Portable,
+    }
+}
+static CAP: AtomicU8 = AtomicU8::new(u8::MAX);
+
+/// Caps the instruction set every later dispatch may use (e.g. [`Isa::Avx2`] on an AVX-512
+/// machine, to measure one against the other). Takes effect for calls that start after it.
+pub fn set_max_isa(cap: Isa) {
+    CAP.store(cap as u8, Ordering::Relaxed);
+    CHOSEN.store(0, Ordering::Relaxed);
+}
+
+fn detect() -> Isa {
+    #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+    {
+        return Isa::Simd128;
+    }
+    #[cfg(target_arch = "aarch64")]
+    {
+        return Isa::Neon;
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        if avx512::detect() {
+            return Isa::Avx512;
+        }
+        if x86::detect() {
+            return Isa::Avx2;
+        }
+    }
+    #[allow(unreachable_code)]
+    Isa::Portable
+}
+
+/// The instruction set the dispatcher uses on this machine (the best one detected, at most the
+/// cap of [`set_max_isa`]).
+#[inline]
+pub fn isa() -> Isa {
+    match CHOSEN.load(Ordering::Relaxed) {
+        0 => {
+            let best = best();
+            let cap = CAP.load(Ordering::Relaxed);
+            let isa = if best as u8 <= cap {
+                best
+            } else if cap >= Isa::Avx2 as u8 && best == Isa::Avx512 {
+                Isa::Avx2
+            } else {
+                Isa::Portable
+            };
+            CHOSEN.store(isa as u8, Ordering::Relaxed);
+            isa
+        }
+        v => from_u8(v),
+    }
+}
+
+/// Every instruction set this machine can run, for tests that check each instantiation.
+pub fn available_isas() -> alloc::vec::Vec<Isa> {
+    let mut v = alloc::vec![Isa::Portable];
+    let best = best();
+    #[cfg(target_arch = "x86_64")]
+    if best >= Isa::Avx2 {
+        v.push(Isa::Avx2);
+    }
+    if best != Isa::Portable && !v.contains(&best) {
+        v.push(best);
+    }
+    v
+}
 
 /// A vector of f32 lanes. Implementations are thin wrappers over one ISA's registers; every
 /// method must be `#[inline(always)]` so that generic kernels compile to straight intrinsics.
 pub trait VF32: Copy {
     const LANES: usize;
+    /// Rows of the SGEMM micro-kernel (its tile is `GEMM_MR x 2*LANES`); ISAs with more
+    /// registers take more rows.
+    const GEMM_MR: usize = 4;
     fn splat(v: f32) -> Self;
     /// Loads `LANES` floats from `s[0..LANES]` (panics if `s` is shorter).
     fn load(s: &[f32]) -> Self;
@@ -51,6 +190,101 @@ pub trait VF32: Copy {
     fn pow2i(self) -> Self;
     fn hsum(self) -> f32;
     fn hmax(self) -> f32;
+    /// `|self|` (clears the sign bit; NaN stays NaN).
+    fn abs(self) -> Self;
+    /// `|self|` with the sign bit of `sign`.
+    fn copysign(self, sign: Self) -> Self;
+    /// Per lane: `a` where `self < t`, else `b` (a NaN in `self` takes `b`).
+    fn lt_select(self, t: Self, a: Self, b: Self) -> Self;
+
+    /// `1 / (1 + e^-x)`; NaN propagates.
+    #[inline(always)]
+    fn sigmoid(self) -> Self {
+        let one = Self::splat(1.0);
+        one.div(one.add(Self::splat(0.0).sub(self).exp()))
+    }
+
+    /// `tanh(x)` to within a few ulp: an odd Taylor polynomial (through x^19) below |x| = 0.5,
+    /// `1 - 2 / (1 + e^2|x|)` above, with the sign restored; NaN propagates.
+    #[inline(always)]
+    fn tanh(self) -> Self {
+        let ax = self.abs();
+        // small |x|: x * P(x^2), the series 1 - x^2/3 + 2x^4/15 - 17x^6/315 + ...
+        let x2 = self.mul(self);
+        let mut p = Self::splat(-2.391_291e-4); // -443861162/1856156927625
+        p = p.fma(x2, Self::splat(5.900_274e-4)); // 6404582/10854718875
+        p = p.fma(x2, Self::splat(-1.455_834_4e-3)); // -929569/638512875
+        p = p.fma(x2, Self::splat(3.592_128e-3)); // 21844/6081075
+        p = p.fma(x2, Self::splat(-8.863_236e-3)); // -1382/155925
+        p = p.fma(x2, Self::splat(2.186_949e-2)); // 62/2835
+        p = p.fma(x2, Self::splat(-5.396_825_4e-2)); // -17/315
+        p = p.fma(x2, Self::splat(1.333_333_4e-1)); // 2/15
+        p = p.fma(x2, Self::splat(-3.333_333_4e-1)); // -1/3
+        let small = p.mul(x2).fma(self, self);
+        // large |x|
+        let one = Self::splat(1.0);
+        let e = ax.add(ax).exp();
+        let large = one.sub(Self::splat(2.0).div(one.add(e))).copysign(self);
+        ax.lt_select(Self::splat(0.5), small, large)
+    }
+
+    /// `erf(x) / x` for |x| < 0.5 (the Maclaurin series through x^16).
+    #[inline(always)]
+    fn erf_small_over_x(self) -> Self {
+        let x2 = self.mul(self);
+        // 2/sqrt(pi) * sum (-1)^n x^(2n+1) / (n! (2n+1))
+        let mut p = Self::splat(1.646_211_4e-6); // n = 8
+        p = p.fma(x2, Self::splat(-1.492_565e-5));
+        p = p.fma(x2, Self::splat(1.205_533_3e-4));
+        p = p.fma(x2, Self::splat(-8.548_327e-4));
+        p = p.fma(x2, Self::splat(5.223_977_6e-3));
+        p = p.fma(x2, Self::splat(-2.686_617_1e-2));
+        p = p.fma(x2, Self::splat(1.128_379_2e-1));
+        p = p.fma(x2, Self::splat(-3.761_263_9e-1));
+        p = p.fma(x2, Self::splat(core::f32::consts::FRAC_2_SQRT_PI)); // n = 0
+        p
+    }
+
+    /// `erfc(|x|)` with a relative error near 1e-7 over the whole range: the Chebyshev-fitted
+    /// `t e^(-z^2 + P(t))`, t = 2 / (2 + z), of Numerical Recipes' `erfcc`.
+    #[inline(always)]
+    fn erfc_abs(self) -> Self {
+        let z = self.abs();
+        let one = Self::splat(1.0);
+        let t = one.div(Self::splat(0.5).fma(z, one));
+        let mut p = Self::splat(0.170_872_77);
+        p = p.fma(t, Self::splat(-0.822_152_23));
+        p = p.fma(t, Self::splat(1.488_515_9));
+        p = p.fma(t, Self::splat(-1.135_204));
+        p = p.fma(t, Self::splat(0.278_868_07));
+        p = p.fma(t, Self::splat(-0.186_288_06));
+        p = p.fma(t, Self::splat(0.096_784_18));
+        p = p.fma(t, Self::splat(0.374_091_96));
+        p = p.fma(t, Self::splat(1.000_023_7));
+        p = p.fma(t, Self::splat(-1.265_512_2));
+        let arg = p.sub(z.mul(z));
+        t.mul(arg.exp())
+    }
+
+    /// `erf(x)`: the Maclaurin series below |x| = 0.5, `1 - erfc(|x|)` with the sign restored
+    /// above; NaN propagates.
+    #[inline(always)]
+    fn erf(self) -> Self {
+        let ax = self.abs();
+        let small = self.erf_small_over_x().mul(self);
+        let large = Self::splat(1.0).sub(self.erfc_abs()).copysign(self);
+        ax.lt_select(Self::splat(0.5), small, large)
+    }
+
+    /// `1 + erf(x)` without cancellation for negative x (`erfc(|x|)` there), as GELU needs.
+    #[inline(always)]
+    fn one_plus_erf(self) -> Self {
+        let one = Self::splat(1.0);
+        let small = self.erf_small_over_x().fma(self, one);
+        let e = self.erfc_abs();
+        let large = self.lt_select(Self::splat(0.0), e, Self::splat(2.0).sub(e));
+        self.abs().lt_select(Self::splat(0.5), small, large)
+    }
 
     /// `e^x` to within about 2 ulp over the whole f32 range (Cephes-style range reduction and
     /// a degree-6 polynomial); NaN propagates, overflow saturates to `e^88.7`.
@@ -75,34 +309,99 @@ pub trait VF32: Copy {
     }
 }
 
-/// Which instruction set the dispatcher picks on this machine (for reports).
-pub fn isa_name() -> &'static str {
-    #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
-    {
-        return "simd128";
-    }
-    #[cfg(target_arch = "x86_64")]
-    {
-        if x86::avx2_fma() {
-            return "avx2+fma";
-        }
-    }
-    #[allow(unreachable_code)]
-    "portable"
+/// Reusable f32 scratch buffers (GEMM packing panels, im2col tiles): taking one from this pool
+/// instead of allocating keeps large buffers from being mapped and faulted in on every call.
+/// At most `POOL_MAX` buffers are kept; each is handed to one caller at a time.
+static SCRATCH: spin::Mutex<alloc::vec::Vec<alloc::vec::Vec<f32>>> =
+    spin::Mutex::new(alloc::vec::Vec::new());
+const POOL_MAX: usize = 16;
+
+/// A scratch buffer of the pool (see [`scratch`]); returned to the pool on drop.
+pub struct Scratch {
+    buf: alloc::vec::Vec<f32>,
+    len: usize,
 }
 
-/// Defines a public function that runs the generic `$imp::<V>` on the best vector type.
+impl core::ops::Deref for Scratch {
+    type Target = [f32];
+    fn deref(&self) -> &[f32] {
+        &self.buf[..self.len]
+    }
+}
+
+impl core::ops::DerefMut for Scratch {
+    fn deref_mut(&mut self) -> &mut [f32] {
+        &mut self.buf[..self.len]
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let mut pool = SCRATCH.lock();
+        if pool.len() < POOL_MAX {
+            pool.push(core::mem::take(&mut self.buf));
+        }
+    }
+}
+
+/// A scratch slice of `len` floats (contents unspecified: callers write before they read),
+/// taken from a process-wide pool. (A guard rather than a closure: a closure would be compiled
+/// without the calling kernel's target features.)
+pub fn scratch(len: usize) -> Scratch {
+    let taken = {
+        let mut pool = SCRATCH.lock();
+        match pool.iter().position(|b| b.capacity() >= len) {
+            Some(i) => Some(pool.swap_remove(i)),
+            None => pool.pop(),
+        }
+    };
+    let mut buf = taken.unwrap_or_default();
+    if buf.len() < len {
+        buf.resize(len, 0.0);
+    }
+    Scratch { buf, len }
+}
+
+/// Which instruction set the dispatcher picks on this machine (for reports).
+pub fn isa_name() -> &'static str {
+    isa().name()
+}
+
+/// Defines a public function that runs the generic `$imp::<V>` on the best vector type, and
+/// `$name_on(isa, ..)` that runs it on a given one (at most what the machine has; for tests).
 macro_rules! dispatch {
-    ($(#[$m:meta])* fn $name:ident($($a:ident: $t:ty),*) $(-> $r:ty)? => $imp:ident) => {
+    ($(#[$m:meta])* fn $name:ident / $on:ident($($a:ident: $t:ty),*) $(-> $r:ty)? => $imp:ident) => {
         $(#[$m])*
+        #[inline]
         pub fn $name($($a: $t),*) $(-> $r)? {
+            $on(isa(), $($a),*)
+        }
+
+        #[doc(hidden)]
+        #[allow(unused_variables)]
+        pub fn $on(isa: Isa, $($a: $t),*) $(-> $r)? {
             #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
             {
                 return kernels::$imp::<wasm::V128>($($a),*);
             }
+            #[cfg(target_arch = "aarch64")]
+            {
+                if isa >= Isa::Neon {
+                    return kernels::$imp::<neon::Neon>($($a),*);
+                }
+            }
             #[cfg(target_arch = "x86_64")]
             {
-                if x86::avx2_fma() {
+                let isa = isa.min(best());
+                if isa == Isa::Avx512 {
+                    #[target_feature(enable = "avx512f,avx2,fma")]
+                    unsafe fn wide($($a: $t),*) $(-> $r)? {
+                        kernels::$imp::<avx512::Avx512>($($a),*)
+                    }
+                    // SAFETY: the CPU reported AVX-512F (and the OS saves ZMM state).
+                    return unsafe { wide($($a),*) };
+                }
+                if isa == Isa::Avx2 {
                     #[target_feature(enable = "avx2,fma")]
                     unsafe fn wide($($a: $t),*) $(-> $r)? {
                         kernels::$imp::<x86::Avx2>($($a),*)
@@ -121,58 +420,73 @@ dispatch!(
     /// `C = alpha*A*B + beta*C` with a packed, register-blocked micro-kernel (see [`Gemm`]).
     /// Operand strides must be non-negative and in bounds (the caller checks; see
     /// [`sgemm_checked`]).
-    fn sgemm_unchecked(g: &Gemm, a: &[f32], b: &[f32], c: &mut [f32]) => sgemm
+    fn sgemm_unchecked / sgemm_unchecked_on(g: &Gemm, a: &[f32], b: &[f32], c: &mut [f32]) => sgemm
 );
 
 dispatch!(
     /// `out[i] = a[i] op b[i % b.len()]` (b repeats; `b.len()` divides `a.len()`).
-    fn binary_repeat(op: BinOp, a: &[f32], b: &[f32], out: &mut [f32]) => binary_repeat
+    fn binary_repeat / binary_repeat_on(op: BinOp, a: &[f32], b: &[f32], out: &mut [f32]) => binary_repeat
 );
 
 dispatch!(
     /// `out[i] = a[i % a.len()] op b[i]` (a repeats; `a.len()` divides `b.len()`).
-    fn binary_repeat_lhs(op: BinOp, a: &[f32], b: &[f32], out: &mut [f32]) => binary_repeat_lhs
+    fn binary_repeat_lhs / binary_repeat_lhs_on(op: BinOp, a: &[f32], b: &[f32], out: &mut [f32]) => binary_repeat_lhs
+);
+
+dispatch!(
+    /// `acc[i] = bias + sum over taps (w, off) of w * src[off + i]` (direct convolution taps).
+    fn conv_taps / conv_taps_on(taps: &[(f32, usize)], src: &[f32], bias: f32, acc: &mut [f32]) => conv_taps
 );
 
 dispatch!(
     /// `out[i] = max(x[i], 0)`.
-    fn relu(x: &[f32], out: &mut [f32]) => relu
+    fn relu / relu_on(x: &[f32], out: &mut [f32]) => relu
 );
 
 dispatch!(
     /// `out[i] = 1 / (1 + e^-x[i])`.
-    fn sigmoid(x: &[f32], out: &mut [f32]) => sigmoid
+    fn sigmoid / sigmoid_on(x: &[f32], out: &mut [f32]) => sigmoid
+);
+
+dispatch!(
+    /// `out[i] = act(x[i])` (see [`Act`]).
+    fn unary / unary_on(act: Act, x: &[f32], out: &mut [f32]) => unary
+);
+
+dispatch!(
+    /// `x[i] = act(x[i])` in place.
+    fn unary_inplace / unary_inplace_on(act: Act, x: &mut [f32]) => unary_inplace
 );
 
 dispatch!(
     /// `out[i] = e^x[i]`.
-    fn exp(x: &[f32], out: &mut [f32]) => exp
+    fn exp / exp_on(x: &[f32], out: &mut [f32]) => exp
 );
 
 dispatch!(
     /// Softmax of one contiguous row (`y = e^(x - max) / sum`).
-    fn softmax_row(x: &[f32], y: &mut [f32]) => softmax_row
+    fn softmax_row / softmax_row_on(x: &[f32], y: &mut [f32]) => softmax_row
 );
 
 dispatch!(
     /// Sum of a slice (pairwise over vector lanes).
-    fn sum(x: &[f32]) -> f32 => sum
+    fn sum / sum_on(x: &[f32]) -> f32 => sum
 );
 
 dispatch!(
     /// Maximum of a non-empty slice (NaN propagates).
-    fn max(x: &[f32]) -> f32 => max
+    fn max / max_on(x: &[f32]) -> f32 => max
 );
 
 dispatch!(
     /// `y = (x - mean) * inv_std * scale + bias` over one row (`scale`/`bias` as long as `x`).
-    fn normalize_row(x: &[f32], mean: f32, inv_std: f32, scale: &[f32], bias: Option<&[f32]>, y: &mut [f32]) => normalize_row
+    fn normalize_row / normalize_row_on(x: &[f32], mean: f32, inv_std: f32, scale: &[f32], bias: Option<&[f32]>, y: &mut [f32]) => normalize_row
 );
 
 /// Like [`sgemm_unchecked`] but checks every stride and bound first; returns `false` (and does
 /// nothing) when the operands do not fit, so the caller can take a bounds-checked path.
 pub fn sgemm_checked(g: &Gemm, a: &[f32], b: &[f32], c: &mut [f32]) -> bool {
-    let ok = crate::provider::gemm_fits(g, a.len(), b.len(), c.len());
+    let ok = gemm::gemm_fits(g, a.len(), b.len(), c.len());
     if ok && g.m > 0 && g.n > 0 {
         sgemm_unchecked(g, a, b, c);
     }

@@ -77,6 +77,24 @@ impl VF32 for Portable {
         (self.0[0] + self.0[2]) + (self.0[1] + self.0[3])
     }
     #[inline(always)]
+    fn abs(self) -> Self {
+        each(self, f32::abs)
+    }
+    #[inline(always)]
+    fn copysign(self, sign: Self) -> Self {
+        zip(self, sign, f32::copysign)
+    }
+    #[inline(always)]
+    fn lt_select(self, t: Self, a: Self, b: Self) -> Self {
+        Portable(core::array::from_fn(|i| {
+            if self.0[i] < t.0[i] {
+                a.0[i]
+            } else {
+                b.0[i]
+            }
+        }))
+    }
+    #[inline(always)]
     fn hmax(self) -> f32 {
         let m = |a: f32, b: f32| if a.is_nan() || a >= b { a } else { b };
         m(m(self.0[0], self.0[2]), m(self.0[1], self.0[3]))

@@ -2,9 +2,9 @@
 //! scalar arithmetic, and the portable instantiation against the same, at sizes that exercise
 //! full vectors, tails and every GEMM blocking edge.
 
+use super::gemm::reference_sgemm;
 use super::kernels;
 use super::*;
-use crate::provider::reference_sgemm;
 use alloc::vec::Vec;
 
 fn data(n: usize, seed: u32) -> Vec<f32> {
@@ -162,6 +162,8 @@ fn sgemm_matches_reference_across_blocking_edges() {
         (3, 2100, 7),
         (2, 70, 300),
         (70, 9, 1),
+        (200, 5, 40),
+        (130, 12, 300),
     ];
     for &(m, n, k) in &shapes {
         for &(ta, tb, alpha, beta) in &[
@@ -246,6 +248,202 @@ fn softmax_of_a_row_with_nan_is_all_nan() {
             let mut y = alloc::vec![0f32; n];
             softmax_row(&x, &mut y);
             assert!(y.iter().all(|v| v.is_nan()), "n={n} NaN at {pos}: {y:?}");
+        }
+    }
+}
+
+/// The f64 form of each activation, the reference the vector code is checked against.
+fn act_f64(a: Act, x: f64) -> f64 {
+    let sig = |v: f64| 1.0 / (1.0 + libm::exp(-v));
+    match a {
+        Act::Identity => x,
+        Act::Relu => x.max(0.0),
+        Act::LeakyRelu(al) => {
+            if x < 0.0 {
+                al as f64 * x
+            } else {
+                x
+            }
+        }
+        Act::Sigmoid => sig(x),
+        Act::Tanh => libm::tanh(x),
+        Act::HardSigmoid(al, be) => (al as f64 * x + be as f64).clamp(0.0, 1.0),
+        Act::HardSwish => x * (x / 6.0 + 0.5).clamp(0.0, 1.0),
+        Act::Swish(al) => x * sig(al as f64 * x),
+        Act::Elu(al) => {
+            if x < 0.0 {
+                al as f64 * libm::expm1(x)
+            } else {
+                x
+            }
+        }
+        Act::Gelu => 0.5 * x * libm::erfc(-x / core::f64::consts::SQRT_2),
+        Act::GeluTanh => {
+            let k = (2.0 / core::f64::consts::PI).sqrt();
+            0.5 * x * (1.0 + libm::tanh(k * (x + 0.044715 * x * x * x)))
+        }
+        Act::Clip(lo, hi) => x.clamp(lo as f64, hi as f64),
+        Act::Exp => libm::exp(x),
+        Act::Erf => libm::erf(x),
+    }
+}
+
+#[test]
+fn every_isa_is_detected_and_the_portable_one_is_always_there() {
+    let isas = available_isas();
+    assert_eq!(isas[0], Isa::Portable);
+    assert!(isas.contains(&isa()), "{:?} not in {isas:?}", isa());
+    #[cfg(all(target_arch = "x86_64", target_feature = "avx2"))]
+    assert!(isas.contains(&Isa::Avx2));
+    #[cfg(target_arch = "aarch64")]
+    assert_eq!(isa(), Isa::Neon);
+    for i in &isas {
+        assert_eq!(Isa::parse(i.name()), Some(*i));
+    }
+}
+
+#[test]
+fn activations_match_f64_on_every_isa() {
+    // dense near 0 (the polynomial branches and their switch at |x| = 0.5), then wide
+    let mut xs: Vec<f32> = (-2000..=2000).map(|i| i as f32 / 1000.0).collect();
+    xs.extend((-900..=900).map(|i| i as f32 / 10.0));
+    xs.extend([
+        1e-6, -1e-6, 1e-30, -1e-30, 0.0, -0.0, 0.4999999, 0.5000001, -0.5,
+    ]);
+    let acts = [
+        Act::Identity,
+        Act::Relu,
+        Act::LeakyRelu(0.1),
+        Act::Sigmoid,
+        Act::Tanh,
+        Act::HardSigmoid(0.2, 0.5),
+        Act::HardSwish,
+        Act::Swish(1.0),
+        Act::Elu(1.0),
+        Act::Gelu,
+        Act::GeluTanh,
+        Act::Clip(-1.5, 2.0),
+        Act::Exp,
+        Act::Erf,
+    ];
+    for isa in available_isas() {
+        for &a in &acts {
+            let mut y = alloc::vec![0f32; xs.len()];
+            unary_on(isa, a, &xs, &mut y);
+            let mut z = xs.clone();
+            unary_inplace_on(isa, a, &mut z);
+            for (i, &x) in xs.iter().enumerate() {
+                if a == Act::Exp && x > 88.0 {
+                    continue; // saturates (see exp_is_accurate_over_the_range)
+                }
+                let want = act_f64(a, x as f64);
+                // relative error against the f64 value, with an absolute floor (1e-30: sigmoid saturates at e^-88) where the
+                // function crosses zero or is computed as a difference (Elu's e^x - 1)
+                let atol = match a {
+                    Act::Elu(_) => 1.2e-7,
+                    // the far negative tail (below 1e-12), where rounding x^2 costs digits
+                    Act::Gelu => 1e-12,
+                    // 1 + tanh(..) cancels in f32 in every implementation of this formula
+                    Act::GeluTanh => 1e-6,
+                    _ => 1e-30,
+                };
+                assert!(
+                    close(y[i], want as f32, 2e-6, atol),
+                    "{isa:?} {a:?}({x}) = {}, want {want}",
+                    y[i]
+                );
+                assert_eq!(y[i].to_bits(), z[i].to_bits(), "{isa:?} {a:?} in place");
+            }
+            // NaN propagates through every activation
+            let mut n = [0f32; 3];
+            unary_on(isa, a, &[f32::NAN, 1.0, f32::NAN], &mut n);
+            assert!(n[0].is_nan() && n[2].is_nan(), "{isa:?} {a:?} keeps NaN");
+        }
+    }
+}
+
+#[test]
+fn tanh_and_erf_keep_their_odd_symmetry_and_limits() {
+    for isa in available_isas() {
+        let xs = [0.3f32, 0.5, 0.7, 3.0, 9.0, 40.0, f32::INFINITY];
+        let neg: Vec<f32> = xs.iter().map(|x| -x).collect();
+        for a in [Act::Tanh, Act::Erf] {
+            let (mut p, mut q) = ([0f32; 7], [0f32; 7]);
+            unary_on(isa, a, &xs, &mut p);
+            unary_on(isa, a, &neg, &mut q);
+            for i in 0..7 {
+                assert_eq!(p[i], -q[i], "{isa:?} {a:?} odd at {}", xs[i]);
+            }
+            assert_eq!(p[6], 1.0, "{isa:?} {a:?}(inf)");
+        }
+    }
+}
+
+#[test]
+fn kernels_agree_across_isas() {
+    let x = data(1000, 21);
+    let b = data(40, 22);
+    let isas = available_isas();
+    for &isa in &isas {
+        // the binary ops are exact on every ISA
+        for op in [BinOp::Add, BinOp::Mul, BinOp::Max] {
+            let mut o1 = alloc::vec![0f32; x.len()];
+            let mut o2 = alloc::vec![0f32; x.len()];
+            binary_repeat_on(isa, op, &x, &b, &mut o1);
+            binary_repeat_on(Isa::Portable, op, &x, &b, &mut o2);
+            assert_eq!(o1, o2, "{isa:?} {op:?}");
+        }
+        let want: f64 = x.iter().map(|&v| v as f64).sum();
+        assert!((sum_on(isa, &x) as f64 - want).abs() < 1e-3, "{isa:?} sum");
+        // direct-convolution taps, at lengths covering the 4-vector, 1-vector and scalar loops
+        let taps = [(0.5f32, 0usize), (-1.25, 3), (2.0, 17), (0.125, 40)];
+        for n in [1usize, 7, 16, 63, 64, 65, 200, 900] {
+            let mut acc = alloc::vec![f32::NAN; n];
+            conv_taps_on(isa, &taps, &x, 0.75, &mut acc);
+            for (i, &got) in acc.iter().enumerate() {
+                let want: f64 = 0.75
+                    + taps
+                        .iter()
+                        .map(|&(w, o)| w as f64 * x[o + i] as f64)
+                        .sum::<f64>();
+                assert!(
+                    close(got, want as f32, 1e-5, 1e-4),
+                    "{isa:?} taps n={n} at {i}"
+                );
+            }
+        }
+        assert_eq!(max_on(isa, &x), max_on(Isa::Portable, &x), "{isa:?} max");
+        // SGEMM at a few shapes, against the bounds-checked reference
+        for &(m, n, k) in &[
+            (1usize, 40usize, 33usize),
+            (9, 37, 70),
+            (33, 70, 300),
+            (257, 8, 512),
+        ] {
+            let a = data(m * k, 3);
+            let bm = data(k * n, 4);
+            let g = Gemm {
+                m,
+                n,
+                k,
+                a_rs: k as isize,
+                a_cs: 1,
+                b_rs: n as isize,
+                b_cs: 1,
+                ldc: n,
+                alpha: 1.0,
+                beta: 0.0,
+            };
+            let mut want = alloc::vec![0f32; m * n];
+            reference_sgemm(&g, &a, &bm, &mut want);
+            let mut got = alloc::vec![1f32; m * n];
+            sgemm_unchecked_on(isa, &g, &a, &bm, &mut got);
+            for i in 0..want.len() {
+                assert!(
+                    close(got[i], want[i], 1e-4, 1e-2),
+                    "{isa:?} {m}x{n}x{k} at {i}"
+                );
+            }
         }
     }
 }

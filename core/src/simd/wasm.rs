@@ -72,6 +72,19 @@ impl VF32 for V128 {
             + (f32x4_extract_lane::<1>(v) + f32x4_extract_lane::<3>(v))
     }
     #[inline(always)]
+    fn abs(self) -> Self {
+        V128(f32x4_abs(self.0))
+    }
+    #[inline(always)]
+    fn copysign(self, sign: Self) -> Self {
+        let s = f32x4_splat(-0.0);
+        V128(v128_bitselect(sign.0, self.0, s))
+    }
+    #[inline(always)]
+    fn lt_select(self, t: Self, a: Self, b: Self) -> Self {
+        V128(v128_bitselect(a.0, b.0, f32x4_lt(self.0, t.0)))
+    }
+    #[inline(always)]
     fn hmax(self) -> f32 {
         let v = self.0;
         let m = |a: f32, b: f32| if a.is_nan() || a >= b { a } else { b };

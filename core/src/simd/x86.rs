@@ -3,11 +3,9 @@
 
 use super::VF32;
 use core::arch::x86_64::*;
-use core::sync::atomic::{AtomicU8, Ordering};
 
-static DETECTED: AtomicU8 = AtomicU8::new(0); // 0 unknown, 1 no, 2 yes
-
-fn detect() -> bool {
+/// Whether the CPU has AVX2 and FMA and the OS saves YMM state.
+pub fn detect() -> bool {
     // SAFETY: CPUID exists on every x86-64 CPU; XGETBV is only executed once CPUID reports
     // OSXSAVE.
     unsafe {
@@ -26,26 +24,12 @@ fn detect() -> bool {
     }
 }
 
-/// Whether the AVX2+FMA instantiation may run here.
-#[inline]
-pub fn avx2_fma() -> bool {
-    match DETECTED.load(Ordering::Relaxed) {
-        2 => true,
-        1 => false,
-        _ => {
-            let yes = detect();
-            DETECTED.store(if yes { 2 } else { 1 }, Ordering::Relaxed);
-            yes
-        }
-    }
-}
-
 /// Eight f32 lanes in one AVX register. Only constructed inside `avx2,fma` code.
 #[derive(Clone, Copy)]
 pub struct Avx2(__m256);
 
 // SAFETY (for every `unsafe` below): these methods are only reached from functions compiled
-// with `#[target_feature(enable = "avx2,fma")]` after `avx2_fma()` returned true; loads and
+// with `#[target_feature(enable = "avx2,fma")]` after `detect()` returned true; loads and
 // stores go through slices of at least 8 floats, and AVX loads/stores have no alignment needs.
 impl VF32 for Avx2 {
     const LANES: usize = 8;
@@ -115,6 +99,27 @@ impl VF32 for Avx2 {
             let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
             let s = _mm_add_ss(s, _mm_shuffle_ps::<0b01>(s, s));
             _mm_cvtss_f32(s)
+        }
+    }
+    #[inline(always)]
+    fn abs(self) -> Self {
+        Avx2(unsafe { _mm256_andnot_ps(_mm256_set1_ps(-0.0), self.0) })
+    }
+    #[inline(always)]
+    fn copysign(self, sign: Self) -> Self {
+        unsafe {
+            let s = _mm256_set1_ps(-0.0);
+            Avx2(_mm256_or_ps(
+                _mm256_andnot_ps(s, self.0),
+                _mm256_and_ps(s, sign.0),
+            ))
+        }
+    }
+    #[inline(always)]
+    fn lt_select(self, t: Self, a: Self, b: Self) -> Self {
+        unsafe {
+            let m = _mm256_cmp_ps::<_CMP_LT_OQ>(self.0, t.0);
+            Avx2(_mm256_blendv_ps(b.0, a.0, m))
         }
     }
     #[inline(always)]

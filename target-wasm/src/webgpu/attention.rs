@@ -130,7 +130,7 @@ fn layout(t: &Tensor, name: &str, batch: usize, heads: Option<usize>) -> Result<
         });
     }
     let h = heads.unwrap_or(1);
-    if s[2] % h != 0 {
+    if !s[2].is_multiple_of(h) {
         return Err(Error::Shape(format!(
             "Attention: {name}'s hidden size {} is not a multiple of its {h} heads",
             s[2]

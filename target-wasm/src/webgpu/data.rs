@@ -105,7 +105,7 @@ pub(super) fn copy_elems(
     if so % 4 != 0 || doff % 4 != 0 {
         return Ok(false);
     }
-    if bytes % 4 != 0 {
+    if !bytes.is_multiple_of(4) {
         if src_at + len != src_n || dst_at + len != dst_n {
             return Ok(false);
         }

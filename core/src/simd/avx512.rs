@@ -1,0 +1,144 @@
+//! x86-64 AVX-512F: sixteen f32 lanes in a `__m512`, detected at run time through CPUID and
+//! XGETBV (the OS must save the opmask and ZMM state), so core keeps its `no_std`.
+
+use super::VF32;
+use core::arch::x86_64::*;
+
+/// Whether the CPU has AVX-512F (beside AVX2 and FMA) and the OS saves opmask and ZMM state.
+pub fn detect() -> bool {
+    if !super::x86::detect() {
+        return false;
+    }
+    // SAFETY: CPUID exists on every x86-64 CPU; XGETBV runs only after x86::detect() saw
+    // OSXSAVE.
+    unsafe {
+        // XCR0: SSE, AVX, opmask, ZMM_Hi256 and Hi16_ZMM state
+        if _xgetbv(0) & 0xe6 != 0xe6 {
+            return false;
+        }
+        __cpuid_count(7, 0).ebx & (1 << 16) != 0
+    }
+}
+
+/// Sixteen f32 lanes in one ZMM register. Only constructed inside `avx512f` code.
+#[derive(Clone, Copy)]
+pub struct Avx512(__m512);
+
+// SAFETY (for every `unsafe` below): these methods are only reached from functions compiled
+// with `#[target_feature(enable = "avx512f,avx2,fma")]` after `detect()` returned true; loads
+// and stores go through slices of at least 16 floats, and these loads/stores need no alignment.
+impl VF32 for Avx512 {
+    const LANES: usize = 16;
+    const GEMM_MR: usize = 8;
+    #[inline(always)]
+    fn splat(v: f32) -> Self {
+        Avx512(unsafe { _mm512_set1_ps(v) })
+    }
+    #[inline(always)]
+    fn load(s: &[f32]) -> Self {
+        let s = &s[..16];
+        Avx512(unsafe { _mm512_loadu_ps(s.as_ptr()) })
+    }
+    #[inline(always)]
+    fn store(self, d: &mut [f32]) {
+        let d = &mut d[..16];
+        unsafe { _mm512_storeu_ps(d.as_mut_ptr(), self.0) }
+    }
+    #[inline(always)]
+    fn add(self, o: Self) -> Self {
+        Avx512(unsafe { _mm512_add_ps(self.0, o.0) })
+    }
+    #[inline(always)]
+    fn sub(self, o: Self) -> Self {
+        Avx512(unsafe { _mm512_sub_ps(self.0, o.0) })
+    }
+    #[inline(always)]
+    fn mul(self, o: Self) -> Self {
+        Avx512(unsafe { _mm512_mul_ps(self.0, o.0) })
+    }
+    #[inline(always)]
+    fn div(self, o: Self) -> Self {
+        Avx512(unsafe { _mm512_div_ps(self.0, o.0) })
+    }
+    #[inline(always)]
+    fn fma(self, b: Self, c: Self) -> Self {
+        Avx512(unsafe { _mm512_fmadd_ps(self.0, b.0, c.0) })
+    }
+    #[inline(always)]
+    fn max(self, o: Self) -> Self {
+        // VMAXPS returns its second operand when either is NaN: put self second
+        Avx512(unsafe { _mm512_max_ps(o.0, self.0) })
+    }
+    #[inline(always)]
+    fn min(self, o: Self) -> Self {
+        Avx512(unsafe { _mm512_min_ps(o.0, self.0) })
+    }
+    #[inline(always)]
+    fn round(self) -> Self {
+        Avx512(unsafe {
+            _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(self.0)
+        })
+    }
+    #[inline(always)]
+    fn pow2i(self) -> Self {
+        unsafe {
+            let n = _mm512_cvtps_epi32(self.0);
+            let e = _mm512_slli_epi32::<23>(_mm512_add_epi32(n, _mm512_set1_epi32(127)));
+            Avx512(_mm512_castsi512_ps(e))
+        }
+    }
+    #[inline(always)]
+    fn abs(self) -> Self {
+        unsafe {
+            let m = _mm512_set1_epi32(0x7fff_ffff);
+            Avx512(_mm512_castsi512_ps(_mm512_and_si512(
+                _mm512_castps_si512(self.0),
+                m,
+            )))
+        }
+    }
+    #[inline(always)]
+    fn copysign(self, sign: Self) -> Self {
+        unsafe {
+            let s = _mm512_set1_epi32(i32::MIN);
+            let mag = _mm512_andnot_si512(s, _mm512_castps_si512(self.0));
+            let sg = _mm512_and_si512(s, _mm512_castps_si512(sign.0));
+            Avx512(_mm512_castsi512_ps(_mm512_or_si512(mag, sg)))
+        }
+    }
+    #[inline(always)]
+    fn lt_select(self, t: Self, a: Self, b: Self) -> Self {
+        unsafe {
+            let m = _mm512_cmp_ps_mask::<_CMP_LT_OQ>(self.0, t.0);
+            Avx512(_mm512_mask_blend_ps(m, b.0, a.0))
+        }
+    }
+    #[inline(always)]
+    fn hsum(self) -> f32 {
+        unsafe {
+            let lo = _mm512_castps512_ps256(self.0);
+            let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(self.0)));
+            let s = _mm256_add_ps(lo, hi);
+            let l = _mm256_castps256_ps128(s);
+            let h = _mm256_extractf128_ps::<1>(s);
+            let s = _mm_add_ps(l, h);
+            let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+            let s = _mm_add_ss(s, _mm_shuffle_ps::<0b01>(s, s));
+            _mm_cvtss_f32(s)
+        }
+    }
+    #[inline(always)]
+    fn hmax(self) -> f32 {
+        let mut b = [0f32; 16];
+        self.store(&mut b);
+        let m = |a: f32, b: f32| if a.is_nan() || a >= b { a } else { b };
+        let mut r = [0f32; 8];
+        for i in 0..8 {
+            r[i] = m(b[i], b[i + 8]);
+        }
+        m(
+            m(m(r[0], r[4]), m(r[1], r[5])),
+            m(m(r[2], r[6]), m(r[3], r[7])),
+        )
+    }
+}

@@ -1,0 +1,112 @@
+//! aarch64 NEON: four f32 lanes in a `float32x4_t`. NEON is part of the aarch64 baseline, so
+//! this instantiation is chosen at compile time.
+
+use super::VF32;
+use core::arch::aarch64::*;
+
+/// Four f32 lanes in one NEON register.
+#[derive(Clone, Copy)]
+pub struct Neon(float32x4_t);
+
+// SAFETY (for every `unsafe` below): NEON is always present on aarch64; loads and stores go
+// through slices of at least 4 floats, and NEON loads/stores need no alignment.
+impl VF32 for Neon {
+    const LANES: usize = 4;
+    // 32 vector registers: an 8 x 8 tile keeps 16 accumulators
+    const GEMM_MR: usize = 8;
+    #[inline(always)]
+    fn splat(v: f32) -> Self {
+        Neon(unsafe { vdupq_n_f32(v) })
+    }
+    #[inline(always)]
+    fn load(s: &[f32]) -> Self {
+        let s = &s[..4];
+        Neon(unsafe { vld1q_f32(s.as_ptr()) })
+    }
+    #[inline(always)]
+    fn store(self, d: &mut [f32]) {
+        let d = &mut d[..4];
+        unsafe { vst1q_f32(d.as_mut_ptr(), self.0) }
+    }
+    #[inline(always)]
+    fn add(self, o: Self) -> Self {
+        Neon(unsafe { vaddq_f32(self.0, o.0) })
+    }
+    #[inline(always)]
+    fn sub(self, o: Self) -> Self {
+        Neon(unsafe { vsubq_f32(self.0, o.0) })
+    }
+    #[inline(always)]
+    fn mul(self, o: Self) -> Self {
+        Neon(unsafe { vmulq_f32(self.0, o.0) })
+    }
+    #[inline(always)]
+    fn div(self, o: Self) -> Self {
+        Neon(unsafe { vdivq_f32(self.0, o.0) })
+    }
+    #[inline(always)]
+    fn fma(self, b: Self, c: Self) -> Self {
+        // vfmaq_f32(c, a, b) = c + a * b, fused
+        Neon(unsafe { vfmaq_f32(c.0, self.0, b.0) })
+    }
+    #[inline(always)]
+    fn max(self, o: Self) -> Self {
+        // FMAX propagates a NaN from either operand; keep self's NaN, and o's value when only
+        // o is NaN, as the other ISAs do
+        unsafe {
+            let o_nan = vmvnq_u32(vceqq_f32(o.0, o.0));
+            let m = vmaxq_f32(self.0, o.0);
+            Neon(vbslq_f32(o_nan, self.0, m))
+        }
+    }
+    #[inline(always)]
+    fn min(self, o: Self) -> Self {
+        unsafe {
+            let o_nan = vmvnq_u32(vceqq_f32(o.0, o.0));
+            let m = vminq_f32(self.0, o.0);
+            Neon(vbslq_f32(o_nan, self.0, m))
+        }
+    }
+    #[inline(always)]
+    fn round(self) -> Self {
+        Neon(unsafe { vrndnq_f32(self.0) })
+    }
+    #[inline(always)]
+    fn pow2i(self) -> Self {
+        unsafe {
+            let n = vcvtnq_s32_f32(self.0);
+            let e = vshlq_n_s32::<23>(vaddq_s32(n, vdupq_n_s32(127)));
+            Neon(vreinterpretq_f32_s32(e))
+        }
+    }
+    #[inline(always)]
+    fn hsum(self) -> f32 {
+        unsafe {
+            let v = self.0;
+            (vgetq_lane_f32::<0>(v) + vgetq_lane_f32::<2>(v))
+                + (vgetq_lane_f32::<1>(v) + vgetq_lane_f32::<3>(v))
+        }
+    }
+    #[inline(always)]
+    fn hmax(self) -> f32 {
+        let mut b = [0f32; 4];
+        self.store(&mut b);
+        let m = |a: f32, b: f32| if a.is_nan() || a >= b { a } else { b };
+        m(m(b[0], b[2]), m(b[1], b[3]))
+    }
+    #[inline(always)]
+    fn abs(self) -> Self {
+        Neon(unsafe { vabsq_f32(self.0) })
+    }
+    #[inline(always)]
+    fn copysign(self, sign: Self) -> Self {
+        unsafe {
+            let s = vdupq_n_u32(0x8000_0000);
+            Neon(vbslq_f32(s, sign.0, self.0))
+        }
+    }
+    #[inline(always)]
+    fn lt_select(self, t: Self, a: Self, b: Self) -> Self {
+        unsafe { Neon(vbslq_f32(vcltq_f32(self.0, t.0), a.0, b.0)) }
+    }
+}

@@ -1,0 +1,82 @@
+//! SGEMM throughput at model shapes: nxrt's own SIMD SGEMM (the dispatched ISA) against the
+//! `gemm` crate, in GFLOP/s, interleaved rounds, medians.
+//!
+//! `cargo run --release -p nxrt --example gemm_bench -- [--threads N] [--rounds R]`
+
+use nxrt_core::provider::{CpuBackend, Gemm};
+use std::time::Instant;
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    v[v.len() / 2]
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let arg = |name: &str, d: usize| {
+        args.iter()
+            .position(|a| a == name)
+            .and_then(|i| args.get(i + 1))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(d)
+    };
+    let threads = arg("--threads", 1);
+    let rounds = arg("--rounds", 5);
+    let cpu = nxrt::cpu::NativeCpu::new(threads).expect("threads");
+    println!(
+        "isa {} threads {threads}; GFLOP/s, median of {rounds} interleaved rounds",
+        nxrt_core::simd::isa_name()
+    );
+    println!("| M x N x K | gemm crate | nxrt simd | nxrt backend |");
+    println!("|---|---:|---:|---:|");
+    let shapes = [
+        (1usize, 4096usize, 4096usize),
+        (4, 1024, 1024),
+        (32, 1024, 1024),
+        (128, 384, 384),
+        (128, 1536, 384),
+        (128, 384, 1536),
+        (256, 768, 3072),
+        (512, 2048, 1280),
+        (64, 3136, 576),
+    ];
+    for &(m, n, k) in &shapes {
+        let a: Vec<f32> = (0..m * k).map(|i| (i % 7) as f32 * 0.1).collect();
+        let b: Vec<f32> = (0..k * n).map(|i| (i % 5) as f32 * 0.1).collect();
+        let mut c = vec![0f32; m * n];
+        let g = Gemm {
+            m,
+            n,
+            k,
+            a_rs: k as isize,
+            a_cs: 1,
+            b_rs: n as isize,
+            b_cs: 1,
+            ldc: n,
+            alpha: 1.0,
+            beta: 0.0,
+        };
+        let flop = 2.0 * (m * n * k) as f64;
+        let reps = ((2e9 / flop) as usize).clamp(3, 2000);
+        let mut t = [vec![], vec![], vec![]];
+        for _ in 0..rounds {
+            for (which, times) in t.iter_mut().enumerate() {
+                let t0 = Instant::now();
+                for _ in 0..reps {
+                    match which {
+                        0 => nxrt::cpu::gemm_crate_sgemm(threads, &g, &a, &b, &mut c),
+                        1 => nxrt_core::simd::sgemm_unchecked(&g, &a, &b, &mut c),
+                        _ => cpu.sgemm(&g, &a, &b, &mut c),
+                    }
+                }
+                times.push(flop * reps as f64 / t0.elapsed().as_secs_f64() / 1e9);
+            }
+        }
+        println!(
+            "| {m} x {n} x {k} | {:.1} | {:.1} | {:.1} |",
+            median(t[0].clone()),
+            median(t[1].clone()),
+            median(t[2].clone())
+        );
+    }
+}
