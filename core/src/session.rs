@@ -165,6 +165,41 @@ struct Plan {
     is_output: Vec<bool>,
     /// For subgraphs: (local id, id in the enclosing graph) of each captured value.
     captures: Vec<(ValueId, ValueId)>,
+    /// This graph's memory plans (planned mode): the top level's, or a subgraph's, which
+    /// If branches run from as the top level does.
+    cache: PlanCache,
+}
+
+/// The memory plans of one graph, per recent set of input shapes.
+#[derive(Default)]
+struct PlanCache {
+    plans: spin::Mutex<Vec<Arc<RunPlan>>>,
+    /// Planned runs in a row whose shapes had no plan.
+    misses: AtomicU32,
+    /// Runs of this graph (subgraphs count their own).
+    runs: AtomicU64,
+}
+
+impl Plan {
+    /// Drops this graph's memory plans and those of its subgraphs (with their arenas).
+    fn clear_plans(&self) {
+        self.cache.plans.lock().clear();
+        for st in &self.steps {
+            match &st.kind {
+                StepKind::If {
+                    then_branch,
+                    else_branch,
+                } => {
+                    then_branch.clear_plans();
+                    else_branch.clear_plans();
+                }
+                StepKind::Loop { body }
+                | StepKind::Scan { body }
+                | StepKind::SequenceMap { body } => body.clear_plans(),
+                _ => {}
+            }
+        }
+    }
 }
 
 /// Ops whose kernels implement [`KernelCx::output_in_place`] for output 0.
@@ -249,10 +284,8 @@ pub struct Session {
     mode: ExecMode,
     phase_profile: bool,
     clock: Clock,
-    plans: spin::Mutex<Vec<Arc<RunPlan>>>,
     /// Initializers already uploaded to a device provider: (plan address, value, provider).
     const_uploads: spin::Mutex<alloc::collections::BTreeMap<(usize, ValueId, usize), Tensor>>,
-    plan_misses: AtomicU32,
     runs: AtomicU64,
     plans_built: AtomicUsize,
     last_stats: spin::Mutex<Option<MemoryPlanStats>>,
@@ -359,9 +392,7 @@ impl Session {
                 mode: opts.mode,
                 phase_profile: opts.phase_profile,
                 clock,
-                plans: spin::Mutex::new(Vec::new()),
                 const_uploads: spin::Mutex::new(alloc::collections::BTreeMap::new()),
-                plan_misses: AtomicU32::new(0),
                 runs: AtomicU64::new(0),
                 plans_built: AtomicUsize::new(0),
                 last_stats: spin::Mutex::new(None),
@@ -406,7 +437,7 @@ impl Session {
     /// Frees what the session caches between runs: its memory plans with their arenas, and
     /// each provider's pooled buffers. The session stays usable; the next run allocates again.
     pub fn release_cached(&self) {
-        self.plans.lock().clear();
+        self.plan.clear_plans();
         self.const_uploads.lock().clear();
         for p in &self.providers {
             p.release_cached();
@@ -640,7 +671,7 @@ impl Session {
                         };
                         let outs = self.run_plan(&self.plan, env, cx).await?;
                         let t = if profiling { clock() } else { 0 };
-                        let rp = self.build_run_plan(Vec::new(), rec);
+                        let rp = self.build_run_plan(&self.plan, Vec::new(), rec, true);
                         if profiling {
                             spans.push(span_since(clock, Phase::Plan, u32::MAX, t));
                         }
@@ -676,74 +707,97 @@ impl Session {
         })
     }
 
-    /// A planned run: re-uses the plan for these input shapes, or records this run to build one.
+    /// A planned run of the top-level graph.
     async fn run_planned(
         &self,
         env: Vec<Option<Value>>,
         spans: Option<&mut Vec<RawSpan>>,
         run_no: u64,
     ) -> Result<Vec<Value>> {
-        let g = &*self.plan.graph;
-        let sig: Vec<Option<Vec<usize>>> = g
-            .inputs
-            .iter()
-            .map(|&i| match &env[i] {
+        self.run_planned_graph(&self.plan, env, spans, run_no, true)
+            .await
+    }
+
+    /// A planned run of `plan` (the top level, or a subgraph: an If branch): re-uses its
+    /// memory plan for these input shapes (graph inputs and captured values), or records this
+    /// run to build one. Only the top level's plans count in `memory_plans_built` and
+    /// `activation_memory_plan_stats`.
+    fn run_planned_graph<'a>(
+        &'a self,
+        plan: &'a Plan,
+        env: Vec<Option<Value>>,
+        spans: Option<&'a mut Vec<RawSpan>>,
+        run_no: u64,
+        top: bool,
+    ) -> BoxFuture<'a, Result<Vec<Value>>> {
+        Box::pin(async move {
+            let g = &*plan.graph;
+            let shape = |i: usize| match &env[i] {
                 Some(Value::Tensor(t)) => Some(t.shape().to_vec()),
                 _ => None,
-            })
-            .collect();
-        let hit = {
-            let plans = self.plans.lock();
-            plans.iter().find(|p| p.sig == sig).cloned()
-        };
-        if let Some(rp) = hit {
-            self.plan_misses.store(0, Ordering::Relaxed);
-            let taken = rp.arena.lock().take();
-            let arena = match taken {
-                Some(a) if Arc::strong_count(&a) == 1 => a,
-                _ => HostArena::new(rp.mem.stats.arena_bytes)?,
             };
-            let cx = RunCx {
-                arena: Some((&arena, &rp)),
-                spans,
-                ..Default::default()
+            let sig: Vec<Option<Vec<usize>>> = g
+                .inputs
+                .iter()
+                .map(|&i| shape(i))
+                .chain(plan.captures.iter().map(|&(local, _)| shape(local)))
+                .collect();
+            let cache = &plan.cache;
+            let hit = {
+                let plans = cache.plans.lock();
+                plans.iter().find(|p| p.sig == sig).cloned()
             };
-            let outs = self.run_plan(&self.plan, env, cx).await?;
-            *rp.arena.lock() = Some(arena);
-            return Ok(outs);
-        }
-        // Shapes change every run (a decoder's growing cache, say): after a few misses in a
-        // row, plan only every 16th run instead of paying to record each one.
-        let misses = self.plan_misses.fetch_add(1, Ordering::Relaxed);
-        if misses >= 3 && !run_no.is_multiple_of(16) {
-            let cx = RunCx {
-                spans,
-                ..Default::default()
+            if let Some(rp) = hit {
+                cache.misses.store(0, Ordering::Relaxed);
+                let taken = rp.arena.lock().take();
+                let arena = match taken {
+                    Some(a) if Arc::strong_count(&a) == 1 => a,
+                    _ => HostArena::new(rp.mem.stats.arena_bytes)?,
+                };
+                let cx = RunCx {
+                    arena: Some((&arena, &rp)),
+                    spans,
+                    ..Default::default()
+                };
+                let outs = self.run_plan(plan, env, cx).await?;
+                *rp.arena.lock() = Some(arena);
+                return Ok(outs);
+            }
+            // Shapes change every run (a decoder's growing cache, say): after a few misses in
+            // a row, plan only every 16th run instead of paying to record each one.
+            let misses = cache.misses.fetch_add(1, Ordering::Relaxed);
+            if misses >= 3 && !run_no.is_multiple_of(16) {
+                let cx = RunCx {
+                    spans,
+                    ..Default::default()
+                };
+                return self.run_plan(plan, env, cx).await;
+            }
+            let mut rec = Recording::new(g.values.len());
+            let mut spans = spans;
+            let outs = {
+                let cx = RunCx {
+                    rec: Some(&mut rec),
+                    spans: spans.as_deref_mut(),
+                    ..Default::default()
+                };
+                self.run_plan(plan, env, cx).await?
             };
-            return self.run_plan(&self.plan, env, cx).await;
-        }
-        let mut rec = Recording::new(g.values.len());
-        let mut spans = spans;
-        let outs = {
-            let cx = RunCx {
-                rec: Some(&mut rec),
-                spans: spans.as_deref_mut(),
-                ..Default::default()
-            };
-            self.run_plan(&self.plan, env, cx).await?
-        };
-        let t = self.clock_if(spans.is_some());
-        let rp = self.build_run_plan(sig, rec);
-        if let Some(sp) = spans {
-            sp.push(span_since(self.clock, Phase::Plan, u32::MAX, t));
-        }
-        *self.last_stats.lock() = Some(rp.mem.stats);
-        let mut plans = self.plans.lock();
-        if plans.len() >= PLAN_CACHE {
-            plans.remove(0);
-        }
-        plans.push(Arc::new(rp));
-        Ok(outs)
+            let t = self.clock_if(spans.is_some());
+            let rp = self.build_run_plan(plan, sig, rec, top);
+            if let Some(sp) = spans {
+                sp.push(span_since(self.clock, Phase::Plan, u32::MAX, t));
+            }
+            if top {
+                *self.last_stats.lock() = Some(rp.mem.stats);
+            }
+            let mut plans = cache.plans.lock();
+            if plans.len() >= PLAN_CACHE {
+                plans.remove(0);
+            }
+            plans.push(Arc::new(rp));
+            Ok(outs)
+        })
     }
 
     fn clock_if(&self, on: bool) -> u64 {
@@ -755,9 +809,16 @@ impl Session {
     }
 
     /// Turns a recording into a memory plan (the arena is allocated at its first use).
-    fn build_run_plan(&self, sig: Vec<Option<Vec<usize>>>, mut rec: Recording) -> RunPlan {
-        self.plans_built.fetch_add(1, Ordering::Relaxed);
-        let plan = &self.plan;
+    fn build_run_plan(
+        &self,
+        plan: &Plan,
+        sig: Vec<Option<Vec<usize>>>,
+        mut rec: Recording,
+        top: bool,
+    ) -> RunPlan {
+        if top {
+            self.plans_built.fetch_add(1, Ordering::Relaxed);
+        }
         for (v, a) in rec.req.values.iter_mut().enumerate() {
             if let Some(a) = a {
                 a.last = plan.last_use[v].unwrap_or(a.def).max(a.def);
@@ -887,7 +948,14 @@ impl Session {
                                 .map_err(|e| e.in_node(&node.ctx()))?;
                             let branch = if cond != 0 { then_branch } else { else_branch };
                             let sub_env = self.capture_env(branch, node, &env, &[])?;
-                            self.run_plan(branch, sub_env, RunCx::default()).await?
+                            if self.mode == ExecMode::Planned {
+                                // a branch runs planned from its own arena, as the top level
+                                let n = branch.cache.runs.fetch_add(1, Ordering::Relaxed) + 1;
+                                self.run_planned_graph(branch, sub_env, None, n, false)
+                                    .await?
+                            } else {
+                                self.run_plan(branch, sub_env, RunCx::default()).await?
+                            }
                         }
                         StepKind::Loop { body } => {
                             let inputs: Vec<Option<Value>> =
@@ -1687,6 +1755,7 @@ fn compile(
         last_use: last,
         is_output,
         captures,
+        cache: PlanCache::default(),
     })
 }
 

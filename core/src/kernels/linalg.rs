@@ -28,7 +28,7 @@ pub(crate) const KERNELS: &[KernelDef] = &[
 
 /// Element types the matrix kernels compute in directly: `f32` (through the backend's SGEMM),
 /// `f64` and the integers (wrapping arithmetic, like numpy). f16/bf16 are widened to f32.
-pub(crate) trait Num: Elem + Copy + Send + Sync + PartialOrd {
+pub(crate) trait Num: Elem + Copy + Send + Sync + PartialOrd + bytemuck::Pod {
     const ZERO: Self;
     fn add(self, o: Self) -> Self;
     fn mul(self, o: Self) -> Self;
@@ -39,13 +39,13 @@ pub(crate) trait Num: Elem + Copy + Send + Sync + PartialOrd {
     fn gemm(_cx: &KernelCx<'_>, g: &Gemm, a: &[Self], b: &[Self], c: &mut [Self]) {
         gemm_generic(g, a, b, c)
     }
-    /// `acc[i] = bias + sum over taps (w, off) of w * src[off + i]` (a direct convolution's
+    /// `acc[i] = bias + sum over taps t of ws[t] * src[offs[t] + i]` (a direct convolution's
     /// taps over a padded plane); `f32` overrides this with the SIMD layer.
     #[inline]
-    fn taps(taps: &[(Self, usize)], src: &[Self], bias: Self, acc: &mut [Self]) {
+    fn taps(ws: &[Self], offs: &[usize], src: &[Self], bias: Self, acc: &mut [Self]) {
         for (i, o) in acc.iter_mut().enumerate() {
             let mut a = bias;
-            for &(w, off) in taps {
+            for (&w, &off) in ws.iter().zip(offs) {
                 a = a.add(w.mul(src[off + i]));
             }
             *o = a;
@@ -79,8 +79,8 @@ impl Num for f32 {
         cx.cpu.sgemm(g, a, b, c)
     }
     #[inline]
-    fn taps(taps: &[(Self, usize)], src: &[Self], bias: Self, acc: &mut [Self]) {
-        crate::simd::conv_taps(taps, src, bias, acc)
+    fn taps(ws: &[Self], offs: &[usize], src: &[Self], bias: Self, acc: &mut [Self]) {
+        crate::simd::conv_taps(ws, offs, src, bias, acc)
     }
 }
 

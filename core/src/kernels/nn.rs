@@ -579,11 +579,24 @@ fn conv_depthwise<T: Num>(
     let pad_h = (ph + ih).max((oh - 1) * sh + (kh - 1) * dh + 1);
     let pad_w = (pw + iw).max((ow - 1) * sw + (kw - 1) * dw + 1);
     let (hp, wp) = (pad_h.div_ceil(sh), pad_w.div_ceil(sw));
+    // Every tap reads its phase plane at a constant offset from the (wp-wide) output
+    // position; the offsets are the same for every plane.
+    let offs: Vec<usize> = (0..kh * kw)
+        .map(|t| {
+            let (ki, kj) = (t / kw, t % kw);
+            let (rh, qh) = ((ki * dh) % sh, (ki * dh) / sh);
+            let (rw, qw) = ((kj * dw) % sw, (kj * dw) / sw);
+            (rh * sw + rw) * hp * wp + qh * wp + qw
+        })
+        .collect();
+    let span = (oh - 1) * wp + ow;
     par_chunks_mut(cpu, y, oh * ow, &|pi, out| {
         let ch = pi % c;
         let xp = &x[pi * ih * iw..(pi + 1) * ih * iw];
         let wk = &w[ch * kh * kw..(ch + 1) * kh * kw];
-        let mut phases = vec![T::ZERO; sh * sw * hp * wp];
+        // per-plane buffers from the scratch pool (no allocation per plane)
+        let mut phases = crate::simd::scratch::<T>(sh * sw * hp * wp);
+        phases.fill(T::ZERO);
         for (i, xrow) in xp.chunks_exact(iw).enumerate() {
             let pi_ = i + ph;
             let (rh, qi) = (pi_ % sh, pi_ / sh);
@@ -606,20 +619,10 @@ fn conv_depthwise<T: Num>(
                 }
             }
         }
-        // Every tap reads its phase plane at a constant offset from the (wp-wide) output
-        // position; T::taps accumulates all taps in registers (SIMD for f32).
-        let taps: Vec<(T, usize)> = (0..kh * kw)
-            .map(|t| {
-                let (ki, kj) = (t / kw, t % kw);
-                let (rh, qh) = ((ki * dh) % sh, (ki * dh) / sh);
-                let (rw, qw) = ((kj * dw) % sw, (kj * dw) / sw);
-                (wk[t], (rh * sw + rw) * hp * wp + qh * wp + qw)
-            })
-            .collect();
+        // T::taps accumulates all taps in registers (SIMD for f32)
         let bias_v = bias.map_or(T::ZERO, |b| b[ch]);
-        let span = (oh - 1) * wp + ow;
-        let mut acc = vec![T::ZERO; span];
-        T::taps(&taps, &phases, bias_v, &mut acc);
+        let mut acc = crate::simd::scratch::<T>(span);
+        T::taps(wk, &offs, &phases, bias_v, &mut acc);
         for (orow, arow) in out.chunks_exact_mut(ow).zip(acc.chunks(wp)) {
             orow.copy_from_slice(&arow[..ow]);
         }
@@ -663,11 +666,8 @@ fn conv_compute_into<T: Num>(
     let pointwise =
         kk == 1 && g.s.iter().all(|&s| s == 1) && g.pb.iter().all(|&p| p == 0) && g.out == g.inp;
     let tile = (COL_BUDGET / kdim).clamp(1, out_plane);
-    let mut col = if pointwise {
-        Vec::new()
-    } else {
-        vec![T::ZERO; kdim * tile]
-    };
+    // the tile comes from the scratch pool (im2col writes every element it reads)
+    let mut col = crate::simd::scratch::<T>(if pointwise { 0 } else { kdim * tile });
     for ni in 0..n {
         for gi in 0..group {
             let xg = &x[(ni * c + gi * cg) * in_plane..(ni * c + (gi + 1) * cg) * in_plane];
@@ -1119,7 +1119,8 @@ fn conv_transpose_compute<T: Num>(
         return y;
     }
     let tile = (COL_BUDGET / rows).clamp(1, in_plane);
-    let mut col = vec![T::ZERO; rows * tile];
+    // from the scratch pool: each GEMM below writes the whole tile (beta = 0)
+    let mut col = crate::simd::scratch::<T>(rows * tile);
     for ni in 0..n {
         for gi in 0..group {
             let xg = &x[(ni * c + gi * cg) * in_plane..(ni * c + (gi + 1) * cg) * in_plane];

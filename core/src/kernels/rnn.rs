@@ -4,6 +4,7 @@
 //! direction, biases are folded into it, and each step adds `H·R^T` (a second, small GEMM) before
 //! the cell's element-wise update. Computation is in f32; f64/f16/bf16 inputs are converted.
 
+use alloc::borrow::Cow;
 use alloc::boxed::Box;
 use alloc::string::String;
 use alloc::vec;
@@ -310,11 +311,21 @@ fn build(node: &Node, cell: Cell) -> Result<Box<dyn Kernel>> {
 // ----------------------------------------------------------------------------- driver
 
 /// Reads a float tensor as f32 after checking its shape.
-fn f32_of(t: &Tensor, shape: &[usize], what: &str) -> Result<Vec<f32>> {
+fn f32_of<'t>(t: &'t Tensor, shape: &[usize], what: &str) -> Result<Cow<'t, [f32]>> {
     if t.shape() != shape {
         bail!("{what} has shape {:?}, expected {:?}", t.shape(), shape);
     }
-    t.to_f32_vec()
+    as_f32(t)
+}
+
+/// The tensor's values as f32: borrowed for a contiguous f32 tensor (weights are not copied
+/// on every run), converted otherwise.
+fn as_f32(t: &Tensor) -> Result<Cow<'_, [f32]>> {
+    if t.dtype() == DataType::Float {
+        t.as_slice::<f32>()
+    } else {
+        Ok(Cow::Owned(t.to_f32_vec()?))
+    }
 }
 
 /// Swaps the first two axes of a rank-3 tensor (layout 1 <-> layout 0) as f32.
@@ -385,7 +396,7 @@ fn run(cfg: &Cfg, cx: &KernelCx<'_>, inputs: &[Option<&Value>]) -> Result<Vec<Va
         }
     }
     let gh = g * hidden;
-    let x = x_t.to_f32_vec()?;
+    let x = as_f32(&x_t)?;
     let w = f32_of(w_t, &[nd, gh, input], "W")?;
     let r = f32_of(r_t, &[nd, gh, hidden], "R")?;
     let b = match opt_tensor_in(inputs, 3)? {
@@ -420,7 +431,7 @@ fn run(cfg: &Cfg, cx: &KernelCx<'_>, inputs: &[Option<&Value>]) -> Result<Vec<Va
                 } else {
                     t.clone()
                 };
-                Ok(Some(f32_of(&t, &[nd, batch, hidden], what)?))
+                Ok(Some(f32_of(&t, &[nd, batch, hidden], what)?.into_owned()))
             }
             None => Ok(None),
         }

@@ -235,19 +235,21 @@ fn map<V: VF32>(a: Act, x: &[f32], out: &mut [f32]) {
     }
 }
 
-/// `acc[i] = bias + sum over taps (w, off) of w * src[off + i]`: four vectors of outputs at a
-/// time held in registers over all taps, then one vector, then scalars.
+/// `acc[i] = bias + sum over taps t of ws[t] * src[offs[t] + i]`: four vectors of outputs at
+/// a time held in registers over all taps, then one vector, then scalars.
 #[inline(always)]
-pub fn conv_taps<V: VF32>(taps: &[(f32, usize)], src: &[f32], bias: f32, acc: &mut [f32]) {
+pub fn conv_taps<V: VF32>(ws: &[f32], offs: &[usize], src: &[f32], bias: f32, acc: &mut [f32]) {
     let l = V::LANES;
     let n = acc.len();
+    let t = ws.len().min(offs.len());
+    let (ws, offs) = (&ws[..t], &offs[..t]);
     let bv = V::splat(bias);
     let mut i = 0;
     while i + 4 * l <= n {
         let mut a = [bv; 4];
-        for &(w, off) in taps {
-            let wv = V::splat(w);
-            let s = &src[off + i..off + i + 4 * l];
+        for q in 0..t {
+            let wv = V::splat(ws[q]);
+            let s = &src[offs[q] + i..offs[q] + i + 4 * l];
             a[0] = wv.fma(V::load(s), a[0]);
             a[1] = wv.fma(V::load(&s[l..]), a[1]);
             a[2] = wv.fma(V::load(&s[2 * l..]), a[2]);
@@ -260,16 +262,16 @@ pub fn conv_taps<V: VF32>(taps: &[(f32, usize)], src: &[f32], bias: f32, acc: &m
     }
     while i + l <= n {
         let mut a = bv;
-        for &(w, off) in taps {
-            a = V::splat(w).fma(V::load(&src[off + i..]), a);
+        for q in 0..t {
+            a = V::splat(ws[q]).fma(V::load(&src[offs[q] + i..]), a);
         }
         a.store(&mut acc[i..]);
         i += l;
     }
     for (j, o) in acc.iter_mut().enumerate().skip(i) {
         let mut a = bias;
-        for &(w, off) in taps {
-            a += w * src[off + j];
+        for q in 0..t {
+            a += ws[q] * src[offs[q] + j];
         }
         *o = a;
     }
@@ -457,7 +459,7 @@ fn sgemm_mr<V: VF32, const MR: usize>(g: &Gemm, a: &[f32], b: &[f32], c: &mut [f
     if 2 * n <= nr && m >= 2 * nr {
         // Narrow C (a strided 1-D conv, a few output positions): most of each NR-wide tile
         // would be padding, so compute C^T = B^T A^T (n rows, m columns) and add it in.
-        let mut t = super::scratch(n * m);
+        let mut t = super::scratch::<f32>(n * m);
         let gt = Gemm {
             m: n,
             n: m,
@@ -494,7 +496,7 @@ fn sgemm_packed<V: VF32, const MR: usize>(g: &Gemm, a: &[f32], b: &[f32], c: &mu
     let nc_max = NC.min(n).div_ceil(nr) * nr;
     let mc_max = MC.min(m).div_ceil(MR) * MR;
     let (bn, an) = (kc_max * nc_max, kc_max * mc_max);
-    let mut buf = super::scratch(bn + an);
+    let mut buf = super::scratch::<f32>(bn + an);
     let (bp, ap) = buf.split_at_mut(bn);
     sgemm_blocks::<V, MR>(g, a, b, c, bp, ap)
 }
@@ -557,6 +559,23 @@ fn sgemm_blocks<V: VF32, const MR: usize>(
                 for (pi, panel) in ap.chunks_mut(kc * MR).take(mc.div_ceil(MR)).enumerate() {
                     let i0 = ic + pi * MR;
                     let h = MR.min(ic + mc - i0);
+                    if g.a_cs == 1 {
+                        // row-major A: read each row's run of kc contiguously
+                        let panel = &mut panel[..kc * MR];
+                        for ii in 0..MR {
+                            if ii < h {
+                                let s = (i0 + ii) * g.a_rs as usize + pc;
+                                for (p, &v) in a[s..s + kc].iter().enumerate() {
+                                    panel[p * MR + ii] = g.alpha * v;
+                                }
+                            } else {
+                                for p in 0..kc {
+                                    panel[p * MR + ii] = 0.0;
+                                }
+                            }
+                        }
+                        continue;
+                    }
                     for p in 0..kc {
                         let dst = &mut panel[p * MR..p * MR + MR];
                         for (ii, d) in dst.iter_mut().enumerate() {

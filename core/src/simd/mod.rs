@@ -309,34 +309,43 @@ pub trait VF32: Copy {
     }
 }
 
-/// Reusable f32 scratch buffers (GEMM packing panels, im2col tiles): taking one from this pool
-/// instead of allocating keeps large buffers from being mapped and faulted in on every call.
-/// At most `POOL_MAX` buffers are kept; each is handed to one caller at a time.
-static SCRATCH: spin::Mutex<alloc::vec::Vec<alloc::vec::Vec<f32>>> =
+/// Reusable scratch buffers (GEMM packing panels, im2col tiles): taking one from this pool
+/// instead of allocating keeps large temporaries from being mapped, faulted in and trimmed
+/// away again on every call. Buffers are kept as u64 words (aligned for every element type);
+/// at most `POOL_MAX` are kept, each handed to one caller at a time.
+static SCRATCH: spin::Mutex<alloc::vec::Vec<alloc::vec::Vec<u64>>> =
     spin::Mutex::new(alloc::vec::Vec::new());
 const POOL_MAX: usize = 16;
+/// Buffers above this many bytes are not kept (a one-off huge temporary is freed).
+const POOL_MAX_BYTES: usize = 64 << 20;
 
 /// A scratch buffer of the pool (see [`scratch`]); returned to the pool on drop.
-pub struct Scratch {
-    buf: alloc::vec::Vec<f32>,
+pub struct Scratch<T: bytemuck::Pod = f32> {
+    buf: alloc::vec::Vec<u64>,
     len: usize,
+    _t: core::marker::PhantomData<T>,
 }
 
-impl core::ops::Deref for Scratch {
-    type Target = [f32];
-    fn deref(&self) -> &[f32] {
-        &self.buf[..self.len]
+impl<T: bytemuck::Pod> core::ops::Deref for Scratch<T> {
+    type Target = [T];
+    fn deref(&self) -> &[T] {
+        let bytes: &[u8] = bytemuck::cast_slice(&self.buf[..]);
+        &bytemuck::cast_slice(bytes)[..self.len]
     }
 }
 
-impl core::ops::DerefMut for Scratch {
-    fn deref_mut(&mut self) -> &mut [f32] {
-        &mut self.buf[..self.len]
+impl<T: bytemuck::Pod> core::ops::DerefMut for Scratch<T> {
+    fn deref_mut(&mut self) -> &mut [T] {
+        let bytes: &mut [u8] = bytemuck::cast_slice_mut(&mut self.buf[..]);
+        &mut bytemuck::cast_slice_mut(bytes)[..self.len]
     }
 }
 
-impl Drop for Scratch {
+impl<T: bytemuck::Pod> Drop for Scratch<T> {
     fn drop(&mut self) {
+        if self.buf.capacity() * 8 > POOL_MAX_BYTES {
+            return;
+        }
         let mut pool = SCRATCH.lock();
         if pool.len() < POOL_MAX {
             pool.push(core::mem::take(&mut self.buf));
@@ -344,22 +353,32 @@ impl Drop for Scratch {
     }
 }
 
-/// A scratch slice of `len` floats (contents unspecified: callers write before they read),
-/// taken from a process-wide pool. (A guard rather than a closure: a closure would be compiled
-/// without the calling kernel's target features.)
-pub fn scratch(len: usize) -> Scratch {
+/// A scratch slice of `len` elements of `T` (contents unspecified: callers write before they
+/// read), taken from a process-wide pool. (A guard rather than a closure: a closure would be
+/// compiled without the calling kernel's target features.)
+pub fn scratch<T: bytemuck::Pod>(len: usize) -> Scratch<T> {
+    let size = core::mem::size_of::<T>();
+    assert!(
+        size > 0 && 8 % size == 0,
+        "scratch elements are 1, 2, 4 or 8 bytes"
+    );
+    let words = (len * size).div_ceil(8);
     let taken = {
         let mut pool = SCRATCH.lock();
-        match pool.iter().position(|b| b.capacity() >= len) {
+        match pool.iter().position(|b| b.capacity() >= words) {
             Some(i) => Some(pool.swap_remove(i)),
             None => pool.pop(),
         }
     };
     let mut buf = taken.unwrap_or_default();
-    if buf.len() < len {
-        buf.resize(len, 0.0);
+    if buf.len() < words {
+        buf.resize(words, 0);
     }
-    Scratch { buf, len }
+    Scratch {
+        buf,
+        len,
+        _t: core::marker::PhantomData,
+    }
 }
 
 /// Which instruction set the dispatcher picks on this machine (for reports).
@@ -434,8 +453,8 @@ dispatch!(
 );
 
 dispatch!(
-    /// `acc[i] = bias + sum over taps (w, off) of w * src[off + i]` (direct convolution taps).
-    fn conv_taps / conv_taps_on(taps: &[(f32, usize)], src: &[f32], bias: f32, acc: &mut [f32]) => conv_taps
+    /// `acc[i] = bias + sum over taps t of ws[t] * src[offs[t] + i]` (direct convolution taps).
+    fn conv_taps / conv_taps_on(ws: &[f32], offs: &[usize], src: &[f32], bias: f32, acc: &mut [f32]) => conv_taps
 );
 
 dispatch!(

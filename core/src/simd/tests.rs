@@ -396,15 +396,15 @@ fn kernels_agree_across_isas() {
         let want: f64 = x.iter().map(|&v| v as f64).sum();
         assert!((sum_on(isa, &x) as f64 - want).abs() < 1e-3, "{isa:?} sum");
         // direct-convolution taps, at lengths covering the 4-vector, 1-vector and scalar loops
-        let taps = [(0.5f32, 0usize), (-1.25, 3), (2.0, 17), (0.125, 40)];
+        let (ws, offs) = ([0.5f32, -1.25, 2.0, 0.125], [0usize, 3, 17, 40]);
         for n in [1usize, 7, 16, 63, 64, 65, 200, 900] {
             let mut acc = alloc::vec![f32::NAN; n];
-            conv_taps_on(isa, &taps, &x, 0.75, &mut acc);
+            conv_taps_on(isa, &ws, &offs, &x, 0.75, &mut acc);
             for (i, &got) in acc.iter().enumerate() {
                 let want: f64 = 0.75
-                    + taps
-                        .iter()
-                        .map(|&(w, o)| w as f64 * x[o + i] as f64)
+                    + ws.iter()
+                        .zip(&offs)
+                        .map(|(&w, &o)| w as f64 * x[o + i] as f64)
                         .sum::<f64>();
                 assert!(
                     close(got, want as f32, 1e-5, 1e-4),
