@@ -6,10 +6,10 @@ API, CPU EP, ORT_ENABLE_ALL, intra/inter-op threads = THREADS) over RUNS runs an
 `nxrt bench --json` over RUNS runs (after WARMUP warm-up runs each), and keeps each round's
 median. Prints a markdown table of the medians over rounds and the nxrt/ORT ratio.
 
-usage: bench_vs_ort.py [--threads 1] [--reps 5] [--runs 10] [--only a,b] [--nxrt target/release/nxrt]
+usage: bench_vs_ort.py [--threads 1] [--reps 5] [--runs 10] [--only a,b] [--dir DIR] [--nxrt target/release/nxrt]
 Run with the corpus venv's python ($NXRT_CACHE/corpus-venv/bin/python), which has onnxruntime.
 """
-import argparse, json, os, statistics, subprocess, sys, time
+import argparse, json, math, os, statistics, subprocess, sys, time
 
 import numpy as np
 import onnxruntime as ort
@@ -47,14 +47,19 @@ def main():
     ap.add_argument("--runs", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--only", default="")
+    ap.add_argument("--dir", default=None,
+                    help="models in the corpus layout (default: the corpus; e.g. $NXRT_CACHE/micro "
+                         "from ../shared/bench/make_micro.py)")
     ap.add_argument("--nxrt", default=os.path.join(os.path.dirname(__file__), "..", "target", "release", "nxrt"))
     a = ap.parse_args()
-    models = corpus_models(a.only)
+    root = a.dir or os.path.join(os.environ.get("NXRT_CACHE", os.path.expanduser("~/.cache/nxrt")), "corpus")
+    models = corpus_models(a.only, root)
     print(f"threads={a.threads} reps={a.reps} runs/rep={a.runs} warmup={a.warmup} (medians; ratio = nxrt/ORT)\n")
     print("| model | case | ORT ms | nxrt ms | nxrt/ORT |")
     print("|---|---|---:|---:|---:|")
+    ratios = []
     for m in models:
-        model, case, inputs = first_case(m)
+        model, case, inputs = first_case(m, root)
         feed = {n: np.load(p) for n, p in inputs}
         so = ort.SessionOptions()
         so.intra_op_num_threads = a.threads
@@ -74,6 +79,14 @@ def main():
         flag = " **>5x**" if n / o > 5 else ""
         print(f"| {m} | {case} | {o:.3f} | {n:.3f} | {n / o:.2f}{flag} |")
         sys.stdout.flush()
+        ratios.append((o, n / o))
+
+    def geomean(xs):
+        return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else float("nan")
+
+    big = [r for o, r in ratios if o >= 0.05]
+    print(f"\ngeomean nxrt/ORT: {geomean(big):.2f} over the {len(big)} models where ORT takes "
+          f">= 0.05 ms; {geomean([r for _, r in ratios]):.2f} over all {len(ratios)}")
 
 
 if __name__ == "__main__":

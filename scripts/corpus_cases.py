@@ -7,18 +7,19 @@ CACHE = os.environ.get("NXRT_CACHE", os.path.expanduser("~/.cache/nxrt"))
 CORPUS = os.path.join(CACHE, "corpus")
 
 
-def corpus_models(only=""):
-    """Model names (all but the onnxruntime-genai pair), sorted; `only`: comma-separated subset."""
-    models = sorted(m for m in os.listdir(CORPUS)
-                    if os.path.exists(os.path.join(CORPUS, m, "model.onnx")) and not m.startswith("tiny_llama_genai"))
+def corpus_models(only="", root=CORPUS):
+    """Model names (all but the onnxruntime-genai pair), sorted; `only`: comma-separated subset;
+    `root`: another folder in the corpus layout (the single-op models of make_micro.py)."""
+    models = sorted(m for m in os.listdir(root)
+                    if os.path.exists(os.path.join(root, m, "model.onnx")) and not m.startswith("tiny_llama_genai"))
     if only:
         models = [m for m in models if m in only.split(",")]
     return models
 
 
-def first_case(model):
+def first_case(model, root=CORPUS):
     """(model.onnx path, case name, [(input name, .npy path)]) of the model's first reference case."""
-    mdir = os.path.join(CORPUS, model)
+    mdir = os.path.join(root, model)
     case = sorted(os.listdir(os.path.join(mdir, "ref")))[0]
     cdir = os.path.join(mdir, "ref", case)
     io = json.load(open(os.path.join(cdir, "io.json")))

@@ -160,6 +160,22 @@ fn model_local_functions_are_inlined() {
     );
 }
 
+/// `y = If(cond)` with the two branches.
+fn if_node(then_branch: GraphProto, else_branch: GraphProto) -> nxrt_core::proto::NodeProto {
+    let mut n = node("If", &["cond"], &["y"]);
+    let graph = |name: &str, g: GraphProto| AttributeProto {
+        name: name.into(),
+        r#type: attr_type::GRAPH,
+        g: Some(Box::new(g)),
+        ..Default::default()
+    };
+    n.attribute = vec![
+        graph("then_branch", then_branch),
+        graph("else_branch", else_branch),
+    ];
+    n
+}
+
 #[test]
 fn if_branches_read_outer_values() {
     let branch = |op: &str, name: &str| GraphProto {
@@ -168,21 +184,7 @@ fn if_branches_read_outer_values() {
         output: vec![vi(&format!("{name}_out"), 1, &["2"])],
         ..Default::default()
     };
-    let mut if_node = node("If", &["cond"], &["y"]);
-    if_node.attribute = vec![
-        AttributeProto {
-            name: "then_branch".into(),
-            r#type: attr_type::GRAPH,
-            g: Some(Box::new(branch("Add", "then"))),
-            ..Default::default()
-        },
-        AttributeProto {
-            name: "else_branch".into(),
-            r#type: attr_type::GRAPH,
-            g: Some(Box::new(branch("Mul", "else"))),
-            ..Default::default()
-        },
-    ];
+    let if_node = if_node(branch("Add", "then"), branch("Mul", "else"));
     let bytes = model(
         GraphProto {
             name: "if".into(),
@@ -226,21 +228,7 @@ fn planned_if_branches_match_eager_and_keep_captured_values() {
         output: vec![vi(&format!("{name}_out"), 1, &["N"])],
         ..Default::default()
     };
-    let mut if_node = node("If", &["cond"], &["y"]);
-    if_node.attribute = vec![
-        AttributeProto {
-            name: "then_branch".into(),
-            r#type: attr_type::GRAPH,
-            g: Some(Box::new(chain("then", "Add"))),
-            ..Default::default()
-        },
-        AttributeProto {
-            name: "else_branch".into(),
-            r#type: attr_type::GRAPH,
-            g: Some(Box::new(chain("else", "Sub"))),
-            ..Default::default()
-        },
-    ];
+    let if_node = if_node(chain("then", "Add"), chain("else", "Sub"));
     let bytes = model(
         GraphProto {
             name: "if".into(),

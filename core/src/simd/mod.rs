@@ -346,9 +346,12 @@ impl<T: bytemuck::Pod> Drop for Scratch<T> {
         if self.buf.capacity() * 8 > POOL_MAX_BYTES {
             return;
         }
-        let mut pool = SCRATCH.lock();
-        if pool.len() < POOL_MAX {
-            pool.push(core::mem::take(&mut self.buf));
+        // never wait for the pool (a spin lock held by a preempted thread would stall this
+        // one for a whole time slice): when it is busy, the buffer is just freed
+        if let Some(mut pool) = SCRATCH.try_lock() {
+            if pool.len() < POOL_MAX {
+                pool.push(core::mem::take(&mut self.buf));
+            }
         }
     }
 }
@@ -363,13 +366,13 @@ pub fn scratch<T: bytemuck::Pod>(len: usize) -> Scratch<T> {
         "scratch elements are 1, 2, 4 or 8 bytes"
     );
     let words = (len * size).div_ceil(8);
-    let taken = {
-        let mut pool = SCRATCH.lock();
+    // a busy pool means a fresh buffer, never a wait (see Drop)
+    let taken = SCRATCH.try_lock().and_then(|mut pool| {
         match pool.iter().position(|b| b.capacity() >= words) {
             Some(i) => Some(pool.swap_remove(i)),
             None => pool.pop(),
         }
-    };
+    });
     let mut buf = taken.unwrap_or_default();
     if buf.len() < words {
         buf.resize(words, 0);
