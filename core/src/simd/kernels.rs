@@ -43,16 +43,6 @@ pub enum Act {
     Erf,
 }
 
-impl Act {
-    /// The activation on one value, through the dispatched vector code (one lane used), so a
-    /// scalar caller gets exactly what a vector loop gives.
-    pub fn scalar(self, x: f32) -> f32 {
-        let mut o = [0f32; 1];
-        super::unary(self, &[x], &mut o);
-        o[0]
-    }
-}
-
 /// Applies `act` to a vector.
 #[inline(always)]
 pub fn act<V: VF32>(act: Act, v: V) -> V {
