@@ -6,7 +6,11 @@ API, CPU EP, ORT_ENABLE_ALL, intra/inter-op threads = THREADS) over RUNS runs an
 `nxrt bench --json` over RUNS runs (after WARMUP warm-up runs each), and keeps each round's
 median. Prints a markdown table of the medians over rounds and the nxrt/ORT ratio.
 
-usage: bench_vs_ort.py [--threads 1] [--reps 5] [--runs 10] [--only a,b] [--dir DIR] [--nxrt target/release/nxrt]
+With --base BIN, a second nxrt binary (the base of a change) is timed in the same rounds,
+right after the first (ORT, nxrt, base per round), and the table adds its time and the
+change/base ratio.
+
+usage: bench_vs_ort.py [--threads 1] [--reps 5] [--runs 10] [--only a,b] [--dir DIR] [--nxrt target/release/nxrt] [--base BIN]
 Run with the corpus venv's python ($NXRT_CACHE/corpus-venv/bin/python), which has onnxruntime.
 """
 import argparse, json, math, os, statistics, subprocess, sys, time
@@ -51,13 +55,18 @@ def main():
                     help="models in the corpus layout (default: the corpus; e.g. $NXRT_CACHE/micro "
                          "from ../shared/bench/make_micro.py)")
     ap.add_argument("--nxrt", default=os.path.join(os.path.dirname(__file__), "..", "target", "release", "nxrt"))
+    ap.add_argument("--base", default=None, help="a base nxrt binary, timed in the same rounds")
     a = ap.parse_args()
     root = a.dir or os.path.join(os.environ.get("NXRT_CACHE", os.path.expanduser("~/.cache/nxrt")), "corpus")
     models = corpus_models(a.only, root)
     print(f"threads={a.threads} reps={a.reps} runs/rep={a.runs} warmup={a.warmup} (medians; ratio = nxrt/ORT)\n")
-    print("| model | case | ORT ms | nxrt ms | nxrt/ORT |")
-    print("|---|---|---:|---:|---:|")
-    ratios = []
+    if a.base:
+        print("| model | case | ORT ms | nxrt ms | nxrt/ORT | base ms | base/ORT | nxrt/base |")
+        print("|---|---|---:|---:|---:|---:|---:|---:|")
+    else:
+        print("| model | case | ORT ms | nxrt ms | nxrt/ORT |")
+        print("|---|---|---:|---:|---:|")
+    ratios, base_ratios = [], []
     for m in models:
         model, case, inputs = first_case(m, root)
         feed = {n: np.load(p) for n, p in inputs}
@@ -67,17 +76,24 @@ def main():
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         so.log_severity_level = 3
         sess = ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
-        o_t, n_t = [], []
+        o_t, n_t, b_t = [], [], []
         try:
             for _ in range(a.reps):
                 o_t.append(ort_median(sess, feed, a.warmup, a.runs))
                 n_t.append(nxrt_median(a.nxrt, model, inputs, a.threads, a.warmup, a.runs))
+                if a.base:
+                    b_t.append(nxrt_median(a.base, model, inputs, a.threads, a.warmup, a.runs))
         except RuntimeError as e:
             print(f"| {m} | {case} | {statistics.median(o_t) if o_t else float('nan'):.3f} | error: {str(e)[:80]} | |")
             continue
         o, n = statistics.median(o_t), statistics.median(n_t)
         flag = " **>5x**" if n / o > 5 else ""
-        print(f"| {m} | {case} | {o:.3f} | {n:.3f} | {n / o:.2f}{flag} |")
+        if a.base:
+            b = statistics.median(b_t)
+            print(f"| {m} | {case} | {o:.3f} | {n:.3f} | {n / o:.2f}{flag} | {b:.3f} | {b / o:.2f} | {n / b:.2f} |")
+            base_ratios.append((o, b / o))
+        else:
+            print(f"| {m} | {case} | {o:.3f} | {n:.3f} | {n / o:.2f}{flag} |")
         sys.stdout.flush()
         ratios.append((o, n / o))
 
@@ -87,6 +103,10 @@ def main():
     big = [r for o, r in ratios if o >= 0.05]
     print(f"\ngeomean nxrt/ORT: {geomean(big):.2f} over the {len(big)} models where ORT takes "
           f">= 0.05 ms; {geomean([r for _, r in ratios]):.2f} over all {len(ratios)}")
+    if a.base:
+        bbig = [r for o, r in base_ratios if o >= 0.05]
+        print(f"geomean base/ORT: {geomean(bbig):.2f} over the same {len(bbig)}; "
+              f"{geomean([r for _, r in base_ratios]):.2f} over all {len(base_ratios)}")
 
 
 if __name__ == "__main__":

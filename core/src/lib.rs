@@ -12,6 +12,7 @@ pub mod convert;
 pub mod dtype;
 pub mod embedded;
 pub mod error;
+pub mod fuse;
 pub mod infer;
 pub mod ir;
 pub mod kernels;

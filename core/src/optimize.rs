@@ -1,11 +1,12 @@
 //! Graph optimisation at load: constant folding (including the Shape -> Gather -> Concat ->
 //! Reshape arithmetic exporters emit, once shapes are known) and dead-node removal.
 
+use alloc::sync::Arc;
 use alloc::vec;
 use alloc::vec::Vec;
 
 use crate::error::Result;
-use crate::ir::Graph;
+use crate::ir::{AttrValue, Graph};
 use crate::provider::{ExecutionProvider, KernelCx};
 use crate::session::input_types;
 use crate::tensor::Tensor;
@@ -31,7 +32,32 @@ const FOLD_GROWTH_LIMIT: usize = 1 << 20;
 
 /// Folds every node whose inputs are all constant, using the host provider's kernels, and
 /// `Shape`/`Size` of values whose shapes inference fully knows. Removes nodes nothing reads.
+///
+/// Subgraphs (If branches, Loop and Scan bodies) are folded first, recursively: exporters often
+/// put a branch's weights in `Constant` nodes, which would otherwise build their tensors again
+/// on every run.
 pub fn fold_constants(g: &mut Graph, cpu: &dyn ExecutionProvider) -> Result<usize> {
+    let mut sub_count = 0;
+    for node in g.nodes.iter_mut() {
+        for (_, a) in node.attrs.iter_mut() {
+            match a {
+                AttrValue::Graph(sub) => {
+                    sub_count += fold_constants(Arc::make_mut(sub), cpu)?;
+                }
+                AttrValue::Graphs(subs) => {
+                    for sub in subs.iter_mut() {
+                        sub_count += fold_constants(Arc::make_mut(sub), cpu)?;
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+    Ok(sub_count + fold_graph(g, cpu)?)
+}
+
+/// [`fold_constants`] of one graph (not its subgraphs).
+fn fold_graph(g: &mut Graph, cpu: &dyn ExecutionProvider) -> Result<usize> {
     let mut consts: Vec<Option<Value>> = vec![None; g.values.len()];
     for (id, v) in &g.initializers {
         consts[*id] = Some(v.clone());

@@ -32,6 +32,13 @@ pub trait CpuBackend: Send + Sync {
             f(i)
         }
     }
+    /// [`parallel_for`](Self::parallel_for) for a job whose whole cost is about `work` simple
+    /// operations (multiply-adds, element reads and writes): a backend runs it on the caller's
+    /// thread when it is too small to repay waking other threads (the minimum grain).
+    fn parallel_for_work(&self, n: usize, work: usize, f: &(dyn Fn(usize) + Sync)) {
+        let _ = work;
+        self.parallel_for(n, f)
+    }
     /// Worker threads available to `parallel_for`.
     fn threads(&self) -> usize {
         1

@@ -27,9 +27,11 @@ pub enum OptLevel {
     /// Run the graph as written.
     None,
     /// Fold constants (including the shape arithmetic exporters emit) and drop dead nodes.
-    #[default]
     Basic,
-    /// Everything in `Basic` plus fusions (none yet beyond Basic).
+    /// Everything in `Basic` plus the CPU fusions of [`crate::fuse`] (Conv + BatchNormalization
+    /// folding, Conv + residual Add + activation into one `FusedConv`), applied when every
+    /// provider of the session computes on the host (a device provider fuses its own way).
+    #[default]
     All,
 }
 
@@ -354,6 +356,11 @@ impl Session {
             if let Some(cpu) = cpu {
                 optimize::fold_constants(&mut model.graph, &*cpu)?;
                 infer::infer_graph(&mut model.graph, &[])?;
+            }
+            if opts.optimization == OptLevel::All
+                && providers.iter().all(|p| p.location() == Location::Host)
+            {
+                crate::fuse::fuse_graph(&mut model.graph)?;
             }
         }
         let mut report = PartitionReport::default();

@@ -1,32 +1,25 @@
 //! The native CPU backend: core's SIMD SGEMM (runtime ISA dispatch: AVX-512F, AVX2+FMA; NEON
-//! on aarch64) split across rayon threads, the `gemm` crate for the narrow shapes where it
-//! measures faster (`examples/gemm_bench.rs`), and rayon threads for `parallel_for`.
+//! on aarch64) split across the session's threads, the `gemm` crate for the narrow shapes where
+//! it measures faster (`examples/gemm_bench.rs`), and the session's [`Pool`] for
+//! `parallel_for`.
 
+use crate::pool::Pool;
 use nxrt_core::provider::{gemm_fits, reference_sgemm, CpuBackend, Gemm};
 use nxrt_core::{Error, Result};
-use rayon::prelude::*;
 
 /// Threaded, SIMD-dispatched CPU primitives.
 pub struct NativeCpu {
     threads: usize,
-    pool: Option<rayon::ThreadPool>,
+    pool: Pool,
 }
 
 impl NativeCpu {
-    /// A backend with `threads` workers (1 = run on the caller's thread).
+    /// A backend with `threads` workers (1 = run on the caller's thread; more: the caller and
+    /// `threads - 1` helper threads of this backend's own).
     pub fn new(threads: usize) -> Result<NativeCpu> {
         let threads = threads.max(1);
-        let pool = if threads > 1 {
-            Some(
-                rayon::ThreadPoolBuilder::new()
-                    .num_threads(threads)
-                    .thread_name(|i| format!("nxrt-cpu-{i}"))
-                    .build()
-                    .map_err(|e| Error::Provider(format!("cannot start {threads} threads: {e}")))?,
-            )
-        } else {
-            None
-        };
+        let pool = Pool::new(threads)
+            .map_err(|e| Error::Provider(format!("cannot start {threads} threads: {e}")))?;
         Ok(NativeCpu { threads, pool })
     }
 
@@ -36,77 +29,88 @@ impl NativeCpu {
     }
 }
 
-/// Below this many multiply-adds a GEMM runs on one thread (a fork-join costs a few us).
-const PAR_MIN_MACS: usize = 1 << 20;
+/// Below this many multiply-adds a GEMM runs on one thread: waking a helper costs a few
+/// microseconds, a sleeping one tens.
+const PAR_MIN_MACS: usize = 1 << 18;
+
+/// Below this much work (in the units of [`CpuBackend::parallel_for_work`]: about one simple
+/// operation each) a parallel loop runs on the caller's thread.
+const PAR_MIN_WORK: usize = 1 << 15;
+
+/// A raw pointer to C shared by the tasks of one threaded SGEMM, each writing its own rows.
+struct CPtr(*mut f32);
+// SAFETY: the tasks write disjoint rows (row blocks) or only their own tiles (column blocks);
+// the pointer outlives the job (`Pool::run` returns only when every task has finished).
+unsafe impl Sync for CPtr {}
+impl CPtr {
+    /// The pointer (a method, so closures capture the whole `Sync` wrapper).
+    fn at(&self, off: usize) -> *mut f32 {
+        self.0.wrapping_add(off)
+    }
+}
 
 impl NativeCpu {
-    /// nxrt's own SIMD SGEMM (core's `simd`, AVX-512F/AVX2/NEON micro-kernels), split across
-    /// the session's threads: by row blocks when there are enough rows, else by column
-    /// blocks computed into per-thread tiles. The operands must fit (`gemm_fits`).
-    fn simd_sgemm(&self, g: &Gemm, a: &[f32], b: &[f32], c: &mut [f32]) {
+    /// An SGEMM (`inner`: core's SIMD one or the `gemm` crate's, single-threaded) split across
+    /// the session's threads: by row blocks when there are enough rows, else by column blocks
+    /// computed into per-task tiles. The operands must fit (`gemm_fits`).
+    fn split_sgemm(
+        &self,
+        g: &Gemm,
+        a: &[f32],
+        b: &[f32],
+        c: &mut [f32],
+        inner: fn(&Gemm, &[f32], &[f32], &mut [f32]),
+    ) {
         let (m, n, k) = (g.m, g.n, g.k);
         let t = self.threads;
-        let Some(pool) = self.pool.as_ref().filter(|_| m * n * k >= PAR_MIN_MACS) else {
-            return nxrt_core::simd::sgemm_unchecked(g, a, b, c);
-        };
+        if t == 1 || m * n * k < PAR_MIN_MACS {
+            return inner(g, a, b, c);
+        }
         if m >= 16 * t {
-            // row blocks: disjoint rows of C, each a contiguous slice
+            // row blocks: disjoint rows of C
             let rows = m.div_ceil(t).div_ceil(8) * 8;
-            let chunks: Vec<(usize, &mut [f32])> = {
-                let mut out = Vec::new();
-                let mut rest = &mut c[..];
-                let mut i0 = 0;
-                while i0 < m {
-                    let h = rows.min(m - i0);
-                    let len = if i0 + h == m { rest.len() } else { h * g.ldc };
-                    let (head, tail) = rest.split_at_mut(len);
-                    out.push((i0, head));
-                    rest = tail;
-                    i0 += h;
-                }
-                out
-            };
-            pool.install(|| {
-                chunks.into_par_iter().for_each(|(i0, cs)| {
-                    let h = rows.min(m - i0);
-                    let sub = Gemm { m: h, ..*g };
-                    let off = i0 * g.a_rs as usize;
-                    nxrt_core::simd::sgemm_unchecked(&sub, &a[off..], b, cs);
-                })
+            let blocks = m.div_ceil(rows);
+            let (cp, clen) = (CPtr(c.as_mut_ptr()), c.len());
+            self.pool.run(blocks, &|q| {
+                let i0 = q * rows;
+                let h = rows.min(m - i0);
+                let start = i0 * g.ldc;
+                let len = if i0 + h == m { clen - start } else { h * g.ldc };
+                // SAFETY: block q owns rows [i0, i0 + h) of C, i.e. [start, start + len),
+                // disjoint from every other block's range and inside C.
+                let cs = unsafe { std::slice::from_raw_parts_mut(cp.at(start), len) };
+                let sub = Gemm { m: h, ..*g };
+                inner(&sub, &a[i0 * g.a_rs as usize..], b, cs);
             });
             return;
         }
         if n < 64 * t {
-            return nxrt_core::simd::sgemm_unchecked(g, a, b, c);
+            return inner(g, a, b, c);
         }
-        // column blocks, each computed into its own m x w tile and copied back
+        // column blocks, each computed into its own m x w tile and copied into C by its task
         let cols = n.div_ceil(t).div_ceil(32) * 32;
-        let blocks: Vec<(usize, Vec<f32>)> = pool.install(|| {
-            (0..n.div_ceil(cols))
-                .into_par_iter()
-                .map(|q| {
-                    let j0 = q * cols;
-                    let w = cols.min(n - j0);
-                    let mut tile = vec![0f32; m * w];
-                    if g.beta != 0.0 {
-                        for i in 0..m {
-                            tile[i * w..(i + 1) * w]
-                                .copy_from_slice(&c[i * g.ldc + j0..i * g.ldc + j0 + w]);
-                        }
-                    }
-                    let sub = Gemm { n: w, ldc: w, ..*g };
-                    let off = j0 * g.b_cs as usize;
-                    nxrt_core::simd::sgemm_unchecked(&sub, a, &b[off..], &mut tile);
-                    (j0, tile)
-                })
-                .collect()
-        });
-        for (j0, tile) in blocks {
-            let w = tile.len() / m;
-            for i in 0..m {
-                c[i * g.ldc + j0..i * g.ldc + j0 + w].copy_from_slice(&tile[i * w..(i + 1) * w]);
+        let blocks = n.div_ceil(cols);
+        let cp = CPtr(c.as_mut_ptr());
+        self.pool.run(blocks, &|q| {
+            let j0 = q * cols;
+            let w = cols.min(n - j0);
+            let mut tile = nxrt_core::simd::scratch::<f32>(m * w);
+            let at = |i: usize| i * g.ldc + j0;
+            if g.beta != 0.0 {
+                for i in 0..m {
+                    // SAFETY: reads this block's own columns of row i (inside C)
+                    let src = unsafe { std::slice::from_raw_parts(cp.at(at(i)), w) };
+                    tile[i * w..(i + 1) * w].copy_from_slice(src);
+                }
             }
-        }
+            let sub = Gemm { n: w, ldc: w, ..*g };
+            inner(&sub, a, &b[j0 * g.b_cs as usize..], &mut tile);
+            for i in 0..m {
+                // SAFETY: block q alone writes columns [j0, j0 + w) of each row
+                let dst = unsafe { std::slice::from_raw_parts_mut(cp.at(at(i)), w) };
+                dst.copy_from_slice(&tile[i * w..(i + 1) * w]);
+            }
+        });
     }
 }
 
@@ -128,15 +132,20 @@ impl CpuBackend for NativeCpu {
         if n < 16 && m >= 64 {
             // A narrow C (strided 1-D convolutions: oww_melspectrogram's 257 x 8 x 512): the
             // gemm crate's small-N kernels measure faster here than our 2-vector-wide tiles
-            return gemm_crate_run(self.pool.as_ref(), self.threads, g, a, b, c);
+            return self.split_sgemm(g, a, b, c, gemm_crate_one);
         }
-        self.simd_sgemm(g, a, b, c)
+        self.split_sgemm(g, a, b, c, nxrt_core::simd::sgemm_unchecked)
     }
 
     fn parallel_for(&self, n: usize, f: &(dyn Fn(usize) + Sync)) {
-        match &self.pool {
-            Some(pool) if n > 1 => pool.install(|| (0..n).into_par_iter().for_each(f)),
-            _ => (0..n).for_each(f),
+        self.pool.run(n, f)
+    }
+
+    fn parallel_for_work(&self, n: usize, work: usize, f: &(dyn Fn(usize) + Sync)) {
+        if work < PAR_MIN_WORK {
+            (0..n).for_each(f)
+        } else {
+            self.pool.run(n, f)
         }
     }
 
@@ -145,32 +154,30 @@ impl CpuBackend for NativeCpu {
     }
 }
 
-/// The `gemm` crate's SGEMM on `threads` threads (a pool of its own when more than one); for
-/// benchmarks that compare it with nxrt's own (`examples/gemm_bench.rs`). The operands must
-/// fit (see `gemm_fits`).
+/// The `gemm` crate's SGEMM on `threads` threads (its own rayon parallelism when more than
+/// one); for benchmarks that compare it with nxrt's own (`examples/gemm_bench.rs`). The
+/// operands must fit (see `gemm_fits`).
 pub fn gemm_crate_sgemm(threads: usize, g: &Gemm, a: &[f32], b: &[f32], c: &mut [f32]) {
     assert!(gemm_fits(g, a.len(), b.len(), c.len()));
-    gemm_crate_run(None, threads, g, a, b, c)
-}
-
-fn gemm_crate_run(
-    pool: Option<&rayon::ThreadPool>,
-    threads: usize,
-    g: &Gemm,
-    a: &[f32],
-    b: &[f32],
-    c: &mut [f32],
-) {
-    let (m, n, k) = (g.m, g.n, g.k);
-    if m == 0 || n == 0 || k == 0 {
-        return reference_sgemm(g, a, b, c);
-    }
-    let par = if threads > 1 && (m * n * k) >= 64 * 64 * 64 {
+    let par = if threads > 1 && (g.m * g.n * g.k) >= 64 * 64 * 64 {
         gemm::Parallelism::Rayon(threads)
     } else {
         gemm::Parallelism::None
     };
-    let mut run = || unsafe {
+    gemm_crate_run(par, g, a, b, c)
+}
+
+/// The `gemm` crate's SGEMM on the calling thread (the session splits it across its threads).
+fn gemm_crate_one(g: &Gemm, a: &[f32], b: &[f32], c: &mut [f32]) {
+    gemm_crate_run(gemm::Parallelism::None, g, a, b, c)
+}
+
+fn gemm_crate_run(par: gemm::Parallelism, g: &Gemm, a: &[f32], b: &[f32], c: &mut [f32]) {
+    let (m, n, k) = (g.m, g.n, g.k);
+    if m == 0 || n == 0 || k == 0 {
+        return reference_sgemm(g, a, b, c);
+    }
+    unsafe {
         // SAFETY: the callers checked the index ranges of A, B and C against the slices
         // (gemm_fits); C is exclusively borrowed.
         gemm::gemm(
@@ -194,10 +201,6 @@ fn gemm_crate_run(
             false,
             par,
         )
-    };
-    match (pool, par) {
-        (Some(pool), gemm::Parallelism::Rayon(_)) => pool.install(run),
-        _ => run(),
     }
 }
 

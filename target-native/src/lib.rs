@@ -29,6 +29,7 @@ pub use nxrt_core::{npy, DataType, Dim, Error, OptLevel, Result, Tensor, TypeInf
 
 pub mod cpu;
 pub mod embedded;
+pub mod pool;
 
 use nxrt_core::kernels::CpuProvider;
 use nxrt_core::loader::{self, ExternalDataSource};
@@ -199,7 +200,7 @@ impl Default for SessionBuilder {
         SessionBuilder {
             threads: 1,
             providers: vec!["cpu".into()],
-            optimization: OptLevel::Basic,
+            optimization: OptLevel::All,
             mode: ExecMode::Planned,
             phase_profile: false,
         }

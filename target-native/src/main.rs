@@ -51,6 +51,10 @@ struct Common {
     /// Execution mode: `planned` (memory plan per input shapes, run from one arena) or `eager`.
     #[arg(long, default_value = "planned")]
     mode: String,
+    /// Graph optimisation: `all` (folding and the CPU fusions), `basic` (folding only) or
+    /// `none`.
+    #[arg(long, default_value = "all")]
+    optimization: String,
     /// Profile phases and kernels (the profiler only); prints a table to stderr.
     #[arg(long)]
     phase_profile: bool,
@@ -117,6 +121,7 @@ fn main() -> ExitCode {
                 threads: 1,
                 seed: 0,
                 mode: "planned".into(),
+                optimization: "all".into(),
                 phase_profile: false,
                 trace: None,
             },
@@ -147,8 +152,19 @@ fn builder(c: &Common) -> Result<SessionBuilder, Error> {
             )))
         }
     };
+    let level = match c.optimization.as_str() {
+        "all" => nxrt::OptLevel::All,
+        "basic" => nxrt::OptLevel::Basic,
+        "none" => nxrt::OptLevel::None,
+        other => {
+            return Err(Error::Input(format!(
+                "--optimization {other}: expected 'all', 'basic' or 'none'"
+            )))
+        }
+    };
     Ok(Session::builder()
         .threads(c.threads)
+        .optimization(level)
         .providers(&[c.provider.as_str()])
         .mode(mode)
         .phase_profile(c.phase_profile || c.trace.is_some()))

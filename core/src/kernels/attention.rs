@@ -608,7 +608,8 @@ fn attention<R: Cf>(
         rows.div_ceil(cx.cpu.threads().max(1) * 4).max(1)
     };
     if unit > 0 {
-        par_chunks_mut(cx.cpu, &mut buf, chunk_rows * unit, &|c, run| {
+        let cost = (total * (d + dv + 4)).div_ceil(unit);
+        par_chunks_mut(cx.cpu, &mut buf, chunk_rows * unit, cost, &|c, run| {
             for (k, out) in run.chunks_mut(unit).enumerate() {
                 row_fn(c * chunk_rows + k, out);
             }

@@ -269,7 +269,7 @@ fn gemm_batches<T: Num>(
     if mn == 0 {
         return;
     }
-    crate::kernels::nn::par_chunks_mut(cx.cpu, out, mn, &|bi, c| {
+    crate::kernels::nn::par_chunks_mut(cx.cpu, out, mn, g.k, &|bi, c| {
         T::gemm(cx, g, &a[a_off[bi]..], &b[b_off[bi]..], c)
     });
 }

@@ -9,8 +9,9 @@ use crate::error::Result;
 use crate::ir::Node;
 use crate::kernels::linalg::{narrow_f32, widen_f32, Num};
 use crate::kernels::types::{FLOATS, INT8, PLAIN};
-use crate::kernels::{bad_type, def, dims_of, opt_tensor_in, out1, tensor_in, LATEST};
+use crate::kernels::{bad_type, def, def_in, dims_of, opt_tensor_in, out1, tensor_in, LATEST};
 use crate::provider::{CpuBackend, Gemm, Kernel, KernelCx, KernelDef};
+use crate::simd;
 use crate::tensor::{Elem, Tensor};
 use crate::value::Value;
 use crate::{bail, unsupported};
@@ -38,6 +39,7 @@ const GLOBAL_MAX_POOL_TYPES: &[DataType] = &[
 
 pub(crate) const KERNELS: &[KernelDef] = &[
     def("Conv", 1, LATEST, build_conv).types(FLOATS),
+    def_in("com.microsoft", "FusedConv", 1, 1, build_fused_conv).types(&[DataType::Float]),
     def("ConvTranspose", 1, LATEST, build_conv_transpose).types(FLOATS),
     def("ConvInteger", 10, LATEST, build_conv_integer).types(INT8),
     def("QLinearConv", 10, LATEST, build_qlinear_conv).types(INT8),
@@ -72,11 +74,13 @@ impl<T> SyncPtr<T> {
 }
 
 /// Calls `f(i, chunk_i)` for the consecutive `chunk`-sized pieces of `data` (the last may be
-/// shorter), in parallel where the backend has threads.
+/// shorter), in parallel where the backend has threads and the job is worth it: `cost` is the
+/// work per element of `data` (simple operations), for the backend's minimum grain.
 pub(crate) fn par_chunks_mut<T: Send>(
     cpu: &dyn CpuBackend,
     data: &mut [T],
     chunk: usize,
+    cost: usize,
     f: &(dyn Fn(usize, &mut [T]) + Sync),
 ) {
     if chunk == 0 || data.is_empty() {
@@ -91,7 +95,7 @@ pub(crate) fn par_chunks_mut<T: Send>(
         return;
     }
     let base = SyncPtr(data.as_mut_ptr());
-    cpu.parallel_for(n, &|i| {
+    cpu.parallel_for_work(n, len.saturating_mul(cost.max(1)), &|i| {
         let start = i * chunk;
         if start >= len {
             return;
@@ -438,7 +442,7 @@ fn im2col<T: Copy + Send + Sync>(
     let w = g.inp[last];
     let (sl, dl, pl) = (g.s[last], g.d[last] as isize, g.pb[last]);
     let rows_per_task = (16384 / ncols.max(1)).max(1);
-    par_chunks_mut(cpu, col, rows_per_task * ncols, &|t, chunk| {
+    par_chunks_mut(cpu, col, rows_per_task * ncols, 1, &|t, chunk| {
         let mut ko = [0usize; MAX_SPATIAL];
         for (ri, row) in chunk.chunks_mut(ncols).enumerate() {
             let r = t * rows_per_task + ri;
@@ -494,7 +498,7 @@ fn col2im<T: Num>(cpu: &dyn CpuBackend, col: &[T], g: &Geom, p0: usize, ncols: u
     let runs = runs_of(&g.inp, p0, ncols);
     let w = g.out[last];
     let (sl, dl, pl) = (g.s[last], g.d[last] as isize, g.pb[last]);
-    par_chunks_mut(cpu, y, plane, &|m, yp| {
+    par_chunks_mut(cpu, y, plane, kk, &|m, yp| {
         let mut ko = [0usize; MAX_SPATIAL];
         for kr in 0..kk {
             let r = m * kk + kr;
@@ -556,6 +560,7 @@ fn conv_depthwise<T: Num>(
     bias: Option<&[T]>,
     cs: &ConvShape,
     y: &mut [T],
+    epi: ConvEpilogue<'_, T>,
 ) {
     let g = &cs.g;
     // View 1-D as 2-D with a unit leading axis.
@@ -590,47 +595,75 @@ fn conv_depthwise<T: Num>(
         })
         .collect();
     let span = (oh - 1) * wp + ow;
-    par_chunks_mut(cpu, y, oh * ow, &|pi, out| {
-        let ch = pi % c;
-        let xp = &x[pi * ih * iw..(pi + 1) * ih * iw];
-        let wk = &w[ch * kh * kw..(ch + 1) * kh * kw];
-        // per-plane buffers from the scratch pool (no allocation per plane)
+    let plane = oh * ow;
+    let planes = y.len() / plane;
+    // several planes per task, so that each task takes its buffers from the pool once
+    let per = planes.div_ceil(4 * cpu.threads().max(1)).max(1);
+    par_chunks_mut(cpu, y, per * plane, kh * kw + sh * sw, &|ti, outs| {
         let mut phases = crate::simd::scratch::<T>(sh * sw * hp * wp);
-        phases.fill(T::ZERO);
-        for (i, xrow) in xp.chunks_exact(iw).enumerate() {
-            let pi_ = i + ph;
-            let (rh, qi) = (pi_ % sh, pi_ / sh);
-            for rw in 0..sw {
-                // Input columns j with (j + pw) % sw == rw, i.e. j = j0, j0 + sw, ...
-                let j0 = (rw + sw - pw % sw) % sw;
-                if j0 >= iw {
-                    continue;
-                }
-                let q0 = (j0 + pw) / sw;
-                let base = (rh * sw + rw) * hp * wp + qi * wp + q0;
-                let n = (iw - j0).div_ceil(sw);
-                let dst = &mut phases[base..base + n];
-                if sw == 1 {
-                    dst.copy_from_slice(xrow);
-                } else {
-                    for (d, &v) in dst.iter_mut().zip(xrow[j0..].iter().step_by(sw)) {
-                        *d = v;
+        let mut acc = crate::simd::scratch::<T>(span);
+        for (k, out) in outs.chunks_exact_mut(plane).enumerate() {
+            let pi = ti * per + k;
+            let ch = pi % c;
+            let xp = &x[pi * ih * iw..(pi + 1) * ih * iw];
+            let wk = &w[ch * kh * kw..(ch + 1) * kh * kw];
+            phases.fill(T::ZERO);
+            for (i, xrow) in xp.chunks_exact(iw).enumerate() {
+                let pi_ = i + ph;
+                let (rh, qi) = (pi_ % sh, pi_ / sh);
+                for rw in 0..sw {
+                    // Input columns j with (j + pw) % sw == rw, i.e. j = j0, j0 + sw, ...
+                    let j0 = (rw + sw - pw % sw) % sw;
+                    if j0 >= iw {
+                        continue;
+                    }
+                    let q0 = (j0 + pw) / sw;
+                    let base = (rh * sw + rw) * hp * wp + qi * wp + q0;
+                    let n = (iw - j0).div_ceil(sw);
+                    let dst = &mut phases[base..base + n];
+                    if sw == 1 {
+                        dst.copy_from_slice(xrow);
+                    } else {
+                        for (d, &v) in dst.iter_mut().zip(xrow[j0..].iter().step_by(sw)) {
+                            *d = v;
+                        }
                     }
                 }
             }
-        }
-        // T::taps accumulates all taps in registers (SIMD for f32)
-        let bias_v = bias.map_or(T::ZERO, |b| b[ch]);
-        let mut acc = crate::simd::scratch::<T>(span);
-        T::taps(wk, &offs, &phases, bias_v, &mut acc);
-        for (orow, arow) in out.chunks_exact_mut(ow).zip(acc.chunks(wp)) {
-            orow.copy_from_slice(&arow[..ow]);
+            // T::taps accumulates all taps in registers (SIMD for f32)
+            let bias_v = bias.map_or(T::ZERO, |b| b[ch]);
+            T::taps(wk, &offs, &phases, bias_v, &mut acc);
+            for (orow, arow) in out.chunks_exact_mut(ow).zip(acc.chunks(wp)) {
+                orow.copy_from_slice(&arow[..ow]);
+            }
+            if let Some(z) = epi.z {
+                let zp = &z[pi * oh * ow..(pi + 1) * oh * ow];
+                out.iter_mut().zip(zp).for_each(|(o, &v)| *o = o.add(v));
+            }
+            if let Some(act) = epi.act {
+                act(out);
+            }
         }
     });
 }
 
+/// An in-place epilogue over a run of outputs.
+pub(crate) type TileFn<'a, T> = &'a (dyn Fn(&mut [T]) + Sync);
+
+/// What a fused convolution does to its result before storing it: add `z` (a tensor of the
+/// output's shape) and then apply `act` to each tile while it is in cache.
+#[derive(Clone, Copy)]
+pub(crate) struct ConvEpilogue<'a, T> {
+    pub z: Option<&'a [T]>,
+    pub act: Option<TileFn<'a, T>>,
+}
+
+impl<T: 'static> ConvEpilogue<'static, T> {
+    const NONE: ConvEpilogue<'static, T> = ConvEpilogue { z: None, act: None };
+}
+
 /// Convolution of `x` ([N, C, inp..]) with `w` ([M, C/group, k..]) plus optional bias,
-/// into `y` ([N, M, out..], zero-filled).
+/// into `y` ([N, M, out..], zero-filled), then the epilogue.
 fn conv_compute_into<T: Num>(
     cx: &KernelCx<'_>,
     x: &[T],
@@ -638,6 +671,7 @@ fn conv_compute_into<T: Num>(
     bias: Option<&[T]>,
     cs: &ConvShape,
     y: &mut [T],
+    epi: ConvEpilogue<'_, T>,
 ) {
     let g = &cs.g;
     let (n, c, m, group) = (cs.n, cs.c, cs.m, cs.group);
@@ -651,20 +685,60 @@ fn conv_compute_into<T: Num>(
         return;
     }
     if group == c && m == c && g.nd() <= 2 {
-        conv_depthwise(cx.cpu, x, w, bias, cs, y);
+        conv_depthwise(cx.cpu, x, w, bias, cs, y, epi);
         return;
     }
-    if let Some(b) = bias {
+    let par = cx.cpu.threads() > 1 && kdim > 0 && n * m * out_plane * kdim >= PAR_CONV_MIN_MACS;
+    if let Some(b) = bias.filter(|_| !par) {
         for (pi, plane) in y.chunks_mut(out_plane).enumerate() {
             plane.fill(b[pi % m]);
         }
     }
+    // The epilogue of one tile (mg rows of nc positions from p0 of one image and group), while
+    // it is in cache: `+ Z` (after the bias and the products, as the unfused Add would), then
+    // the activation.
+    let tile_epi = |yg: &mut [T], zg: Option<&[T]>, p0: usize, nc: usize| {
+        for r in 0..mg {
+            let row = &mut yg[r * out_plane + p0..r * out_plane + p0 + nc];
+            if let Some(zg) = zg {
+                let zr = &zg[r * out_plane + p0..r * out_plane + p0 + nc];
+                row.iter_mut().zip(zr).for_each(|(v, &z)| *v = v.add(z));
+            }
+            if let Some(act) = epi.act {
+                act(row);
+            }
+        }
+    };
+    let has_epi = epi.z.is_some() || epi.act.is_some();
     if kdim == 0 {
+        if has_epi {
+            for ni in 0..n {
+                for gi in 0..group {
+                    let o = (ni * m + gi * mg) * out_plane;
+                    let zg = epi.z.map(|z| &z[o..o + mg * out_plane]);
+                    tile_epi(&mut y[o..o + mg * out_plane], zg, 0, out_plane);
+                }
+            }
+        }
         return;
     }
     let beta = if bias.is_some() { 1.0 } else { 0.0 };
     let pointwise =
         kk == 1 && g.s.iter().all(|&s| s == 1) && g.pb.iter().all(|&p| p == 0) && g.out == g.inp;
+    if par {
+        let sh = TileShape {
+            n,
+            c,
+            m,
+            group,
+            kdim,
+            in_plane,
+            out_plane,
+            pointwise,
+        };
+        conv_tiles_parallel(cx, x, w, bias, g, &sh, y, epi);
+        return;
+    }
     let tile = (COL_BUDGET / kdim).clamp(1, out_plane);
     // the tile comes from the scratch pool (im2col writes every element it reads)
     let mut col = crate::simd::scratch::<T>(if pointwise { 0 } else { kdim * tile });
@@ -672,7 +746,9 @@ fn conv_compute_into<T: Num>(
         for gi in 0..group {
             let xg = &x[(ni * c + gi * cg) * in_plane..(ni * c + (gi + 1) * cg) * in_plane];
             let wg = &w[gi * mg * kdim..(gi + 1) * mg * kdim];
-            let yg = &mut y[(ni * m + gi * mg) * out_plane..(ni * m + (gi + 1) * mg) * out_plane];
+            let yo = (ni * m + gi * mg) * out_plane;
+            let yg = &mut y[yo..yo + mg * out_plane];
+            let zg = epi.z.map(|z| &z[yo..yo + mg * out_plane]);
             if pointwise {
                 // X is already the [C/group, positions] matrix; tile the positions.
                 let pt = (COL_BUDGET / cg).clamp(1, out_plane);
@@ -692,6 +768,9 @@ fn conv_compute_into<T: Num>(
                         beta,
                     };
                     T::gemm(cx, &gm, wg, &xg[p0..], &mut yg[p0..]);
+                    if has_epi {
+                        tile_epi(yg, zg, p0, nc);
+                    }
                     p0 += nc;
                 }
                 continue;
@@ -714,10 +793,127 @@ fn conv_compute_into<T: Num>(
                     beta,
                 };
                 T::gemm(cx, &gm, wg, colt, &mut yg[p0..]);
+                if has_epi {
+                    tile_epi(yg, zg, p0, nc);
+                }
                 p0 += nc;
             }
         }
     }
+}
+
+/// Below this many multiply-adds a convolution runs on one thread.
+const PAR_CONV_MIN_MACS: usize = 1 << 18;
+
+/// The sizes [`conv_tiles_parallel`] works with.
+struct TileShape {
+    n: usize,
+    c: usize,
+    m: usize,
+    group: usize,
+    kdim: usize,
+    in_plane: usize,
+    out_plane: usize,
+    pointwise: bool,
+}
+
+/// The threaded convolution (GEMM paths): one task per (image, group, tile of output
+/// positions), each doing its own im2col, GEMM and epilogue into a tile of its own, then
+/// storing the tile's rows. One fork-join per convolution, and no task repacks what another
+/// packed; the products are the same as the serial path's (a tile's sums do not depend on how
+/// the positions are split).
+#[allow(clippy::too_many_arguments)]
+fn conv_tiles_parallel<T: Num>(
+    cx: &KernelCx<'_>,
+    x: &[T],
+    w: &[T],
+    bias: Option<&[T]>,
+    g: &Geom,
+    sh: &TileShape,
+    y: &mut [T],
+    epi: ConvEpilogue<'_, T>,
+) {
+    let TileShape {
+        n,
+        c,
+        m,
+        group,
+        kdim,
+        in_plane,
+        out_plane,
+        pointwise,
+    } = *sh;
+    let (cg, mg) = (c / group, m / group);
+    let threads = cx.cpu.threads();
+    let base = n * group;
+    let budget = if pointwise { cg } else { kdim };
+    let mut tile = (COL_BUDGET / budget.max(1)).clamp(1, out_plane);
+    // enough tasks for the threads to share (four each), but tiles of at least 64 positions
+    let want = 4 * threads;
+    if base * out_plane.div_ceil(tile) < want {
+        tile = out_plane
+            .div_ceil(want.div_ceil(base))
+            .max(64)
+            .min(out_plane);
+    }
+    let tiles = out_plane.div_ceil(tile);
+    let yp = SyncPtr(y.as_mut_ptr());
+    let ylen = y.len();
+    cx.cpu
+        .parallel_for_work(base * tiles, n * m * out_plane * kdim, &|it| {
+            let (ng, ti) = (it / tiles, it % tiles);
+            let (ni, gi) = (ng / group, ng % group);
+            let p0 = ti * tile;
+            let nc = tile.min(out_plane - p0);
+            let xg = &x[(ni * c + gi * cg) * in_plane..(ni * c + (gi + 1) * cg) * in_plane];
+            let wg = &w[gi * mg * kdim..(gi + 1) * mg * kdim];
+            let mut buf =
+                crate::simd::scratch::<T>(mg * nc + if pointwise { 0 } else { kdim * nc });
+            let (ct, colt) = buf.split_at_mut(mg * nc);
+            if let Some(b) = bias {
+                for (r, row) in ct.chunks_exact_mut(nc).enumerate() {
+                    row.fill(b[gi * mg + r]);
+                }
+            }
+            let beta = if bias.is_some() { 1.0 } else { 0.0 };
+            let (bsrc, b_rs) = if pointwise {
+                (&xg[p0..], in_plane)
+            } else {
+                im2col(cx.cpu, xg, g, p0, nc, colt, T::ZERO);
+                (&colt[..], nc)
+            };
+            let gm = Gemm {
+                m: mg,
+                n: nc,
+                k: if pointwise { cg } else { kdim },
+                a_rs: kdim as isize,
+                a_cs: 1,
+                b_rs: b_rs as isize,
+                b_cs: 1,
+                ldc: nc,
+                alpha: 1.0,
+                beta,
+            };
+            T::gemm(cx, &gm, wg, bsrc, ct);
+            let yo = (ni * m + gi * mg) * out_plane;
+            for (r, row) in ct.chunks_exact_mut(nc).enumerate() {
+                let o = yo + r * out_plane + p0;
+                if let Some(z) = epi.z {
+                    row.iter_mut()
+                        .zip(&z[o..o + nc])
+                        .for_each(|(v, &zv)| *v = v.add(zv));
+                }
+                if let Some(act) = epi.act {
+                    act(row);
+                }
+                debug_assert!(o + nc <= ylen);
+                // SAFETY: task `it` alone writes positions [p0, p0 + nc) of the rows of its
+                // image and group; the ranges are disjoint and inside `y`, which stays
+                // borrowed until `parallel_for_work` returns.
+                let dst = unsafe { core::slice::from_raw_parts_mut(yp.get().add(o), nc) };
+                dst.copy_from_slice(row);
+            }
+        });
 }
 
 /// Convolution into a new [N, M, out..] heap buffer.
@@ -730,7 +926,7 @@ fn conv_compute<T: Num>(
 ) -> Vec<T> {
     let out_plane: usize = cs.g.out.iter().product();
     let mut y = vec![T::ZERO; cs.n * cs.m * out_plane];
-    conv_compute_into(cx, x, w, bias, cs, &mut y);
+    conv_compute_into(cx, x, w, bias, cs, &mut y, ConvEpilogue::NONE);
     y
 }
 
@@ -786,7 +982,7 @@ fn conv_typed<T: Num>(
     if y.in_arena() {
         y.fill(T::ZERO);
     }
-    conv_compute_into(cx, &xv, &wv, bv.as_deref(), cs, &mut y);
+    conv_compute_into(cx, &xv, &wv, bv.as_deref(), cs, &mut y, ConvEpilogue::NONE);
     Ok(y.into_tensor())
 }
 
@@ -822,6 +1018,114 @@ fn build_conv(node: &Node) -> Result<Box<dyn Kernel>> {
                 dt => return Err(bad_type("Conv", dt)),
             };
             out1(y)
+        },
+    ))
+}
+
+/// The activation of a `com.microsoft:FusedConv` (`activation`, `activation_params`; the
+/// names of ONNX Runtime's contrib op, plus HardSwish).
+fn fused_activation(node: &Node) -> Result<Option<simd::Act>> {
+    let Some(name) = node.attr_s("activation")? else {
+        return Ok(None);
+    };
+    let p = node.attr_floats("activation_params")?.unwrap_or_default();
+    let need = |k: usize| -> Result<()> {
+        if p.len() != k {
+            bail!(
+                "FusedConv activation {name} needs {k} activation_params, has {}",
+                p.len()
+            );
+        }
+        Ok(())
+    };
+    Ok(Some(match name.as_str() {
+        "Relu" => simd::Act::Relu,
+        "Sigmoid" => simd::Act::Sigmoid,
+        "Tanh" => simd::Act::Tanh,
+        // no parameters: ONNX's HardSwish; four (nxrt's extension): the spelled-out chain
+        // x * Clip(x + shift, lo, hi) / div, op by op
+        "HardSwish" if p.is_empty() => simd::Act::HardSwish,
+        "HardSwish" => {
+            need(4)?;
+            simd::Act::HardSwishParts {
+                shift: p[0],
+                lo: p[1],
+                hi: p[2],
+                div: p[3],
+            }
+        }
+        "LeakyRelu" => {
+            need(1)?;
+            simd::Act::LeakyRelu(p[0])
+        }
+        "HardSigmoid" => {
+            need(2)?;
+            simd::Act::HardSigmoid(p[0], p[1])
+        }
+        "Clip" => {
+            need(2)?;
+            simd::Act::Clip(p[0], p[1])
+        }
+        other => unsupported!("FusedConv activation {other} is not supported"),
+    }))
+}
+
+/// `com.microsoft:FusedConv`: `Y = act(Conv(X, W, B) + Z)` in one pass (float32). The
+/// optimiser makes these from Conv, a residual Add and an activation (`fuse`); models that
+/// ONNX Runtime optimised offline carry them too.
+fn build_fused_conv(node: &Node) -> Result<Box<dyn Kernel>> {
+    let sp = parse_spatial(node)?;
+    let group = node.get_i("group", 1)?;
+    if group <= 0 {
+        bail!("group must be positive, is {group}");
+    }
+    let group = group as usize;
+    let act = fused_activation(node)?;
+    Ok(Box::new(
+        move |cx: &KernelCx<'_>, inputs: &[Option<&Value>]| -> Result<Vec<Value>> {
+            let x = tensor_in(inputs, 0)?;
+            let w = tensor_in(inputs, 1)?;
+            let b = opt_tensor_in(inputs, 2)?;
+            let z = opt_tensor_in(inputs, 3)?;
+            if [Some(x), Some(w), b, z]
+                .iter()
+                .flatten()
+                .any(|t| t.dtype() != DataType::Float)
+            {
+                return Err(bad_type("FusedConv", x.dtype()));
+            }
+            let cs = conv_shape(&sp, group, x.shape(), w.shape(), b)?;
+            let mut shape = vec![cs.n, cs.m];
+            shape.extend_from_slice(&cs.g.out);
+            if let Some(z) = z {
+                if z.shape() != shape.as_slice() {
+                    bail!(
+                        "FusedConv: Z has shape {:?}, the output {shape:?}",
+                        z.shape()
+                    );
+                }
+            }
+            let xv = x.as_slice::<f32>()?;
+            let wv = w.as_slice::<f32>()?;
+            let bv = match b {
+                Some(b) => Some(b.as_slice::<f32>()?),
+                None => None,
+            };
+            let zv = match z {
+                Some(z) => Some(z.as_slice::<f32>()?),
+                None => None,
+            };
+            let mut y = cx.output::<f32>(0, &shape)?;
+            if y.in_arena() {
+                y.fill(0.0);
+            }
+            let f = move |s: &mut [f32]| simd::unary_inplace(act.unwrap_or(simd::Act::Identity), s);
+            let epi = ConvEpilogue {
+                z: zv.as_deref(),
+                act: if act.is_some() { Some(&f) } else { None },
+            };
+            conv_compute_into(cx, &xv, &wv, bv.as_deref(), &cs, &mut y, epi);
+            out1(y.into_tensor())
         },
     ))
 }
@@ -1246,6 +1550,17 @@ struct PoolPlan {
     cols: Vec<(usize, usize, isize)>,
 }
 
+impl PoolPlan {
+    /// Taps per output (for the threads' minimum grain).
+    fn window_len(&self) -> usize {
+        self.wins
+            .iter()
+            .map(|w| w.iter().map(|x| x.hi - x.lo).max().unwrap_or(1))
+            .product::<usize>()
+            .max(1)
+    }
+}
+
 fn pool_plan(g: &Geom, pe: &[isize]) -> Result<PoolPlan> {
     let nd = g.nd();
     if nd > 3 {
@@ -1445,7 +1760,7 @@ fn max_pool_t<T: MaxElem>(
     let out_plane = p.out.iter().product::<usize>();
     if !want_idx {
         let mut y = vec![T::LOWEST; planes * out_plane];
-        par_chunks_mut(cpu, &mut y, out_plane.max(1), &|pi, out| {
+        par_chunks_mut(cpu, &mut y, out_plane.max(1), p.window_len(), &|pi, out| {
             let xp = &x[pi * in_plane..(pi + 1) * in_plane];
             pool_rows(
                 p,
@@ -1460,7 +1775,7 @@ fn max_pool_t<T: MaxElem>(
     }
     let mut y: Vec<(T, i64)> = vec![(T::LOWEST, -1); planes * out_plane];
     let (i1, i2) = (p.inp[1], p.inp[2]);
-    par_chunks_mut(cpu, &mut y, out_plane.max(1), &|pi, out| {
+    par_chunks_mut(cpu, &mut y, out_plane.max(1), p.window_len(), &|pi, out| {
         let xp = &x[pi * in_plane..(pi + 1) * in_plane];
         for_each_window(p, out, |o, win| {
             let mut best = T::LOWEST;
@@ -1500,7 +1815,7 @@ fn avg_lp_pool_t<T: Num>(
     let in_plane = p.inp.iter().product::<usize>();
     let out_plane = p.out.iter().product::<usize>();
     let mut y = vec![T::ZERO; planes * out_plane];
-    par_chunks_mut(cpu, &mut y, out_plane.max(1), &|pi, out| {
+    par_chunks_mut(cpu, &mut y, out_plane.max(1), p.window_len(), &|pi, out| {
         let xp = &x[pi * in_plane..(pi + 1) * in_plane];
         match kind {
             PoolKind::Avg { include_pad } => pool_rows(
@@ -1691,7 +2006,7 @@ fn global_pool(cx: &KernelCx<'_>, x: &Tensor, kind: PoolKind) -> Result<Vec<Valu
         kind: PoolKind,
     ) -> Vec<T> {
         let mut y = vec![T::ZERO; planes];
-        par_chunks_mut(cpu, &mut y, 64, &|ci, out| {
+        par_chunks_mut(cpu, &mut y, 64, plane, &|ci, out| {
             for (j, o) in out.iter_mut().enumerate() {
                 let pi = ci * 64 + j;
                 let xp = &x[pi * plane..(pi + 1) * plane];

@@ -193,7 +193,7 @@ fn build_concat_from_sequence(node: &Node) -> Result<Box<dyn Kernel>> {
         }
         let ts: Vec<&Tensor> = items.iter().map(|v| v.as_tensor()).collect::<Result<_>>()?;
         if !new_axis {
-            return out1(concat(&ts, axis)?);
+            return out1(concat(None, &ts, axis)?);
         }
         // stack: insert a unit dim at `axis` (range -r-1..=r) in every item, then concatenate
         let r = ts[0].rank();
@@ -208,7 +208,7 @@ fn build_concat_from_sequence(node: &Node) -> Result<Box<dyn Kernel>> {
             expanded.push(t.contiguous()?.reshape(&s)?);
         }
         let refs: Vec<&Tensor> = expanded.iter().collect();
-        out1(concat(&refs, a as i64)?)
+        out1(concat(None, &refs, a as i64)?)
     })
 }
 

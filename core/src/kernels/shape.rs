@@ -18,7 +18,7 @@ use crate::kernels::{
     LATEST,
 };
 use crate::provider::{Kernel, KernelCx, KernelDef};
-use crate::tensor::{contiguous_strides, numel, Data, Tensor};
+use crate::tensor::{contiguous_strides, numel, Data, Elem, Tensor};
 use crate::value::Value;
 use crate::{bail, unsupported};
 
@@ -472,21 +472,9 @@ fn unsupported_type(op: &str, dt: DataType) -> Result<Tensor> {
     Err(bad_type(op, dt))
 }
 
-/// Row-major copy of the strided view (`shape`, `strides`, `offset`, in elements) of `src`.
-/// Merges contiguous dimensions, copies unit-stride runs with `extend_from_slice`, and tiles
-/// transposes so that both sides stay in cache.
-pub(crate) fn copy_strided<T: Clone>(
-    src: &[T],
-    shape: &[usize],
-    strides: &[isize],
-    offset: isize,
-) -> Vec<T> {
-    let n = prod(shape);
-    let mut out = Vec::with_capacity(n);
-    if n == 0 {
-        return out;
-    }
-    // coalesce
+/// The axes of a strided view as (extent, stride) pairs: unit axes dropped, and an axis merged
+/// into the one before it when the two are contiguous.
+fn coalesce(shape: &[usize], strides: &[isize]) -> Vec<(usize, isize)> {
     let mut dims: Vec<(usize, isize)> = Vec::with_capacity(shape.len());
     for (&d, &s) in shape.iter().zip(strides) {
         if d == 1 {
@@ -501,41 +489,35 @@ pub(crate) fn copy_strided<T: Clone>(
         }
         dims.push((d, s));
     }
-    if dims.is_empty() {
-        out.push(src[offset as usize].clone());
-        return out;
+    dims
+}
+
+/// Whether [`copy_strided`] takes its tiled transpose path for these (coalesced) axes: the
+/// index of the outer axis that reads with unit stride.
+fn tiled_axis(dims: &[(usize, isize)]) -> Option<usize> {
+    let &(ld, ls) = dims.last()?;
+    if ls == 1 || ls == 0 || ld < 8 {
+        return None;
     }
-    let (ld, ls) = dims[dims.len() - 1];
-    // tiled transpose: an outer axis reads with unit stride while the inner one does not
-    if ls != 1 && ls != 0 && ld >= 8 && !core::mem::needs_drop::<T>() {
-        if let Some(a) = dims[..dims.len() - 1]
-            .iter()
-            .position(|&(d, s)| s == 1 && d >= 8)
-        {
-            return copy_tiled(src, &dims, a, offset, n);
-        }
-    }
+    dims[..dims.len() - 1]
+        .iter()
+        .position(|&(d, s)| s == 1 && d >= 8)
+}
+
+/// Calls `run(base, stride)` for each innermost run (of `dims.last().0` elements) of the
+/// view, in row-major order; `dims` is not empty.
+#[inline(always)]
+fn for_each_run(dims: &[(usize, isize)], offset: isize, mut run: impl FnMut(usize, isize)) {
+    let ls = dims[dims.len() - 1].1;
     let outer = &dims[..dims.len() - 1];
     let mut idx = vec![0usize; outer.len()];
     let mut base = offset;
     loop {
-        let b = base as usize;
-        if ls == 1 {
-            out.extend_from_slice(&src[b..b + ld]);
-        } else if ls == 0 {
-            let v = &src[b];
-            out.extend(core::iter::repeat_n(v, ld).cloned());
-        } else {
-            let mut p = base;
-            for _ in 0..ld {
-                out.push(src[p as usize].clone());
-                p += ls;
-            }
-        }
+        run(base as usize, ls);
         let mut ax = outer.len();
         loop {
             if ax == 0 {
-                return out;
+                return;
             }
             ax -= 1;
             idx[ax] += 1;
@@ -547,6 +529,107 @@ pub(crate) fn copy_strided<T: Clone>(
             idx[ax] = 0;
         }
     }
+}
+
+/// Row-major copy of the strided view (`shape`, `strides`, `offset`, in elements) of `src`.
+/// Merges contiguous dimensions, copies unit-stride runs with `extend_from_slice`, and tiles
+/// transposes so that both sides stay in cache.
+pub(crate) fn copy_strided<T: Clone>(
+    src: &[T],
+    shape: &[usize],
+    strides: &[isize],
+    offset: isize,
+) -> Vec<T> {
+    let n = prod(shape);
+    let mut out = Vec::with_capacity(n);
+    if n == 0 {
+        return out;
+    }
+    let dims = coalesce(shape, strides);
+    if dims.is_empty() {
+        out.push(src[offset as usize].clone());
+        return out;
+    }
+    if !core::mem::needs_drop::<T>() {
+        if let Some(a) = tiled_axis(&dims) {
+            return copy_tiled(src, &dims, a, offset, n);
+        }
+    }
+    let ld = dims[dims.len() - 1].0;
+    for_each_run(&dims, offset, |b, ls| {
+        if ls == 1 {
+            out.extend_from_slice(&src[b..b + ld]);
+        } else if ls == 0 {
+            out.extend(core::iter::repeat_n(&src[b], ld).cloned());
+        } else {
+            let mut p = b as isize;
+            for _ in 0..ld {
+                out.push(src[p as usize].clone());
+                p += ls;
+            }
+        }
+    });
+    out
+}
+
+/// [`copy_strided`] into `out` (the view's length), except for views that take the tiled
+/// transpose path: `false` for those, and `out` is untouched.
+fn copy_strided_into<T: Copy>(
+    src: &[T],
+    shape: &[usize],
+    strides: &[isize],
+    offset: isize,
+    out: &mut [T],
+) -> bool {
+    let dims = coalesce(shape, strides);
+    if out.is_empty() {
+        return true;
+    }
+    if dims.is_empty() {
+        out[0] = src[offset as usize];
+        return true;
+    }
+    if tiled_axis(&dims).is_some() {
+        return false;
+    }
+    let ld = dims[dims.len() - 1].0;
+    let mut pos = 0;
+    for_each_run(&dims, offset, |b, ls| {
+        let dst = &mut out[pos..pos + ld];
+        if ls == 1 {
+            dst.copy_from_slice(&src[b..b + ld]);
+        } else if ls == 0 {
+            dst.fill(src[b]);
+        } else {
+            let mut p = b as isize;
+            for d in dst.iter_mut() {
+                *d = src[p as usize];
+                p += ls;
+            }
+        }
+        pos += ld;
+    });
+    true
+}
+
+/// The view copied into output 0's planned arena region (or a heap buffer outside planned
+/// runs), so that a data-movement kernel's result never costs a fresh allocation per run;
+/// `None` where the copy takes the tiled transpose path.
+fn view_into<T: Elem + Copy>(
+    cx: &KernelCx<'_>,
+    x: &Tensor,
+    shape: &[usize],
+    strides: &[isize],
+    offset: isize,
+) -> Result<Option<Tensor>> {
+    let src = x.as_slice::<T>()?;
+    if tiled_axis(&coalesce(shape, strides)).is_some() {
+        return Ok(None);
+    }
+    let mut o = cx.output::<T>(0, shape)?;
+    let done = copy_strided_into(&src, shape, strides, offset, &mut o);
+    debug_assert!(done);
+    Ok(Some(o.into_tensor()))
 }
 
 /// The tiled path of [`copy_strided`]: `dims[a]` has source stride 1, the last dim does not.
@@ -615,6 +698,7 @@ fn copy_tiled<T: Clone>(
 
 /// Copies the view of `x` given by `shape`/`strides`/`offset` over its row-major elements.
 fn view_copy(
+    cx: Option<&KernelCx<'_>>,
     op: &str,
     x: &Tensor,
     shape: &[usize],
@@ -625,6 +709,18 @@ fn view_copy(
         return Tensor::zeros(x.dtype(), shape);
     }
     let dt = x.dtype();
+    if let Some(cx) = cx {
+        let t = match dt {
+            DataType::Float => view_into::<f32>(cx, x, shape, strides, offset)?,
+            DataType::Int64 => view_into::<i64>(cx, x, shape, strides, offset)?,
+            DataType::Int32 => view_into::<i32>(cx, x, shape, strides, offset)?,
+            DataType::Double => view_into::<f64>(cx, x, shape, strides, offset)?,
+            _ => None,
+        };
+        if let Some(t) = t {
+            return Ok(t);
+        }
+    }
     dispatch_item!(dt, T => {
         let src = T::load(x)?;
         T::store(dt, shape, copy_strided(&src, shape, strides, offset))
@@ -632,7 +728,7 @@ fn view_copy(
 }
 
 /// Row-major copy of `x` with its axes permuted (`out[i] = in[perm[i]]`).
-fn permute_copy(op: &str, x: &Tensor, perm: &[usize]) -> Result<Tensor> {
+fn permute_copy(cx: Option<&KernelCx<'_>>, op: &str, x: &Tensor, perm: &[usize]) -> Result<Tensor> {
     let shape: Vec<usize> = perm.iter().map(|&p| x.shape()[p]).collect();
     // a permutation that keeps the order of the non-unit dims is only a reshape
     let order: Vec<usize> = perm
@@ -645,7 +741,7 @@ fn permute_copy(op: &str, x: &Tensor, perm: &[usize]) -> Result<Tensor> {
     }
     let cs = contiguous_strides(x.shape());
     let strides: Vec<isize> = perm.iter().map(|&p| cs[p]).collect();
-    view_copy(op, x, &shape, &strides, 0)
+    view_copy(cx, op, x, &shape, &strides, 0)
 }
 
 /// Strides that broadcast a contiguous `from` shape to `to` (zero on broadcast dims).
@@ -879,7 +975,7 @@ fn build_size(_node: &Node) -> Result<Box<dyn Kernel>> {
 
 fn build_transpose(node: &Node) -> Result<Box<dyn Kernel>> {
     let perm = node.attr_ints("perm")?;
-    kernel(move |_cx, inputs| {
+    kernel(move |cx, inputs| {
         let x = tensor_in(inputs, 0)?;
         let r = x.rank();
         let p: Vec<usize> = match &perm {
@@ -898,7 +994,7 @@ fn build_transpose(node: &Node) -> Result<Box<dyn Kernel>> {
             }
             None => (0..r).rev().collect(),
         };
-        out1(permute_copy("Transpose", x, &p)?)
+        out1(permute_copy(Some(cx), "Transpose", x, &p)?)
     })
 }
 
@@ -908,16 +1004,16 @@ fn build_concat(node: &Node) -> Result<Box<dyn Kernel>> {
         None if node.opset < 4 => 1,
         None => bail!("Concat needs an 'axis' attribute"),
     };
-    kernel(move |_cx, inputs| {
+    kernel(move |cx, inputs| {
         let xs: Vec<&Tensor> = (0..inputs.len())
             .map(|i| tensor_in(inputs, i))
             .collect::<Result<_>>()?;
-        out1(concat(&xs, axis)?)
+        out1(concat(Some(cx), &xs, axis)?)
     })
 }
 
 /// Concatenates tensors along `axis` (all of one element type, same dims elsewhere).
-pub(crate) fn concat(xs: &[&Tensor], axis: i64) -> Result<Tensor> {
+pub(crate) fn concat(cx: Option<&KernelCx<'_>>, xs: &[&Tensor], axis: i64) -> Result<Tensor> {
     let Some(first) = xs.first() else {
         bail!("Concat needs at least one input");
     };
@@ -950,6 +1046,15 @@ pub(crate) fn concat(xs: &[&Tensor], axis: i64) -> Result<Tensor> {
     if numel(&shape)? == 0 {
         return Tensor::zeros(dt, &shape);
     }
+    if let Some(cx) = cx {
+        match dt {
+            DataType::Float => return concat_into::<f32>(cx, xs, &shape, a),
+            DataType::Int64 => return concat_into::<i64>(cx, xs, &shape, a),
+            DataType::Int32 => return concat_into::<i32>(cx, xs, &shape, a),
+            DataType::Double => return concat_into::<f64>(cx, xs, &shape, a),
+            _ => {}
+        }
+    }
     dispatch_item!(dt, T => {
         let srcs: Vec<Cow<'_, [T]>> = xs.iter().map(|x| T::load(x)).collect::<Result<_>>()?;
         let outer = prod(&shape[..a]);
@@ -963,6 +1068,32 @@ pub(crate) fn concat(xs: &[&Tensor], axis: i64) -> Result<Tensor> {
         }
         T::store(dt, &shape, out)
     }, else unsupported_type("Concat", dt))
+}
+
+/// [`concat`] of plain element types into output 0's planned arena region (or a heap buffer
+/// outside planned runs).
+fn concat_into<T: Elem + Copy>(
+    cx: &KernelCx<'_>,
+    xs: &[&Tensor],
+    shape: &[usize],
+    a: usize,
+) -> Result<Tensor> {
+    let srcs: Vec<Cow<'_, [T]>> = xs
+        .iter()
+        .map(|x| x.as_slice::<T>())
+        .collect::<Result<_>>()?;
+    let outer = prod(&shape[..a]);
+    let inner = prod(&shape[a + 1..]);
+    let mut out = cx.output::<T>(0, shape)?;
+    let mut pos = 0;
+    for o in 0..outer {
+        for (s, x) in srcs.iter().zip(xs) {
+            let blk = x.shape()[a] * inner;
+            out[pos..pos + blk].copy_from_slice(&s[o * blk..(o + 1) * blk]);
+            pos += blk;
+        }
+    }
+    Ok(out.into_tensor())
 }
 
 fn build_split(node: &Node) -> Result<Box<dyn Kernel>> {
@@ -1125,22 +1256,30 @@ fn build_slice(node: &Node) -> Result<Box<dyn Kernel>> {
             bail!("Slice-1 needs 'starts' and 'ends' attributes");
         };
         let axes = node.attr_ints("axes")?;
-        return kernel(move |_cx, inputs| {
+        return kernel(move |cx, inputs| {
             let x = tensor_in(inputs, 0)?;
-            out1(slice(x, &starts, &ends, axes.as_deref(), None)?)
+            out1(slice(Some(cx), x, &starts, &ends, axes.as_deref(), None)?)
         });
     }
-    kernel(|_cx, inputs| {
+    kernel(|cx, inputs| {
         let x = tensor_in(inputs, 0)?;
         let starts = ints_of(tensor_in(inputs, 1)?)?;
         let ends = ints_of(tensor_in(inputs, 2)?)?;
         let axes = opt_tensor_in(inputs, 3)?.map(ints_of).transpose()?;
         let steps = opt_tensor_in(inputs, 4)?.map(ints_of).transpose()?;
-        out1(slice(x, &starts, &ends, axes.as_deref(), steps.as_deref())?)
+        out1(slice(
+            Some(cx),
+            x,
+            &starts,
+            &ends,
+            axes.as_deref(),
+            steps.as_deref(),
+        )?)
     })
 }
 
 fn slice(
+    cx: Option<&KernelCx<'_>>,
     x: &Tensor,
     starts: &[i64],
     ends: &[i64],
@@ -1151,7 +1290,7 @@ fn slice(
     if shape == x.shape() && strides == contiguous_strides(x.shape()) {
         return Ok(x.clone());
     }
-    view_copy("Slice", x, &shape, &strides, offset)
+    view_copy(cx, "Slice", x, &shape, &strides, offset)
 }
 
 fn build_gather(node: &Node) -> Result<Box<dyn Kernel>> {
@@ -1443,7 +1582,7 @@ fn build_scatter_nd(node: &Node) -> Result<Box<dyn Kernel>> {
 }
 
 fn build_expand(_node: &Node) -> Result<Box<dyn Kernel>> {
-    kernel(|_cx, inputs| {
+    kernel(|cx, inputs| {
         let x = tensor_in(inputs, 0)?;
         let target = dims_of(&ints_of(tensor_in(inputs, 1)?)?)?;
         let shape = broadcast_shapes(x.shape(), &target)?;
@@ -1452,7 +1591,7 @@ fn build_expand(_node: &Node) -> Result<Box<dyn Kernel>> {
             return out1(x.clone());
         }
         let strides = broadcast_strides(x.shape(), &shape)?;
-        out1(view_copy("Expand", x, &shape, &strides, 0)?)
+        out1(view_copy(Some(cx), "Expand", x, &shape, &strides, 0)?)
     })
 }
 
@@ -1499,7 +1638,7 @@ fn tile(x: &Tensor, reps: &[usize]) -> Result<Tensor> {
     if reps.iter().all(|&r| r == 1) {
         return Ok(x.clone());
     }
-    view_copy("Tile", x, &vshape, &vstr, 0)?.reshape(&oshape)
+    view_copy(None, "Tile", x, &vshape, &vstr, 0)?.reshape(&oshape)
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -1972,7 +2111,7 @@ fn build_depth_to_space(node: &Node) -> Result<Box<dyn Kernel>> {
         } else {
             ([n, b, b, c2, h, w], [0, 3, 4, 1, 5, 2])
         };
-        let t = permute_copy("DepthToSpace", &x.reshape(&v)?, &perm)?;
+        let t = permute_copy(None, "DepthToSpace", &x.reshape(&v)?, &perm)?;
         out1(t.reshape(&[n, c2, h * b, w * b])?)
     })
 }
@@ -1993,7 +2132,7 @@ fn build_space_to_depth(node: &Node) -> Result<Box<dyn Kernel>> {
         } else {
             [0, 3, 5, 1, 2, 4]
         };
-        let t = permute_copy("SpaceToDepth", &x.reshape(&v)?, &perm)?;
+        let t = permute_copy(None, "SpaceToDepth", &x.reshape(&v)?, &perm)?;
         out1(t.reshape(&[n, c * b * b, h / b, w / b])?)
     })
 }

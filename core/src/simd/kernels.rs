@@ -39,6 +39,14 @@ pub enum Act {
     GeluTanh,
     /// `min(max(x, lo), hi)`
     Clip(f32, f32),
+    /// `x * clip(x + shift, lo, hi) / div` computed op by op, as exporters spell HardSwish out
+    /// (Add, Clip, Mul, Div): the fused form gives the unfused chain's bits.
+    HardSwishParts {
+        shift: f32,
+        lo: f32,
+        hi: f32,
+        div: f32,
+    },
     Exp,
     Erf,
 }
@@ -75,6 +83,10 @@ pub fn act<V: VF32>(act: Act, v: V) -> V {
             V::splat(0.5).mul(v).mul(V::splat(1.0).add(inner.tanh()))
         }
         Act::Clip(lo, hi) => v.max(V::splat(lo)).min(V::splat(hi)),
+        Act::HardSwishParts { shift, lo, hi, div } => {
+            let k = v.add(V::splat(shift)).max(V::splat(lo)).min(V::splat(hi));
+            v.mul(k).div(V::splat(div))
+        }
         Act::Exp => v.exp(),
         Act::Erf => v.erf(),
     }

@@ -346,14 +346,31 @@ impl<T: bytemuck::Pod> Drop for Scratch<T> {
         if self.buf.capacity() * 8 > POOL_MAX_BYTES {
             return;
         }
-        // never wait for the pool (a spin lock held by a preempted thread would stall this
-        // one for a whole time slice): when it is busy, the buffer is just freed
-        if let Some(mut pool) = SCRATCH.try_lock() {
+        // never wait long for the pool (a spin lock held by a preempted thread would stall
+        // this one for a whole time slice): when it stays busy, the buffer is just freed
+        if let Some(mut pool) = try_lock_briefly() {
             if pool.len() < POOL_MAX {
                 pool.push(core::mem::take(&mut self.buf));
+            } else if let Some(small) = pool.iter_mut().min_by_key(|b| b.capacity()) {
+                // a full pool keeps its largest buffers
+                if small.capacity() < self.buf.capacity() {
+                    core::mem::swap(small, &mut self.buf);
+                }
             }
         }
     }
+}
+
+/// The pool's lock after at most a few dozen tries (its critical sections are a scan of at
+/// most `POOL_MAX` entries, so a lock held longer belongs to a preempted thread).
+fn try_lock_briefly() -> Option<spin::MutexGuard<'static, alloc::vec::Vec<alloc::vec::Vec<u64>>>> {
+    for _ in 0..64 {
+        if let Some(g) = SCRATCH.try_lock() {
+            return Some(g);
+        }
+        core::hint::spin_loop();
+    }
+    None
 }
 
 /// A scratch slice of `len` elements of `T` (contents unspecified: callers write before they
@@ -366,12 +383,14 @@ pub fn scratch<T: bytemuck::Pod>(len: usize) -> Scratch<T> {
         "scratch elements are 1, 2, 4 or 8 bytes"
     );
     let words = (len * size).div_ceil(8);
-    // a busy pool means a fresh buffer, never a wait (see Drop)
-    let taken = SCRATCH.try_lock().and_then(|mut pool| {
-        match pool.iter().position(|b| b.capacity() >= words) {
-            Some(i) => Some(pool.swap_remove(i)),
-            None => pool.pop(),
-        }
+    // the smallest buffer that fits; else the largest, to grow (a pool that stays busy means
+    // a fresh buffer, never a long wait: see Drop)
+    let taken = try_lock_briefly().and_then(|mut pool| {
+        let fit = (0..pool.len())
+            .filter(|&i| pool[i].capacity() >= words)
+            .min_by_key(|&i| pool[i].capacity());
+        let i = fit.or_else(|| (0..pool.len()).max_by_key(|&i| pool[i].capacity()))?;
+        Some(pool.swap_remove(i))
     });
     let mut buf = taken.unwrap_or_default();
     if buf.len() < words {

@@ -283,6 +283,9 @@ fn act_f64(a: Act, x: f64) -> f64 {
             0.5 * x * (1.0 + libm::tanh(k * (x + 0.044715 * x * x * x)))
         }
         Act::Clip(lo, hi) => x.clamp(lo as f64, hi as f64),
+        Act::HardSwishParts { shift, lo, hi, div } => {
+            x * (x + shift as f64).clamp(lo as f64, hi as f64) / div as f64
+        }
         Act::Exp => libm::exp(x),
         Act::Erf => libm::erf(x),
     }
@@ -323,6 +326,12 @@ fn activations_match_f64_on_every_isa() {
         Act::Gelu,
         Act::GeluTanh,
         Act::Clip(-1.5, 2.0),
+        Act::HardSwishParts {
+            shift: 3.0,
+            lo: 0.0,
+            hi: 6.0,
+            div: 6.0,
+        },
         Act::Exp,
         Act::Erf,
     ];

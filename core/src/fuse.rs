@@ -1,0 +1,631 @@
+//! Graph fusions for the CPU (`OptLevel::All`, the default level): each rewrites a pattern
+//! into one node whose kernel does the work of several in one pass over memory.
+//!
+//! - **Conv + BatchNormalization** (inference form, all parameters constant): the scale and
+//!   shift are folded into the convolution's weights and bias; the BatchNormalization node
+//!   goes away.
+//! - **Conv + Mul / Add of a constant** (one value per output channel, or one for all): folded
+//!   into the weights and bias (separate bias Adds, the affine blocks PP-LCNet writes after a
+//!   convolution).
+//! - **Conv + Add + activation** into `com.microsoft:FusedConv` (the contrib op ONNX Runtime
+//!   defines: `Y = act(Conv(X, W, B) + Z)`): a residual `Add` of a tensor of the convolution's
+//!   own shape becomes the `Z` input, and a following Relu, LeakyRelu, Sigmoid, Tanh,
+//!   HardSigmoid, Clip (or, as nxrt's extensions of the contrib op, HardSwish, and HardSwish
+//!   spelled out as `x * Clip(x + 3, 0, 6) / 6`, which PaddlePaddle's exporter writes) becomes
+//!   the epilogue the kernel applies to each output tile while it is still in cache.
+//!
+//! A fusion applies only where it cannot change what the graph computes or exposes: float32
+//! tensors; an intermediate read by exactly one node, not a graph output and not read by a
+//! subgraph; constants known at load. The fused kernel applies the same vector activations as
+//! the standalone element-wise kernels, so results are bit-identical except for the folded
+//! BatchNormalization (one rounding of `w * s` instead of a separate multiply).
+
+use alloc::string::{String, ToString};
+use alloc::sync::Arc;
+use alloc::vec;
+use alloc::vec::Vec;
+
+use crate::dtype::DataType;
+use crate::error::Result;
+use crate::ir::{AttrValue, Graph, Node, ValueId};
+use crate::tensor::Tensor;
+use crate::value::{Dim, TypeInfo, Value};
+
+/// Domain and op of the fused convolution.
+pub const FUSED_CONV: (&str, &str) = ("com.microsoft", "FusedConv");
+
+/// How many nodes each fusion removed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FuseStats {
+    pub conv_bn: usize,
+    pub conv_affine: usize,
+    pub conv_add: usize,
+    pub conv_act: usize,
+}
+
+impl FuseStats {
+    pub fn total(&self) -> usize {
+        self.conv_bn + self.conv_affine + self.conv_add + self.conv_act
+    }
+}
+
+/// Runs every fusion on `g` and, recursively, on its subgraphs (If branches, Loop and Scan
+/// bodies).
+pub fn fuse_graph(g: &mut Graph) -> Result<FuseStats> {
+    let mut st = FuseStats::default();
+    for node in g.nodes.iter_mut() {
+        for (_, a) in node.attrs.iter_mut() {
+            match a {
+                AttrValue::Graph(sub) => add(&mut st, fuse_graph(Arc::make_mut(sub))?),
+                AttrValue::Graphs(subs) => {
+                    for sub in subs.iter_mut() {
+                        add(&mut st, fuse_graph(Arc::make_mut(sub))?)
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+    st.conv_bn += conv_bn(g)?;
+    st.conv_affine += conv_affine(g)?;
+    st.conv_add += conv_add(g);
+    st.conv_act += conv_act(g)?;
+    Ok(st)
+}
+
+fn add(a: &mut FuseStats, b: FuseStats) {
+    a.conv_bn += b.conv_bn;
+    a.conv_affine += b.conv_affine;
+    a.conv_add += b.conv_add;
+    a.conv_act += b.conv_act;
+}
+
+/// Readers of each value: nodes (inputs and subgraph captures) and graph outputs.
+fn reader_counts(g: &Graph) -> Vec<usize> {
+    let mut n = vec![0usize; g.values.len()];
+    for node in &g.nodes {
+        for &i in node.inputs.iter().flatten() {
+            n[i] += 1;
+        }
+        for &i in &node.implicit_inputs {
+            n[i] += 1;
+        }
+    }
+    for &o in &g.outputs {
+        // a graph output must stay a value of its own
+        n[o] += 2;
+    }
+    n
+}
+
+/// The index of the one node that reads `v`, if exactly one node (and nothing else) does.
+fn sole_reader(g: &Graph, readers: &[usize], v: ValueId) -> Option<usize> {
+    if readers[v] != 1 {
+        return None;
+    }
+    g.nodes
+        .iter()
+        .position(|n| n.inputs.iter().flatten().any(|&i| i == v))
+}
+
+fn is_f32(g: &Graph, v: ValueId) -> bool {
+    matches!(
+        &g.values[v].ty,
+        TypeInfo::Tensor {
+            dtype: Some(DataType::Float),
+            ..
+        }
+    )
+}
+
+fn const_of(g: &Graph, v: ValueId) -> Option<&Tensor> {
+    g.initializers.iter().find_map(|(id, val)| match val {
+        Value::Tensor(t) if *id == v => Some(t),
+        _ => None,
+    })
+}
+
+fn is_conv(n: &Node) -> bool {
+    (n.domain.is_empty() && n.op_type == "Conv")
+        || (n.domain == FUSED_CONV.0 && n.op_type == FUSED_CONV.1)
+}
+
+/// A plain Conv, or a FusedConv with no activation yet (its epilogue is still open).
+fn conv_open(n: &Node) -> bool {
+    is_conv(n) && n.attr("activation").is_none()
+}
+
+fn out0(n: &Node) -> Option<ValueId> {
+    n.outputs.first().copied().flatten()
+}
+
+/// Removes the nodes marked in `drop`, keeping the order of the others.
+fn remove_nodes(g: &mut Graph, drop: &[bool]) {
+    let mut i = 0;
+    g.nodes.retain(|_| {
+        let keep = !drop[i];
+        i += 1;
+        keep
+    });
+}
+
+fn set_init(g: &mut Graph, v: ValueId, t: Tensor) {
+    g.values[v].ty = Value::Tensor(t.clone()).type_info();
+    match g.initializers.iter_mut().find(|(id, _)| *id == v) {
+        Some(slot) => slot.1 = Value::Tensor(t),
+        None => g.initializers.push((v, Value::Tensor(t))),
+    }
+}
+
+/// A fresh value id for a new initializer.
+fn new_value(g: &mut Graph, name: String) -> ValueId {
+    g.values.push(crate::ir::ValueInfo {
+        name,
+        ty: TypeInfo::Unknown,
+    });
+    g.values.len() - 1
+}
+
+// ---------------------------------------------------------------- Conv + BatchNormalization
+
+fn conv_bn(g: &mut Graph) -> Result<usize> {
+    let mut count = 0;
+    let mut drop = vec![false; g.nodes.len()];
+    let readers = reader_counts(g);
+    for ci in 0..g.nodes.len() {
+        let conv = &g.nodes[ci];
+        if !conv_open(conv) || conv.inputs.len() > 3 {
+            continue;
+        }
+        let Some(y) = out0(conv) else { continue };
+        let Some(bi) = sole_reader(g, &readers, y) else {
+            continue;
+        };
+        let bn = &g.nodes[bi];
+        if !(bn.domain.is_empty() && bn.op_type == "BatchNormalization")
+            || bn.inputs.first() != Some(&Some(y))
+            || bn.outputs.iter().skip(1).any(|o| o.is_some())
+            || bn.get_i("training_mode", 0)? != 0
+            || !is_f32(g, y)
+        {
+            continue;
+        }
+        let Some(w_id) = conv.inputs.get(1).copied().flatten() else {
+            continue;
+        };
+        let b_id = conv.inputs.get(2).copied().flatten();
+        // W and B must be read by this Conv alone (their folded forms replace them)
+        if readers[w_id] != 1 || b_id.is_some_and(|b| readers[b] != 1) {
+            continue;
+        }
+        let params: Option<Vec<&Tensor>> = (1..5)
+            .map(|k| {
+                bn.inputs
+                    .get(k)
+                    .copied()
+                    .flatten()
+                    .and_then(|v| const_of(g, v))
+            })
+            .collect();
+        let (Some(params), Some(w)) = (params, const_of(g, w_id)) else {
+            continue;
+        };
+        let m = w.shape().first().copied().unwrap_or(0);
+        if w.dtype() != DataType::Float
+            || m == 0
+            || params
+                .iter()
+                .any(|p| p.dtype() != DataType::Float || p.len() != m)
+        {
+            continue;
+        }
+        let b = match b_id {
+            Some(b) => match const_of(g, b) {
+                Some(t) if t.dtype() == DataType::Float && t.len() == m => Some(t),
+                _ => continue,
+            },
+            None => None,
+        };
+        let eps = bn.get_f("epsilon", 1e-5)?;
+        let (scale, shift, mean, var) = (
+            params[0].as_slice::<f32>()?,
+            params[1].as_slice::<f32>()?,
+            params[2].as_slice::<f32>()?,
+            params[3].as_slice::<f32>()?,
+        );
+        // the same arithmetic as the BatchNormalization kernel: y = (x - mean) * s + shift,
+        // s = scale / sqrt(var + eps)
+        let s: Vec<f32> = (0..m)
+            .map(|c| scale[c] / libm::sqrtf(var[c] + eps))
+            .collect();
+        let wv = w.as_slice::<f32>()?;
+        let per = wv.len() / m;
+        let mut nw = Vec::with_capacity(wv.len());
+        for (c, row) in wv.chunks(per).enumerate() {
+            nw.extend(row.iter().map(|&x| x * s[c]));
+        }
+        let bv: Vec<f32> = match b {
+            Some(b) => b.as_slice::<f32>()?.to_vec(),
+            None => vec![0.0; m],
+        };
+        let nb: Vec<f32> = (0..m)
+            .map(|c| (bv[c] - mean[c]) * s[c] + shift[c])
+            .collect();
+        let (w_shape, bn_out, conv_name) = (w.shape().to_vec(), out0(bn), conv.name.clone());
+        let Some(bn_out) = bn_out else { continue };
+        set_init(g, w_id, Tensor::from_vec(&w_shape, nw)?);
+        let b_new = match b_id {
+            Some(b) => b,
+            None => new_value(g, alloc::format!("{conv_name}/folded_bias")),
+        };
+        set_init(g, b_new, Tensor::from_vec(&[m], nb)?);
+        let conv = &mut g.nodes[ci];
+        if conv.inputs.len() < 3 {
+            conv.inputs.resize(3, None);
+        }
+        conv.inputs[2] = Some(b_new);
+        conv.outputs[0] = Some(bn_out);
+        drop[bi] = true;
+        count += 1;
+    }
+    remove_nodes(g, &drop);
+    Ok(count)
+}
+
+// ---------------------------------------------------------------- Conv + constant affine
+
+/// A constant that holds one value for all channels or one per channel of a rank-`rank`
+/// output with `m` channels (shape `[]`, `[1]`, `[M, 1, 1]`, `[1, M, 1, 1]`, ...): its values,
+/// expanded to `m`.
+fn per_channel(g: &Graph, v: Option<ValueId>, m: usize, rank: usize) -> Option<Vec<f32>> {
+    let c = const_of(g, v?)?;
+    let cs = c.shape();
+    if c.dtype() != DataType::Float || m == 0 || rank < 2 || cs.len() > rank {
+        return None;
+    }
+    let vals = c.as_slice::<f32>().ok()?;
+    if c.len() == 1 {
+        return Some(vec![vals[0]; m]);
+    }
+    let aligned = c.len() == m
+        && cs
+            .iter()
+            .enumerate()
+            .all(|(i, &d)| d == if i + rank - cs.len() == 1 { m } else { 1 });
+    aligned.then(|| vals.to_vec())
+}
+
+/// `Mul(Conv(X, W[, B]), s)` and `Add(Conv(X, W[, B]), c)` with `s`, `c` constants of one
+/// value per output channel or one for all: `s` scales W and B, `c` joins B (the affine
+/// blocks and separate bias Adds exporters write after a convolution). Repeated while the
+/// next node is another such Mul or Add. The bias is then added before the products instead
+/// of after them, and `W * s` is rounded once: within a rounding or two of the chain.
+fn conv_affine(g: &mut Graph) -> Result<usize> {
+    let mut count = 0;
+    let readers = reader_counts(g);
+    let mut drop = vec![false; g.nodes.len()];
+    for ci in 0..g.nodes.len() {
+        loop {
+            let conv = &g.nodes[ci];
+            if !conv_open(conv) || conv.inputs.len() > 3 {
+                break;
+            }
+            let Some(y) = out0(conv) else { break };
+            let Some(ni) = sole_reader(g, &readers, y) else {
+                break;
+            };
+            let op = &g.nodes[ni];
+            let is_mul = is_op(op, "Mul");
+            if !(is_mul || is_op(op, "Add")) || op.inputs.len() != 2 || !is_f32(g, y) {
+                break;
+            }
+            let other = if op.inputs[0] == Some(y) {
+                op.inputs[1]
+            } else {
+                op.inputs[0]
+            };
+            let Some(w_id) = conv.inputs.get(1).copied().flatten() else {
+                break;
+            };
+            let Some(w) = const_of(g, w_id) else { break };
+            let m = w.shape().first().copied().unwrap_or(0);
+            let rank = g.values[y].ty.tensor_shape().map_or(0, |s| s.len());
+            let Some(cv) = per_channel(g, other, m, rank) else {
+                break;
+            };
+            let b_id = conv.inputs.get(2).copied().flatten();
+            if b_id.is_some_and(|b| readers[b] != 1)
+                || (is_mul && (readers[w_id] != 1 || w.dtype() != DataType::Float))
+            {
+                break;
+            }
+            let mut nb: Vec<f32> = match b_id {
+                Some(b) => match const_of(g, b) {
+                    Some(t) if t.dtype() == DataType::Float && t.len() == m => {
+                        t.as_slice::<f32>()?.to_vec()
+                    }
+                    _ => break,
+                },
+                None => vec![0.0; m],
+            };
+            let (Some(out), conv_name, w_shape) = (out0(op), conv.name.clone(), w.shape().to_vec())
+            else {
+                break;
+            };
+            if is_mul {
+                let wv = w.as_slice::<f32>()?;
+                let per = wv.len() / m;
+                let nw: Vec<f32> = wv
+                    .chunks(per)
+                    .zip(&cv)
+                    .flat_map(|(row, &s)| row.iter().map(move |&x| x * s))
+                    .collect();
+                set_init(g, w_id, Tensor::from_vec(&w_shape, nw)?);
+                nb.iter_mut().zip(&cv).for_each(|(b, &s)| *b *= s);
+            } else {
+                nb.iter_mut().zip(&cv).for_each(|(b, &c)| *b += c);
+            }
+            let b_new = match b_id {
+                Some(b) => b,
+                None => new_value(g, alloc::format!("{conv_name}/bias")),
+            };
+            set_init(g, b_new, Tensor::from_vec(&[m], nb)?);
+            let conv = &mut g.nodes[ci];
+            conv.inputs.resize(3, None);
+            conv.inputs[2] = Some(b_new);
+            conv.outputs[0] = Some(out);
+            drop[ni] = true;
+            count += 1;
+        }
+    }
+    remove_nodes(g, &drop);
+    Ok(count)
+}
+
+// ---------------------------------------------------------------- Conv + Add (residual)
+
+fn same_known_shape(a: &TypeInfo, b: &TypeInfo) -> bool {
+    match (a.tensor_shape(), b.tensor_shape()) {
+        (Some(x), Some(y)) => {
+            x.len() == y.len()
+                && x.iter().zip(y).all(|(p, q)| match (p, q) {
+                    (Dim::Known(p), Dim::Known(q)) => p == q,
+                    (Dim::Sym(p), Dim::Sym(q)) => p == q,
+                    _ => false,
+                })
+        }
+        _ => false,
+    }
+}
+
+fn conv_add(g: &mut Graph) -> usize {
+    let mut count = 0;
+    let readers = reader_counts(g);
+    let mut drop = vec![false; g.nodes.len()];
+    for ci in 0..g.nodes.len() {
+        let conv = &g.nodes[ci];
+        if drop[ci] || !conv_open(conv) || conv.inputs.len() > 3 {
+            continue;
+        }
+        let Some(y) = out0(conv) else { continue };
+        let Some(ai) = sole_reader(g, &readers, y) else {
+            continue;
+        };
+        let add = &g.nodes[ai];
+        if !(add.domain.is_empty() && add.op_type == "Add") || add.inputs.len() != 2 {
+            continue;
+        }
+        let (Some(l), Some(r)) = (add.inputs[0], add.inputs[1]) else {
+            continue;
+        };
+        let z = if l == y { r } else { l };
+        let Some(sum) = out0(add) else { continue };
+        // no broadcast: Z has the convolution's own shape (and so does the sum)
+        if z == y
+            || !is_f32(g, y)
+            || !is_f32(g, z)
+            || !same_known_shape(&g.values[y].ty, &g.values[z].ty)
+            || !same_known_shape(&g.values[y].ty, &g.values[sum].ty)
+        {
+            continue;
+        }
+        // The fused node takes the Add's place (Z may be computed after the Conv; the Conv's
+        // own inputs are all defined before the Add too).
+        let mut fused = g.nodes[ci].clone();
+        fused.domain = FUSED_CONV.0.to_string();
+        fused.op_type = FUSED_CONV.1.to_string();
+        fused.opset = 1;
+        fused.inputs.resize(3, None);
+        fused.inputs.push(Some(z));
+        fused.outputs = vec![Some(sum)];
+        g.nodes[ai] = fused;
+        drop[ci] = true;
+        count += 1;
+    }
+    remove_nodes(g, &drop);
+    count
+}
+
+// ---------------------------------------------------------------- Conv + activation
+
+/// The activation a node applies to its only input, as FusedConv's `activation` and
+/// `activation_params`; `None` if it is not one (or its parameters are not constant).
+fn activation_of(g: &Graph, n: &Node) -> Result<Option<(&'static str, Vec<f32>)>> {
+    if !n.domain.is_empty() {
+        return Ok(None);
+    }
+    Ok(Some(match n.op_type.as_str() {
+        "Relu" => ("Relu", vec![]),
+        "Sigmoid" => ("Sigmoid", vec![]),
+        "Tanh" => ("Tanh", vec![]),
+        "HardSwish" => ("HardSwish", vec![]),
+        "LeakyRelu" => ("LeakyRelu", vec![n.get_f("alpha", 0.01)?]),
+        "HardSigmoid" => (
+            "HardSigmoid",
+            vec![n.get_f("alpha", 0.2)?, n.get_f("beta", 0.5)?],
+        ),
+        "Clip" => match clip_bounds(g, n)? {
+            Some((lo, hi)) => ("Clip", vec![lo, hi]),
+            None => return Ok(None),
+        },
+        _ => return Ok(None),
+    }))
+}
+
+/// A float32 scalar constant.
+fn scalar_const(g: &Graph, v: Option<ValueId>) -> Option<f32> {
+    let t = const_of(g, v?)?;
+    if t.dtype() != DataType::Float || t.len() != 1 {
+        return None;
+    }
+    t.as_slice::<f32>().ok().map(|s| s[0])
+}
+
+/// Clip's bounds when they are constants (attributes before opset 11, inputs after; a missing
+/// bound is unbounded).
+fn clip_bounds(g: &Graph, n: &Node) -> Result<Option<(f32, f32)>> {
+    if n.opset < 11 {
+        return Ok(Some((n.get_f("min", f32::MIN)?, n.get_f("max", f32::MAX)?)));
+    }
+    let bound = |k: usize, default: f32| match n.inputs.get(k).copied().flatten() {
+        None => Some(default),
+        v => scalar_const(g, v),
+    };
+    Ok(bound(1, f32::NEG_INFINITY).zip(bound(2, f32::INFINITY)))
+}
+
+fn is_op(n: &Node, op: &str) -> bool {
+    n.domain.is_empty() && n.op_type == op
+}
+
+/// HardSwish as exporters spell it out after a convolution's output `y`:
+/// `Div(Mul(y, Clip(Add(y, shift), lo, hi)), div)` (either operand order in Add and Mul), with
+/// `y` read by the Add and the Mul only. Returns the four nodes (Add, Clip, Mul, Div) and the
+/// parameters (shift, lo, hi, div).
+fn hardswish_parts(
+    g: &Graph,
+    readers: &[usize],
+    y: ValueId,
+) -> Result<Option<([usize; 4], Vec<f32>)>> {
+    if readers[y] != 2 {
+        return Ok(None);
+    }
+    let rd: Vec<usize> = (0..g.nodes.len())
+        .filter(|&i| g.nodes[i].inputs.iter().flatten().any(|&v| v == y))
+        .collect();
+    let (ai, mi) = match *rd.as_slice() {
+        [p, q] if is_op(&g.nodes[p], "Add") && is_op(&g.nodes[q], "Mul") => (p, q),
+        [p, q] if is_op(&g.nodes[q], "Add") && is_op(&g.nodes[p], "Mul") => (q, p),
+        _ => return Ok(None),
+    };
+    let other = |n: &Node| -> Option<ValueId> {
+        match (
+            n.inputs.first().copied().flatten(),
+            n.inputs.get(1).copied().flatten(),
+        ) {
+            (Some(a), Some(b)) if n.inputs.len() == 2 && a == y && b != y => Some(b),
+            (Some(a), Some(b)) if n.inputs.len() == 2 && b == y && a != y => Some(a),
+            _ => None,
+        }
+    };
+    let Some(shift) = scalar_const(g, other(&g.nodes[ai])) else {
+        return Ok(None);
+    };
+    let Some(a) = out0(&g.nodes[ai]) else {
+        return Ok(None);
+    };
+    let Some(ki) = sole_reader(g, readers, a) else {
+        return Ok(None);
+    };
+    let clip = &g.nodes[ki];
+    if !is_op(clip, "Clip") || clip.inputs.first() != Some(&Some(a)) {
+        return Ok(None);
+    }
+    let Some((lo, hi)) = clip_bounds(g, clip)? else {
+        return Ok(None);
+    };
+    let k = out0(clip);
+    if k.is_none() || other(&g.nodes[mi]) != k {
+        return Ok(None);
+    }
+    let Some(m) = out0(&g.nodes[mi]) else {
+        return Ok(None);
+    };
+    let Some(di) = sole_reader(g, readers, m) else {
+        return Ok(None);
+    };
+    let div = &g.nodes[di];
+    if !is_op(div, "Div") || div.inputs.len() != 2 || div.inputs[0] != Some(m) {
+        return Ok(None);
+    }
+    let Some(d) = scalar_const(g, div.inputs[1]) else {
+        return Ok(None);
+    };
+    let all_f32 = [Some(a), k, Some(m), out0(div)]
+        .iter()
+        .all(|v| v.is_some_and(|v| is_f32(g, v)));
+    if !all_f32 {
+        return Ok(None);
+    }
+    Ok(Some(([ai, ki, mi, di], vec![shift, lo, hi, d])))
+}
+
+fn conv_act(g: &mut Graph) -> Result<usize> {
+    let mut count = 0;
+    let readers = reader_counts(g);
+    let mut drop = vec![false; g.nodes.len()];
+    for ci in 0..g.nodes.len() {
+        let conv = &g.nodes[ci];
+        if !conv_open(conv) {
+            continue;
+        }
+        let Some(y) = out0(conv) else { continue };
+        if !is_f32(g, y) {
+            continue;
+        }
+        let (gone, name, params, out) =
+            if let Some((nodes, params)) = hardswish_parts(g, &readers, y)? {
+                let Some(out) = out0(&g.nodes[nodes[3]]) else {
+                    continue;
+                };
+                (nodes.to_vec(), "HardSwish", params, out)
+            } else {
+                let Some(ai) = sole_reader(g, &readers, y) else {
+                    continue;
+                };
+                let act = &g.nodes[ai];
+                if act.inputs.first() != Some(&Some(y)) {
+                    continue;
+                }
+                let Some((name, params)) = activation_of(g, act)? else {
+                    continue;
+                };
+                let Some(out) = out0(act) else { continue };
+                (vec![ai], name, params, out)
+            };
+        if gone.iter().any(|&i| drop[i]) {
+            continue;
+        }
+        let conv = &mut g.nodes[ci];
+        if conv.domain.is_empty() {
+            conv.domain = FUSED_CONV.0.to_string();
+            conv.op_type = FUSED_CONV.1.to_string();
+            conv.opset = 1;
+        }
+        conv.attrs.push((
+            "activation".to_string(),
+            AttrValue::String(name.as_bytes().to_vec()),
+        ));
+        if !params.is_empty() {
+            conv.attrs
+                .push(("activation_params".to_string(), AttrValue::Floats(params)));
+        }
+        conv.outputs[0] = Some(out);
+        for i in gone {
+            drop[i] = true;
+        }
+        count += 1;
+    }
+    remove_nodes(g, &drop);
+    Ok(count)
+}

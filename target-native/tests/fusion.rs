@@ -1,0 +1,411 @@
+//! The CPU fusions (`nxrt_core::fuse`, on at the default `OptLevel::All`): Conv +
+//! BatchNormalization folding and Conv + residual Add + activation as one `FusedConv`. Each
+//! fused graph is run against the same model at `OptLevel::Basic` (no fusions), on every
+//! convolution path (depthwise, pointwise, im2col) and at 1 and 2 threads.
+
+use nxrt::{OptLevel, Session, Tensor};
+use nxrt_core::proto::{
+    attr_type, AttributeProto, GraphProto, ModelProto, NodeProto, OperatorSetIdProto, TensorProto,
+};
+use prost::Message;
+
+mod common;
+use common::{f32s, node, vi};
+
+fn model(graph: GraphProto) -> Vec<u8> {
+    ModelProto {
+        ir_version: 9,
+        opset_import: vec![OperatorSetIdProto {
+            domain: String::new(),
+            version: 17,
+        }],
+        graph: Some(graph),
+        ..Default::default()
+    }
+    .encode_to_vec()
+}
+
+fn ints(name: &str, v: &[i64]) -> AttributeProto {
+    AttributeProto {
+        name: name.into(),
+        r#type: attr_type::INTS,
+        ints: v.to_vec(),
+        ..Default::default()
+    }
+}
+
+fn int(name: &str, v: i64) -> AttributeProto {
+    AttributeProto {
+        name: name.into(),
+        r#type: attr_type::INT,
+        i: v,
+        ..Default::default()
+    }
+}
+
+fn float(name: &str, v: f32) -> AttributeProto {
+    AttributeProto {
+        name: name.into(),
+        r#type: attr_type::FLOAT,
+        f: v,
+        ..Default::default()
+    }
+}
+
+/// Deterministic values in about [-1, 1).
+fn data(n: usize, seed: u32) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(2_654_435_761).wrapping_add(12345);
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 17;
+            s ^= s << 5;
+            (s % 2000) as f32 / 1000.0 - 1.0
+        })
+        .collect()
+}
+
+/// One convolution's shape: channels in/out, group, kernel, stride, pad, spatial size.
+#[derive(Clone, Copy)]
+struct Case {
+    c: usize,
+    m: usize,
+    group: usize,
+    k: usize,
+    stride: usize,
+    pad: usize,
+    hw: usize,
+}
+
+impl Case {
+    fn out_hw(&self) -> usize {
+        (self.hw + 2 * self.pad - self.k) / self.stride + 1
+    }
+}
+
+const CASES: &[Case] = &[
+    // depthwise 3x3, stride 2
+    Case {
+        c: 8,
+        m: 8,
+        group: 8,
+        k: 3,
+        stride: 2,
+        pad: 1,
+        hw: 9,
+    },
+    // pointwise
+    Case {
+        c: 6,
+        m: 10,
+        group: 1,
+        k: 1,
+        stride: 1,
+        pad: 0,
+        hw: 7,
+    },
+    // im2col 3x3 with padding, grouped
+    Case {
+        c: 6,
+        m: 4,
+        group: 2,
+        k: 3,
+        stride: 1,
+        pad: 1,
+        hw: 8,
+    },
+];
+
+/// x -> Conv(W, B) [-> BatchNormalization] [-> Add(r)] [-> act] -> y, with `tap` also reading
+/// the Conv output when set (which must block its fusion).
+fn conv_chain(cs: Case, bn: bool, residual: bool, act: Option<NodeProto>, tap: bool) -> Vec<u8> {
+    let (c, m, k) = (cs.c, cs.m, cs.k);
+    let (hw, oh) = (cs.hw.to_string(), cs.out_hw().to_string());
+    let mut conv = node("Conv", &["x", "w", "b"], &["t0"]);
+    conv.attribute = vec![
+        int("group", cs.group as i64),
+        ints("kernel_shape", &[k as i64, k as i64]),
+        ints("strides", &[cs.stride as i64, cs.stride as i64]),
+        ints("pads", &[cs.pad as i64; 4]),
+    ];
+    let mut nodes = vec![conv];
+    let mut init = vec![
+        f32s(
+            "w",
+            &[m as i64, (c / cs.group) as i64, k as i64, k as i64],
+            &data(m * c / cs.group * k * k, 1),
+        ),
+        f32s("b", &[m as i64], &data(m, 2)),
+    ];
+    let mut cur = "t0".to_string();
+    if bn {
+        let mut n = node(
+            "BatchNormalization",
+            &[&cur, "bn_s", "bn_b", "bn_m", "bn_v"],
+            &["t1"],
+        );
+        n.attribute.push(float("epsilon", 1e-3));
+        nodes.push(n);
+        init.push(f32s("bn_s", &[m as i64], &data(m, 3)));
+        init.push(f32s("bn_b", &[m as i64], &data(m, 4)));
+        init.push(f32s("bn_m", &[m as i64], &data(m, 5)));
+        let var: Vec<f32> = data(m, 6).iter().map(|v| v.abs() + 0.1).collect();
+        init.push(f32s("bn_v", &[m as i64], &var));
+        cur = "t1".into();
+    }
+    let mut inputs = vec![vi("x", 1, &["1", &c.to_string(), &hw, &hw])];
+    if residual {
+        nodes.push(node("Add", &["r", &cur], &["t2"]));
+        inputs.push(vi("r", 1, &["1", &m.to_string(), &oh, &oh]));
+        cur = "t2".into();
+    }
+    if let Some(mut a) = act {
+        a.input[0] = cur.clone();
+        a.output = vec!["t3".into()];
+        nodes.push(a);
+        cur = "t3".into();
+    }
+    nodes.push(node("Identity", &[&cur], &["y"]));
+    let mut outputs = vec![vi("y", 1, &[])];
+    if tap {
+        nodes.push(node("Neg", &["t0"], &["tap"]));
+        outputs.push(vi("tap", 1, &[]));
+    }
+    model(GraphProto {
+        name: "chain".into(),
+        node: nodes,
+        initializer: init,
+        input: inputs,
+        output: outputs,
+        ..Default::default()
+    })
+}
+
+fn activations() -> Vec<(&'static str, NodeProto)> {
+    let mut leaky = node("LeakyRelu", &["_"], &["_"]);
+    leaky.attribute.push(float("alpha", 0.3));
+    let mut hsig = node("HardSigmoid", &["_"], &["_"]);
+    hsig.attribute.push(float("alpha", 0.25));
+    vec![
+        ("Relu", node("Relu", &["_"], &["_"])),
+        ("HardSwish", node("HardSwish", &["_"], &["_"])),
+        ("Sigmoid", node("Sigmoid", &["_"], &["_"])),
+        ("LeakyRelu", leaky),
+        ("HardSigmoid", hsig),
+        ("Clip", node("Clip", &["_", "lo", "hi"], &["_"])),
+    ]
+}
+
+/// Adds Clip's bounds as initializers when the model has a Clip.
+fn with_clip_bounds(bytes: Vec<u8>) -> Vec<u8> {
+    let mut m = ModelProto::decode(bytes.as_slice()).unwrap();
+    let g = m.graph.as_mut().unwrap();
+    if g.node.iter().any(|n| n.op_type == "Clip") {
+        let scalar = |name: &str, v: f32| TensorProto {
+            name: name.into(),
+            data_type: 1,
+            float_data: vec![v],
+            ..Default::default()
+        };
+        g.initializer.push(scalar("lo", -0.25));
+        g.initializer.push(scalar("hi", 0.5));
+    }
+    m.encode_to_vec()
+}
+
+fn run(bytes: &[u8], level: OptLevel, threads: usize, cs: Case) -> (Vec<Tensor>, Vec<String>) {
+    let s = Session::builder()
+        .optimization(level)
+        .threads(threads)
+        .load_bytes(bytes)
+        .unwrap();
+    let x = Tensor::from_vec(&[1, cs.c, cs.hw, cs.hw], data(cs.c * cs.hw * cs.hw, 7)).unwrap();
+    let oh = cs.out_hw();
+    let r = Tensor::from_vec(&[1, cs.m, oh, oh], data(cs.m * oh * oh, 8)).unwrap();
+    let names: Vec<String> = s.inputs().iter().map(|i| i.name.clone()).collect();
+    let feeds: Vec<(&str, Tensor)> = names
+        .iter()
+        .map(|n| (n.as_str(), if n == "x" { x.clone() } else { r.clone() }))
+        .collect();
+    let out = s.run(feeds).unwrap();
+    let mut tensors = vec![out["y"].as_tensor().unwrap().clone()];
+    if let Some(t) = out.get("tap") {
+        tensors.push(t.as_tensor().unwrap().clone());
+    }
+    let ops = s
+        .core()
+        .graph()
+        .nodes
+        .iter()
+        .map(|n| n.op_type.clone())
+        .collect();
+    (tensors, ops)
+}
+
+fn values(t: &Tensor) -> Vec<f32> {
+    t.as_slice::<f32>().unwrap().to_vec()
+}
+
+#[test]
+fn conv_add_and_activation_fuse_into_one_node_with_identical_results() {
+    for &cs in CASES {
+        for (name, act) in activations() {
+            for residual in [false, true] {
+                let bytes =
+                    with_clip_bounds(conv_chain(cs, false, residual, Some(act.clone()), false));
+                for threads in [1, 2] {
+                    let (want, plain_ops) = run(&bytes, OptLevel::Basic, threads, cs);
+                    let (got, ops) = run(&bytes, OptLevel::All, threads, cs);
+                    assert!(plain_ops.iter().any(|o| o == name), "{plain_ops:?}");
+                    assert_eq!(
+                        ops,
+                        ["FusedConv", "Identity"],
+                        "{name} residual {residual}: the chain is one node"
+                    );
+                    // the same vector activation, applied to the same sums: bit-identical
+                    assert_eq!(
+                        values(&got[0]),
+                        values(&want[0]),
+                        "{name} residual {residual} group {} k {} threads {threads}",
+                        cs.group,
+                        cs.k
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn batch_normalization_folds_into_the_convolution() {
+    for &cs in CASES {
+        for act in [None, Some(node("Relu", &["_"], &["_"]))] {
+            let bytes = conv_chain(cs, true, true, act.clone(), false);
+            let (want, plain_ops) = run(&bytes, OptLevel::Basic, 1, cs);
+            let (got, ops) = run(&bytes, OptLevel::All, 1, cs);
+            assert!(plain_ops.iter().any(|o| o == "BatchNormalization"));
+            assert_eq!(ops, ["FusedConv", "Identity"], "BN, Add and act fold away");
+            let (g, w) = (values(&got[0]), values(&want[0]));
+            let scale = w.iter().fold(0f32, |a, v| a.max(v.abs()));
+            for (i, (a, b)) in g.iter().zip(&w).enumerate() {
+                // one rounding of w * s instead of a separate multiply per output
+                assert!(
+                    (a - b).abs() <= 1e-5 * scale + 1e-6,
+                    "group {} act {}: at {i}: {a} vs {b}",
+                    cs.group,
+                    act.is_some()
+                );
+            }
+            assert_ne!(
+                g,
+                values(
+                    &run(
+                        &conv_chain(cs, false, true, act, false),
+                        OptLevel::All,
+                        1,
+                        cs
+                    )
+                    .0[0]
+                ),
+                "the BN's effect is in the result"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_convolution_read_twice_or_exposed_is_not_fused() {
+    let cs = CASES[2];
+    let bytes = conv_chain(cs, true, true, Some(node("Relu", &["_"], &["_"])), true);
+    let (want, _) = run(&bytes, OptLevel::Basic, 1, cs);
+    let (got, ops) = run(&bytes, OptLevel::All, 1, cs);
+    // the Conv's output is also read by Neg: nothing may fold into it
+    assert!(ops.iter().any(|o| o == "Conv"), "{ops:?}");
+    assert!(ops.iter().any(|o| o == "BatchNormalization"), "{ops:?}");
+    assert_eq!(values(&got[0]), values(&want[0]));
+    assert_eq!(values(&got[1]), values(&want[1]));
+}
+
+/// `y = Conv(x); out = Div(Mul(Clip(Add(y, 3), 0, 6), y), 6)`, as PaddlePaddle exports
+/// HardSwish (`tap`: the Conv output is also read by another node).
+fn spelled_hardswish(cs: Case, tap: bool) -> Vec<u8> {
+    let mut m = ModelProto::decode(conv_chain(cs, false, false, None, tap).as_slice()).unwrap();
+    let g = m.graph.as_mut().unwrap();
+    g.node.retain(|n| n.op_type != "Identity");
+    g.node.push(node("Add", &["t0", "three"], &["a"]));
+    g.node.push(node("Clip", &["a", "zero", "six"], &["k"]));
+    g.node.push(node("Mul", &["k", "t0"], &["mm"]));
+    g.node.push(node("Div", &["mm", "six"], &["y"]));
+    for (name, v) in [("three", 3.0f32), ("zero", 0.0), ("six", 6.0)] {
+        g.initializer.push(TensorProto {
+            name: name.into(),
+            data_type: 1,
+            float_data: vec![v],
+            ..Default::default()
+        });
+    }
+    m.encode_to_vec()
+}
+
+#[test]
+fn hardswish_spelled_out_after_a_convolution_fuses_with_identical_results() {
+    for &cs in CASES {
+        let bytes = spelled_hardswish(cs, false);
+        for threads in [1, 2] {
+            let (want, plain_ops) = run(&bytes, OptLevel::Basic, threads, cs);
+            let (got, ops) = run(&bytes, OptLevel::All, threads, cs);
+            assert_eq!(plain_ops, ["Conv", "Add", "Clip", "Mul", "Div"]);
+            assert_eq!(ops, ["FusedConv"], "the chain is one node");
+            assert_eq!(
+                values(&got[0]),
+                values(&want[0]),
+                "group {} threads {threads}",
+                cs.group
+            );
+        }
+    }
+    // with the Conv output also read elsewhere the chain stays as it is
+    let (_, ops) = run(
+        &spelled_hardswish(CASES[0], true),
+        OptLevel::All,
+        1,
+        CASES[0],
+    );
+    assert!(ops.iter().any(|o| o == "Div"), "{ops:?}");
+}
+
+#[test]
+fn constant_scales_and_shifts_fold_into_the_convolution() {
+    // Conv -> Mul(scalar) -> Add(one per channel, [1, M, 1, 1]) -> Mul(one per channel,
+    // [M, 1, 1]) -> Relu: the affine steps fold into W and B, the Relu into the epilogue
+    for &cs in CASES {
+        let mut m =
+            ModelProto::decode(conv_chain(cs, false, false, None, false).as_slice()).unwrap();
+        let g = m.graph.as_mut().unwrap();
+        g.node.retain(|n| n.op_type != "Identity");
+        g.node.push(node("Mul", &["s", "t0"], &["u1"]));
+        g.node.push(node("Add", &["u1", "c"], &["u2"]));
+        g.node.push(node("Mul", &["u2", "s2"], &["u3"]));
+        g.node.push(node("Relu", &["u3"], &["y"]));
+        let mm = cs.m as i64;
+        g.initializer.push(f32s("s", &[1], &[1.7]));
+        g.initializer
+            .push(f32s("c", &[1, mm, 1, 1], &data(cs.m, 9)));
+        g.initializer.push(f32s("s2", &[mm, 1, 1], &data(cs.m, 10)));
+        let bytes = m.encode_to_vec();
+        let (want, plain_ops) = run(&bytes, OptLevel::Basic, 1, cs);
+        let (got, ops) = run(&bytes, OptLevel::All, 1, cs);
+        assert_eq!(plain_ops, ["Conv", "Mul", "Add", "Mul", "Relu"]);
+        assert_eq!(ops, ["FusedConv"], "the chain is one node");
+        let (g, w) = (values(&got[0]), values(&want[0]));
+        let scale = w.iter().fold(0f32, |a, v| a.max(v.abs()));
+        assert!(scale > 0.0);
+        for (i, (a, b)) in g.iter().zip(&w).enumerate() {
+            assert!(
+                (a - b).abs() <= 1e-5 * scale,
+                "group {}: at {i}: {a} vs {b}",
+                cs.group
+            );
+        }
+    }
+}
