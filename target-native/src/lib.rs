@@ -185,6 +185,26 @@ impl ExternalDataSource for MappedModel<'_> {
     }
 }
 
+/// Tunes glibc's allocator, once per process, to keep freed memory for reuse: by default
+/// glibc maps every block above 128 KiB afresh and returns freed memory above 128 KiB at the
+/// top of its heap to the kernel, so the temporaries of a kernel that runs every few
+/// microseconds cost system calls and page faults on every run (asr_nemo128: 1.13 -> 0.74 ms).
+/// With this, blocks up to 32 MiB come from the heap and up to 256 MiB of freed memory stays
+/// in it, which is what an arena allocator (ONNX Runtime's, for one) does. The session's own
+/// activations already live in its planned arena. Elsewhere than glibc this does nothing.
+pub fn keep_freed_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        static ONCE: std::sync::Once = std::sync::Once::new();
+        ONCE.call_once(|| unsafe {
+            // SAFETY: mallopt only sets allocator parameters; both values are in range
+            // (32 MiB is glibc's largest mmap threshold on 64-bit targets).
+            libc::mallopt(libc::M_MMAP_THRESHOLD, 32 << 20);
+            libc::mallopt(libc::M_TRIM_THRESHOLD, 256 << 20);
+        });
+    }
+}
+
 /// Configures and loads a [`Session`].
 #[derive(Clone, Debug)]
 pub struct SessionBuilder {
@@ -193,6 +213,7 @@ pub struct SessionBuilder {
     optimization: OptLevel,
     mode: ExecMode,
     phase_profile: bool,
+    keep_freed_memory: bool,
 }
 
 impl Default for SessionBuilder {
@@ -203,6 +224,7 @@ impl Default for SessionBuilder {
             optimization: OptLevel::All,
             mode: ExecMode::Planned,
             phase_profile: false,
+            keep_freed_memory: true,
         }
     }
 }
@@ -231,6 +253,13 @@ impl SessionBuilder {
     /// own gate).
     pub fn phase_profile(mut self, on: bool) -> Self {
         self.phase_profile = on;
+        self
+    }
+
+    /// Whether loading tunes the C allocator to keep freed memory for reuse (default on; see
+    /// [`keep_freed_memory`]). Off leaves the process's allocator as it is.
+    pub fn keep_freed_memory(mut self, on: bool) -> Self {
+        self.keep_freed_memory = on;
         self
     }
 
@@ -330,6 +359,9 @@ impl SessionBuilder {
         ext: &dyn ExternalDataSource,
     ) -> Result<Session> {
         read_profiling_env();
+        if self.keep_freed_memory {
+            keep_freed_memory();
+        }
         let (providers, threads) = self.provider_list()?;
         let model = decode(ext)?;
         let t_loaded = now_ns();
