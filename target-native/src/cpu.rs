@@ -71,7 +71,7 @@ impl NativeCpu {
             let rows = m.div_ceil(t).div_ceil(8) * 8;
             let blocks = m.div_ceil(rows);
             let (cp, clen) = (CPtr(c.as_mut_ptr()), c.len());
-            self.pool.run(blocks, &|q| {
+            self.pool.run_work(blocks, m * n * k, &|q| {
                 let i0 = q * rows;
                 let h = rows.min(m - i0);
                 let start = i0 * g.ldc;
@@ -91,7 +91,7 @@ impl NativeCpu {
         let cols = n.div_ceil(t).div_ceil(32) * 32;
         let blocks = n.div_ceil(cols);
         let cp = CPtr(c.as_mut_ptr());
-        self.pool.run(blocks, &|q| {
+        self.pool.run_work(blocks, m * n * k, &|q| {
             let j0 = q * cols;
             let w = cols.min(n - j0);
             let mut tile = nxrt_core::simd::scratch::<f32>(m * w);
@@ -145,7 +145,7 @@ impl CpuBackend for NativeCpu {
         if work < PAR_MIN_WORK {
             (0..n).for_each(f)
         } else {
-            self.pool.run(n, f)
+            self.pool.run_work(n, work, f)
         }
     }
 

@@ -23,7 +23,11 @@ use std::time::{Duration, Instant};
 
 /// How long an idle helper spins (checking for the next job) before it sleeps, unless
 /// `NXRT_SPIN_US` says otherwise.
-const SPIN: Duration = Duration::from_micros(100);
+const SPIN: Duration = Duration::from_micros(200);
+
+/// Jobs smaller than this (in simple operations, about 0.3 ms of work on one core) do not
+/// wake sleeping helpers.
+pub const WAKE_MIN_WORK: usize = 1 << 20;
 
 fn spin_time() -> Duration {
     static T: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
@@ -138,13 +142,23 @@ impl Pool {
     /// when all have run. A panic in any task is resumed on the caller once no helper is
     /// inside the job.
     pub fn run(&self, n: usize, f: &(dyn Fn(usize) + Sync)) {
+        self.run_work(n, usize::MAX, f)
+    }
+
+    /// [`run`](Self::run) for a job of about `work` simple operations: below [`WAKE_MIN_WORK`]
+    /// it only uses helpers that are awake (spinning after a recent job), never paying a
+    /// wake-up (a system call, and on a virtual machine an interrupt to another CPU) for less
+    /// work than the wake-up costs.
+    pub fn run_work(&self, n: usize, work: usize, f: &(dyn Fn(usize) + Sync)) {
         let sh = &*self.shared;
         if n == 0 {
             return;
         }
+        let all_asleep = || sh.sleepers.load(SeqCst) >= self.helpers.len();
         if n == 1
             || self.helpers.is_empty()
             || IN_JOB.with(|c| c.get())
+            || (work < WAKE_MIN_WORK && all_asleep())
             || sh
                 .busy
                 .compare_exchange(false, true, SeqCst, SeqCst)
@@ -335,6 +349,26 @@ mod tests {
                 "round {round}: the helper ran nothing"
             );
         }
+    }
+
+    #[test]
+    fn a_small_job_does_not_wake_a_sleeping_helper() {
+        let pool = Pool::new(2).unwrap();
+        let main = std::thread::current().id();
+        let on_helper = |work: usize| {
+            // long enough for the helper to stop spinning and sleep
+            std::thread::sleep(spin_time() * 20 + Duration::from_millis(5));
+            let other = AtomicUsize::new(0);
+            pool.run_work(64, work, &|_| {
+                if std::thread::current().id() != main {
+                    other.fetch_add(1, SeqCst);
+                }
+                std::thread::sleep(Duration::from_micros(200));
+            });
+            other.load(SeqCst)
+        };
+        assert_eq!(on_helper(WAKE_MIN_WORK - 1), 0, "a small job ran on the helper");
+        assert!(on_helper(WAKE_MIN_WORK) > 0, "a large job left the helper asleep");
     }
 
     #[test]
