@@ -367,8 +367,15 @@ mod tests {
             });
             other.load(SeqCst)
         };
-        assert_eq!(on_helper(WAKE_MIN_WORK - 1), 0, "a small job ran on the helper");
-        assert!(on_helper(WAKE_MIN_WORK) > 0, "a large job left the helper asleep");
+        assert_eq!(
+            on_helper(WAKE_MIN_WORK - 1),
+            0,
+            "a small job ran on the helper"
+        );
+        assert!(
+            on_helper(WAKE_MIN_WORK) > 0,
+            "a large job left the helper asleep"
+        );
     }
 
     #[test]

@@ -219,6 +219,31 @@ impl Geom {
     fn nd(&self) -> usize {
         self.inp.len()
     }
+
+    /// The same convolution without its unit axes (input, kernel and output extent 1, no
+    /// padding), which add nothing but per-element work to im2col: magika's [512, 1] planes
+    /// with a [5, 1] kernel become 1-D runs. At least one axis stays.
+    fn squeezed(&self) -> Geom {
+        let keep: Vec<usize> = (0..self.nd())
+            .filter(|&i| {
+                !(self.inp[i] == 1 && self.k[i] == 1 && self.out[i] == 1 && self.pb[i] == 0)
+            })
+            .collect();
+        let keep = if keep.is_empty() {
+            vec![self.nd() - 1]
+        } else {
+            keep
+        };
+        let pick = |v: &[usize]| keep.iter().map(|&i| v[i]).collect::<Vec<_>>();
+        Geom {
+            inp: pick(&self.inp),
+            out: pick(&self.out),
+            k: pick(&self.k),
+            s: pick(&self.s),
+            d: pick(&self.d),
+            pb: keep.iter().map(|&i| self.pb[i]).collect(),
+        }
+    }
 }
 
 fn check_nd(nd: usize) -> Result<()> {
@@ -558,11 +583,11 @@ fn conv_depthwise<T: Num>(
     x: &[T],
     w: &[T],
     bias: Option<&[T]>,
-    cs: &ConvShape,
+    c: usize,
+    g: &Geom,
     y: &mut [T],
     epi: ConvEpilogue<'_, T>,
 ) {
-    let g = &cs.g;
     // View 1-D as 2-D with a unit leading axis.
     let (ih, iw, oh, ow, kh, kw, sh, sw, dh, dw, ph, pw) = if g.nd() == 1 {
         (
@@ -574,7 +599,6 @@ fn conv_depthwise<T: Num>(
             g.pb[0], g.pb[1],
         )
     };
-    let c = cs.c;
     let (ph, pw) = (ph.max(0) as usize, pw.max(0) as usize);
     if oh == 0 || ow == 0 {
         return;
@@ -673,7 +697,8 @@ fn conv_compute_into<T: Num>(
     y: &mut [T],
     epi: ConvEpilogue<'_, T>,
 ) {
-    let g = &cs.g;
+    let squeezed = cs.g.squeezed();
+    let g = &squeezed;
     let (n, c, m, group) = (cs.n, cs.c, cs.m, cs.group);
     let (cg, mg) = (c / group, m / group);
     let kk: usize = g.k.iter().product();
@@ -685,7 +710,7 @@ fn conv_compute_into<T: Num>(
         return;
     }
     if group == c && m == c && g.nd() <= 2 {
-        conv_depthwise(cx.cpu, x, w, bias, cs, y, epi);
+        conv_depthwise(cx.cpu, x, w, bias, c, g, y, epi);
         return;
     }
     let par = cx.cpu.threads() > 1 && kdim > 0 && n * m * out_plane * kdim >= PAR_CONV_MIN_MACS;
@@ -2526,6 +2551,62 @@ mod tests {
             ],
             1e-5,
         );
+    }
+
+    #[test]
+    fn unit_axes_give_the_same_convolution_as_without_them() {
+        // [N, C, H, 1] with a [k, 1] kernel (im2col and depthwise paths), and [N, C, 1, H, 1]
+        // (a 3-D depthwise conv that only the squeezed geometry sends to the direct kernel),
+        // against the 1-D conv over H
+        for group in [1i64, 3] {
+            let x = seq(3 * 11, 7, 11, 0.25);
+            let w = seq(3 / group as usize * 3 * 4, 5, 13, 0.125);
+            let wc = 3 / group as usize;
+            let conv = |rank_extra: &[usize], pads: &[i64], strides: &[i64]| {
+                let mut xs = vec![1, 3];
+                let mut ws = vec![3, wc];
+                let mut spatial_x = vec![11];
+                let mut spatial_w = vec![4];
+                for &e in rank_extra {
+                    if e == 0 {
+                        spatial_x.insert(0, 1);
+                        spatial_w.insert(0, 1);
+                    } else {
+                        spatial_x.push(1);
+                        spatial_w.push(1);
+                    }
+                }
+                xs.extend(&spatial_x);
+                ws.extend(&spatial_w);
+                run(
+                    &node(
+                        "Conv",
+                        11,
+                        vec![
+                            ("group", AttrValue::Int(group)),
+                            ("pads", ints(pads)),
+                            ("strides", ints(strides)),
+                        ],
+                        1,
+                    ),
+                    &[Some(t32(&xs, x.clone())), Some(t32(&ws, w.clone()))],
+                )
+                .unwrap()[0]
+                    .to_f32_vec()
+                    .unwrap()
+            };
+            let one_d = conv(&[], &[1, 2], &[2]);
+            assert_eq!(
+                conv(&[1], &[1, 0, 2, 0], &[2, 1]),
+                one_d,
+                "group {group}, [H, 1]"
+            );
+            assert_eq!(
+                conv(&[0, 1], &[0, 1, 0, 0, 2, 0], &[1, 2, 1]),
+                one_d,
+                "group {group}, [1, H, 1]"
+            );
+        }
     }
 
     #[test]
