@@ -220,9 +220,10 @@ impl Geom {
         self.inp.len()
     }
 
-    /// The same convolution without its unit axes (input, kernel and output extent 1, no
-    /// padding), which add nothing but per-element work to im2col: magika's [512, 1] planes
-    /// with a [5, 1] kernel become 1-D runs. At least one axis stays.
+    /// The same convolution on fewer axes: without its unit axes (input, kernel and output
+    /// extent 1, no padding), which add nothing but per-element work to im2col (magika's
+    /// [512, 1] planes with a [5, 1] kernel become 1-D runs), and with a trailing axis the
+    /// kernel does not move along merged into the one before. At least one axis stays.
     fn squeezed(&self) -> Geom {
         let keep: Vec<usize> = (0..self.nd())
             .filter(|&i| {
@@ -235,14 +236,35 @@ impl Geom {
             keep
         };
         let pick = |v: &[usize]| keep.iter().map(|&i| v[i]).collect::<Vec<_>>();
-        Geom {
+        let mut g = Geom {
             inp: pick(&self.inp),
             out: pick(&self.out),
             k: pick(&self.k),
             s: pick(&self.s),
             d: pick(&self.d),
             pb: keep.iter().map(|&i| self.pb[i]).collect(),
+        };
+        // A last axis the kernel does not move along (extent 1, stride 1, no padding) merges
+        // into the axis before it when that one has stride 1: row r of W positions is then
+        // positions r*W.. of one axis, and a tap ky reads ky*d*W further on. A [3, 1] kernel
+        // over [H, W] planes becomes a 1-D conv over H*W with dilation W (long im2col runs
+        // instead of one per row).
+        while g.nd() >= 2 {
+            let (l, p) = (g.nd() - 1, g.nd() - 2);
+            let w = g.inp[l];
+            if !(g.k[l] == 1 && g.s[l] == 1 && g.pb[l] == 0 && g.out[l] == w && g.s[p] == 1) {
+                break;
+            }
+            g.inp[p] *= w;
+            g.out[p] *= w;
+            g.d[p] *= w;
+            g.pb[p] *= w as isize;
+            for v in [&mut g.inp, &mut g.out, &mut g.k, &mut g.s, &mut g.d] {
+                v.pop();
+            }
+            g.pb.pop();
         }
+        g
     }
 }
 
@@ -2606,6 +2628,58 @@ mod tests {
                 one_d,
                 "group {group}, [1, H, 1]"
             );
+        }
+    }
+
+    #[test]
+    fn a_kernel_that_spans_one_column_matches_a_direct_convolution() {
+        // [3, 1] taps over [H, W] planes (merged into one axis of H*W with dilation W), with
+        // padding and dilation along H, plain and depthwise
+        let (h, w, k) = (9usize, 5usize, 3usize);
+        for (group, dil, pad) in [(1usize, 1usize, 1usize), (1, 2, 2), (4, 1, 0), (4, 2, 1)] {
+            let (c, m) = (4usize, 4usize);
+            let cg = c / group;
+            let x = seq(c * h * w, 7, 11, 0.25);
+            let wt = seq(m * cg * k, 5, 13, 0.125);
+            let ys = run(
+                &node(
+                    "Conv",
+                    11,
+                    vec![
+                        ("group", AttrValue::Int(group as i64)),
+                        ("pads", ints(&[pad as i64, 0, pad as i64, 0])),
+                        ("dilations", ints(&[dil as i64, 1])),
+                    ],
+                    1,
+                ),
+                &[
+                    Some(t32(&[1, c, h, w], x.clone())),
+                    Some(t32(&[m, cg, k, 1], wt.clone())),
+                ],
+            )
+            .unwrap();
+            let oh = h + 2 * pad - dil * (k - 1);
+            assert_eq!(ys[0].shape(), &[1, m, oh, w]);
+            let mut want = vec![0f32; m * oh * w];
+            for o in 0..m {
+                let gi = o / (m / group);
+                for i in 0..oh {
+                    for j in 0..w {
+                        let mut acc = 0f32;
+                        for ci in 0..cg {
+                            for t in 0..k {
+                                let r = (i + t * dil) as isize - pad as isize;
+                                if r >= 0 && (r as usize) < h {
+                                    let xv = x[((gi * cg + ci) * h + r as usize) * w + j];
+                                    acc += wt[(o * cg + ci) * k + t] * xv;
+                                }
+                            }
+                        }
+                        want[(o * oh + i) * w + j] = acc;
+                    }
+                }
+            }
+            close(&ys[0].to_f32_vec().unwrap(), &want, 1e-5);
         }
     }
 
