@@ -648,12 +648,14 @@ fn conv_depthwise<T: Num>(
     par_chunks_mut(cpu, y, per * plane, kh * kw + sh * sw, &|ti, outs| {
         let mut phases = crate::simd::scratch::<T>(sh * sw * hp * wp);
         let mut acc = crate::simd::scratch::<T>(span);
+        // Every plane writes the same positions of `phases` (the input's), so the padding
+        // around them is zeroed once per task, not once per plane.
+        phases.fill(T::ZERO);
         for (k, out) in outs.chunks_exact_mut(plane).enumerate() {
             let pi = ti * per + k;
             let ch = pi % c;
             let xp = &x[pi * ih * iw..(pi + 1) * ih * iw];
             let wk = &w[ch * kh * kw..(ch + 1) * kh * kw];
-            phases.fill(T::ZERO);
             for (i, xrow) in xp.chunks_exact(iw).enumerate() {
                 let pi_ = i + ph;
                 let (rh, qi) = (pi_ % sh, pi_ / sh);
