@@ -9,8 +9,8 @@ use alloc::vec;
 use alloc::vec::Vec;
 
 use crate::proto::{
-    attr_type, type_proto, AttributeProto, GraphProto, ModelProto, NodeProto, OperatorSetIdProto,
-    TensorProto, TensorShapeProto, TypeProto, ValueInfoProto,
+    type_proto, AttributeProto, GraphProto, ModelProto, NodeProto, OperatorSetIdProto, TensorProto,
+    TensorShapeProto, TypeProto, ValueInfoProto,
 };
 use prost::Message;
 
@@ -39,21 +39,11 @@ fn init(name: &str, dims: &[i64], seed: u64) -> TensorProto {
 }
 
 fn ints(name: &str, v: &[i64]) -> AttributeProto {
-    AttributeProto {
-        name: name.into(),
-        r#type: attr_type::INTS,
-        ints: v.to_vec(),
-        ..Default::default()
-    }
+    AttributeProto::ints(name, v)
 }
 
 fn int(name: &str, v: i64) -> AttributeProto {
-    AttributeProto {
-        name: name.into(),
-        r#type: attr_type::INT,
-        i: v,
-        ..Default::default()
-    }
+    AttributeProto::int(name, v)
 }
 
 fn node(op: &str, name: &str, i: &[&str], o: &[&str], attrs: Vec<AttributeProto>) -> NodeProto {

@@ -147,6 +147,36 @@ pub struct AttributeProto {
     pub type_protos: Vec<TypeProto>,
 }
 
+impl AttributeProto {
+    /// An `INT` attribute (for models built in code: the embedded model, tests).
+    pub fn int(name: &str, v: i64) -> AttributeProto {
+        AttributeProto {
+            name: name.into(),
+            r#type: attr_type::INT,
+            i: v,
+            ..Default::default()
+        }
+    }
+    /// An `INTS` attribute.
+    pub fn ints(name: &str, v: &[i64]) -> AttributeProto {
+        AttributeProto {
+            name: name.into(),
+            r#type: attr_type::INTS,
+            ints: v.to_vec(),
+            ..Default::default()
+        }
+    }
+    /// A `FLOAT` attribute.
+    pub fn float(name: &str, v: f32) -> AttributeProto {
+        AttributeProto {
+            name: name.into(),
+            r#type: attr_type::FLOAT,
+            f: v,
+            ..Default::default()
+        }
+    }
+}
+
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct ValueInfoProto {
     #[prost(string, tag = "1")]

@@ -25,9 +25,9 @@ use std::time::{Duration, Instant};
 /// `NXRT_SPIN_US` says otherwise.
 const SPIN: Duration = Duration::from_micros(200);
 
-/// Jobs smaller than this (in simple operations, about 0.3 ms of work on one core) do not
+/// Jobs smaller than this (in simple operations, about 0.1 ms of work on one core) do not
 /// wake sleeping helpers.
-pub const WAKE_MIN_WORK: usize = 1 << 20;
+pub const WAKE_MIN_WORK: usize = 1 << 22;
 
 fn spin_time() -> Duration {
     static T: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();

@@ -5,7 +5,7 @@
 
 use nxrt::{OptLevel, Session, Tensor};
 use nxrt_core::proto::{
-    attr_type, AttributeProto, GraphProto, ModelProto, NodeProto, OperatorSetIdProto, TensorProto,
+    AttributeProto, GraphProto, ModelProto, NodeProto, OperatorSetIdProto, TensorProto,
 };
 use prost::Message;
 
@@ -26,30 +26,15 @@ fn model(graph: GraphProto) -> Vec<u8> {
 }
 
 fn ints(name: &str, v: &[i64]) -> AttributeProto {
-    AttributeProto {
-        name: name.into(),
-        r#type: attr_type::INTS,
-        ints: v.to_vec(),
-        ..Default::default()
-    }
+    AttributeProto::ints(name, v)
 }
 
 fn int(name: &str, v: i64) -> AttributeProto {
-    AttributeProto {
-        name: name.into(),
-        r#type: attr_type::INT,
-        i: v,
-        ..Default::default()
-    }
+    AttributeProto::int(name, v)
 }
 
 fn float(name: &str, v: f32) -> AttributeProto {
-    AttributeProto {
-        name: name.into(),
-        r#type: attr_type::FLOAT,
-        f: v,
-        ..Default::default()
-    }
+    AttributeProto::float(name, v)
 }
 
 /// Deterministic values in about [-1, 1).

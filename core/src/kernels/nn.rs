@@ -852,7 +852,7 @@ fn conv_compute_into<T: Num>(
 }
 
 /// Below this many multiply-adds a convolution runs on one thread.
-const PAR_CONV_MIN_MACS: usize = 1 << 18;
+const PAR_CONV_MIN_MACS: usize = 1 << 20;
 
 /// The sizes [`conv_tiles_parallel`] works with.
 struct TileShape {
