@@ -166,6 +166,36 @@ fn new_value(g: &mut Graph, name: String) -> ValueId {
     g.values.len() - 1
 }
 
+/// For a Conv (or a FusedConv without an epilogue yet) with at most three inputs at node `ci`:
+/// its output and the one node that reads it.
+fn conv_and_reader(g: &Graph, readers: &[usize], ci: usize) -> Option<(ValueId, usize)> {
+    let conv = &g.nodes[ci];
+    if !conv_open(conv) || conv.inputs.len() > 3 {
+        return None;
+    }
+    let y = out0(conv)?;
+    Some((y, sole_reader(g, readers, y)?))
+}
+
+/// Gives the Conv at `ci` the bias `nb` (into its bias initializer, or a new one) and makes
+/// `out` its output (the folded node's).
+fn set_bias_and_output(g: &mut Graph, ci: usize, nb: Vec<f32>, out: ValueId) -> Result<()> {
+    let m = nb.len();
+    let b_new = match g.nodes[ci].inputs.get(2).copied().flatten() {
+        Some(b) => b,
+        None => {
+            let name = alloc::format!("{}/bias", g.nodes[ci].name);
+            new_value(g, name)
+        }
+    };
+    set_init(g, b_new, Tensor::from_vec(&[m], nb)?);
+    let conv = &mut g.nodes[ci];
+    conv.inputs.resize(3, None);
+    conv.inputs[2] = Some(b_new);
+    conv.outputs[0] = Some(out);
+    Ok(())
+}
+
 // ---------------------------------------------------------------- Conv + BatchNormalization
 
 fn conv_bn(g: &mut Graph) -> Result<usize> {
@@ -173,14 +203,10 @@ fn conv_bn(g: &mut Graph) -> Result<usize> {
     let mut drop = vec![false; g.nodes.len()];
     let readers = reader_counts(g);
     for ci in 0..g.nodes.len() {
-        let conv = &g.nodes[ci];
-        if !conv_open(conv) || conv.inputs.len() > 3 {
-            continue;
-        }
-        let Some(y) = out0(conv) else { continue };
-        let Some(bi) = sole_reader(g, &readers, y) else {
+        let Some((y, bi)) = conv_and_reader(g, &readers, ci) else {
             continue;
         };
+        let conv = &g.nodes[ci];
         let bn = &g.nodes[bi];
         if !(bn.domain.is_empty() && bn.op_type == "BatchNormalization")
             || bn.inputs.first() != Some(&Some(y))
@@ -251,20 +277,10 @@ fn conv_bn(g: &mut Graph) -> Result<usize> {
         let nb: Vec<f32> = (0..m)
             .map(|c| (bv[c] - mean[c]) * s[c] + shift[c])
             .collect();
-        let (w_shape, bn_out, conv_name) = (w.shape().to_vec(), out0(bn), conv.name.clone());
+        let (w_shape, bn_out) = (w.shape().to_vec(), out0(bn));
         let Some(bn_out) = bn_out else { continue };
         set_init(g, w_id, Tensor::from_vec(&w_shape, nw)?);
-        let b_new = match b_id {
-            Some(b) => b,
-            None => new_value(g, alloc::format!("{conv_name}/folded_bias")),
-        };
-        set_init(g, b_new, Tensor::from_vec(&[m], nb)?);
-        let conv = &mut g.nodes[ci];
-        if conv.inputs.len() < 3 {
-            conv.inputs.resize(3, None);
-        }
-        conv.inputs[2] = Some(b_new);
-        conv.outputs[0] = Some(bn_out);
+        set_bias_and_output(g, ci, nb, bn_out)?;
         drop[bi] = true;
         count += 1;
     }
@@ -305,15 +321,8 @@ fn conv_affine(g: &mut Graph) -> Result<usize> {
     let readers = reader_counts(g);
     let mut drop = vec![false; g.nodes.len()];
     for ci in 0..g.nodes.len() {
-        loop {
+        while let Some((y, ni)) = conv_and_reader(g, &readers, ci) {
             let conv = &g.nodes[ci];
-            if !conv_open(conv) || conv.inputs.len() > 3 {
-                break;
-            }
-            let Some(y) = out0(conv) else { break };
-            let Some(ni) = sole_reader(g, &readers, y) else {
-                break;
-            };
             let op = &g.nodes[ni];
             let is_mul = is_op(op, "Mul");
             if !(is_mul || is_op(op, "Add")) || op.inputs.len() != 2 || !is_f32(g, y) {
@@ -348,8 +357,7 @@ fn conv_affine(g: &mut Graph) -> Result<usize> {
                 },
                 None => vec![0.0; m],
             };
-            let (Some(out), conv_name, w_shape) = (out0(op), conv.name.clone(), w.shape().to_vec())
-            else {
+            let (Some(out), w_shape) = (out0(op), w.shape().to_vec()) else {
                 break;
             };
             if is_mul {
@@ -365,15 +373,7 @@ fn conv_affine(g: &mut Graph) -> Result<usize> {
             } else {
                 nb.iter_mut().zip(&cv).for_each(|(b, &c)| *b += c);
             }
-            let b_new = match b_id {
-                Some(b) => b,
-                None => new_value(g, alloc::format!("{conv_name}/bias")),
-            };
-            set_init(g, b_new, Tensor::from_vec(&[m], nb)?);
-            let conv = &mut g.nodes[ci];
-            conv.inputs.resize(3, None);
-            conv.inputs[2] = Some(b_new);
-            conv.outputs[0] = Some(out);
+            set_bias_and_output(g, ci, nb, out)?;
             drop[ni] = true;
             count += 1;
         }
