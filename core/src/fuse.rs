@@ -34,50 +34,24 @@ use crate::value::{Dim, TypeInfo, Value};
 /// Domain and op of the fused convolution.
 pub const FUSED_CONV: (&str, &str) = ("com.microsoft", "FusedConv");
 
-/// How many nodes each fusion removed.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct FuseStats {
-    pub conv_bn: usize,
-    pub conv_affine: usize,
-    pub conv_add: usize,
-    pub conv_act: usize,
-}
-
-impl FuseStats {
-    pub fn total(&self) -> usize {
-        self.conv_bn + self.conv_affine + self.conv_add + self.conv_act
-    }
-}
-
 /// Runs every fusion on `g` and, recursively, on its subgraphs (If branches, Loop and Scan
-/// bodies).
-pub fn fuse_graph(g: &mut Graph) -> Result<FuseStats> {
-    let mut st = FuseStats::default();
+/// bodies). Returns how many nodes were folded away.
+pub fn fuse_graph(g: &mut Graph) -> Result<usize> {
+    let mut n = 0;
     for node in g.nodes.iter_mut() {
         for (_, a) in node.attrs.iter_mut() {
             match a {
-                AttrValue::Graph(sub) => add(&mut st, fuse_graph(Arc::make_mut(sub))?),
+                AttrValue::Graph(sub) => n += fuse_graph(Arc::make_mut(sub))?,
                 AttrValue::Graphs(subs) => {
                     for sub in subs.iter_mut() {
-                        add(&mut st, fuse_graph(Arc::make_mut(sub))?)
+                        n += fuse_graph(Arc::make_mut(sub))?;
                     }
                 }
                 _ => {}
             }
         }
     }
-    st.conv_bn += conv_bn(g)?;
-    st.conv_affine += conv_affine(g)?;
-    st.conv_add += conv_add(g);
-    st.conv_act += conv_act(g)?;
-    Ok(st)
-}
-
-fn add(a: &mut FuseStats, b: FuseStats) {
-    a.conv_bn += b.conv_bn;
-    a.conv_affine += b.conv_affine;
-    a.conv_add += b.conv_add;
-    a.conv_act += b.conv_act;
+    Ok(n + conv_bn(g)? + conv_affine(g)? + conv_add(g) + conv_act(g)?)
 }
 
 /// Readers of each value: nodes (inputs and subgraph captures) and graph outputs.
@@ -126,8 +100,7 @@ fn const_of(g: &Graph, v: ValueId) -> Option<&Tensor> {
 }
 
 fn is_conv(n: &Node) -> bool {
-    (n.domain.is_empty() && n.op_type == "Conv")
-        || (n.domain == FUSED_CONV.0 && n.op_type == FUSED_CONV.1)
+    is_op(n, "Conv") || (n.domain == FUSED_CONV.0 && n.op_type == FUSED_CONV.1)
 }
 
 /// A plain Conv, or a FusedConv with no activation yet (its epilogue is still open).
@@ -208,7 +181,7 @@ fn conv_bn(g: &mut Graph) -> Result<usize> {
         };
         let conv = &g.nodes[ci];
         let bn = &g.nodes[bi];
-        if !(bn.domain.is_empty() && bn.op_type == "BatchNormalization")
+        if !is_op(bn, "BatchNormalization")
             || bn.inputs.first() != Some(&Some(y))
             || bn.outputs.iter().skip(1).any(|o| o.is_some())
             || bn.get_i("training_mode", 0)? != 0
@@ -343,7 +316,9 @@ fn conv_affine(g: &mut Graph) -> Result<usize> {
                 break;
             };
             let b_id = conv.inputs.get(2).copied().flatten();
-            if b_id.is_some_and(|b| readers[b] != 1)
+            // a bias made by an earlier fold of this loop is newer than `readers`: this Conv
+            // alone reads it
+            if b_id.is_some_and(|b| readers.get(b).is_some_and(|&r| r != 1))
                 || (is_mul && (readers[w_id] != 1 || w.dtype() != DataType::Float))
             {
                 break;
@@ -403,16 +378,11 @@ fn conv_add(g: &mut Graph) -> usize {
     let readers = reader_counts(g);
     let mut drop = vec![false; g.nodes.len()];
     for ci in 0..g.nodes.len() {
-        let conv = &g.nodes[ci];
-        if drop[ci] || !conv_open(conv) || conv.inputs.len() > 3 {
-            continue;
-        }
-        let Some(y) = out0(conv) else { continue };
-        let Some(ai) = sole_reader(g, &readers, y) else {
+        let Some((y, ai)) = conv_and_reader(g, &readers, ci) else {
             continue;
         };
         let add = &g.nodes[ai];
-        if !(add.domain.is_empty() && add.op_type == "Add") || add.inputs.len() != 2 {
+        if drop[ci] || !is_op(add, "Add") || add.inputs.len() != 2 {
             continue;
         }
         let (Some(l), Some(r)) = (add.inputs[0], add.inputs[1]) else {
@@ -485,7 +455,13 @@ fn scalar_const(g: &Graph, v: Option<ValueId>) -> Option<f32> {
 /// bound is unbounded).
 fn clip_bounds(g: &Graph, n: &Node) -> Result<Option<(f32, f32)>> {
     if n.opset < 11 {
-        return Ok(Some((n.get_f("min", f32::MIN)?, n.get_f("max", f32::MAX)?)));
+        // as the Clip kernel: opset 6 defaults to the f32 range, opset 1 to no bound
+        let (lo, hi) = if n.opset >= 6 {
+            (f32::MIN, f32::MAX)
+        } else {
+            (f32::NEG_INFINITY, f32::INFINITY)
+        };
+        return Ok(Some((n.get_f("min", lo)?, n.get_f("max", hi)?)));
     }
     let bound = |k: usize, default: f32| match n.inputs.get(k).copied().flatten() {
         None => Some(default),

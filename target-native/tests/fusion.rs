@@ -363,11 +363,15 @@ fn hardswish_spelled_out_after_a_convolution_fuses_with_identical_results() {
 fn constant_scales_and_shifts_fold_into_the_convolution() {
     // Conv -> Mul(scalar) -> Add(one per channel, [1, M, 1, 1]) -> Mul(one per channel,
     // [M, 1, 1]) -> Relu: the affine steps fold into W and B, the Relu into the epilogue
-    for &cs in CASES {
+    // (with and without a bias input: the folds then make one, and the next fold extends it)
+    for (&cs, with_bias) in CASES.iter().flat_map(|c| [(c, true), (c, false)]) {
         let mut m =
             ModelProto::decode(conv_chain(cs, false, false, None, false).as_slice()).unwrap();
         let g = m.graph.as_mut().unwrap();
         g.node.retain(|n| n.op_type != "Identity");
+        if !with_bias {
+            g.node[0].input.truncate(2);
+        }
         g.node.push(node("Mul", &["s", "t0"], &["u1"]));
         g.node.push(node("Add", &["u1", "c"], &["u2"]));
         g.node.push(node("Mul", &["u2", "s2"], &["u3"]));
@@ -388,7 +392,7 @@ fn constant_scales_and_shifts_fold_into_the_convolution() {
         for (i, (a, b)) in g.iter().zip(&w).enumerate() {
             assert!(
                 (a - b).abs() <= 1e-5 * scale,
-                "group {}: at {i}: {a} vs {b}",
+                "group {} bias {with_bias}: at {i}: {a} vs {b}",
                 cs.group
             );
         }

@@ -224,7 +224,7 @@ impl Geom {
     /// extent 1, no padding), which add nothing but per-element work to im2col (magika's
     /// [512, 1] planes with a [5, 1] kernel become 1-D runs), and with a trailing axis the
     /// kernel does not move along merged into the one before. At least one axis stays.
-    fn squeezed(&self) -> Geom {
+    fn simplified(&self) -> Geom {
         let keep: Vec<usize> = (0..self.nd())
             .filter(|&i| {
                 !(self.inp[i] == 1 && self.k[i] == 1 && self.out[i] == 1 && self.pb[i] == 0)
@@ -711,7 +711,7 @@ impl<T: 'static> ConvEpilogue<'static, T> {
 }
 
 /// Convolution of `x` ([N, C, inp..]) with `w` ([M, C/group, k..]) plus optional bias,
-/// into `y` ([N, M, out..], zero-filled), then the epilogue.
+/// into `y` ([N, M, out..]; every element is written), then the epilogue.
 fn conv_compute_into<T: Num>(
     cx: &KernelCx<'_>,
     x: &[T],
@@ -721,8 +721,8 @@ fn conv_compute_into<T: Num>(
     y: &mut [T],
     epi: ConvEpilogue<'_, T>,
 ) {
-    let squeezed = cs.g.squeezed();
-    let g = &squeezed;
+    let simplified = cs.g.simplified();
+    let g = &simplified;
     let (n, c, m, group) = (cs.n, cs.c, cs.m, cs.group);
     let (cg, mg) = (c / group, m / group);
     let kk: usize = g.k.iter().product();
@@ -760,6 +760,10 @@ fn conv_compute_into<T: Num>(
     };
     let has_epi = epi.z.is_some() || epi.act.is_some();
     if kdim == 0 {
+        // no products: the bias (filled above) or zero
+        if bias.is_none() {
+            y.fill(T::ZERO);
+        }
         if has_epi {
             for ni in 0..n {
                 for gi in 0..group {
@@ -1018,6 +1022,7 @@ fn conv_typed<T: Num>(
     w: &Tensor,
     b: Option<&Tensor>,
     cs: &ConvShape,
+    epi: ConvEpilogue<'_, T>,
 ) -> Result<Tensor> {
     let xv = x.as_slice::<T>()?;
     let wv = w.as_slice::<T>()?;
@@ -1028,10 +1033,7 @@ fn conv_typed<T: Num>(
     let mut shape = vec![cs.n, cs.m];
     shape.extend_from_slice(&cs.g.out);
     let mut y = cx.output::<T>(0, &shape)?;
-    if y.in_arena() {
-        y.fill(T::ZERO);
-    }
-    conv_compute_into(cx, &xv, &wv, bv.as_deref(), cs, &mut y, ConvEpilogue::NONE);
+    conv_compute_into(cx, &xv, &wv, bv.as_deref(), cs, &mut y, epi);
     Ok(y.into_tensor())
 }
 
@@ -1053,15 +1055,15 @@ fn build_conv(node: &Node) -> Result<Box<dyn Kernel>> {
             }
             let cs = conv_shape(&sp, group, x.shape(), w.shape(), b)?;
             let y = match dt {
-                DataType::Float => conv_typed::<f32>(cx, x, w, b, &cs)?,
-                DataType::Double => conv_typed::<f64>(cx, x, w, b, &cs)?,
+                DataType::Float => conv_typed::<f32>(cx, x, w, b, &cs, ConvEpilogue::NONE)?,
+                DataType::Double => conv_typed::<f64>(cx, x, w, b, &cs, ConvEpilogue::NONE)?,
                 DataType::Float16 | DataType::Bfloat16 => {
                     let bw = match b {
                         Some(b) => Some(widen_f32(b)?),
                         None => None,
                     };
-                    let y =
-                        conv_typed::<f32>(cx, &widen_f32(x)?, &widen_f32(w)?, bw.as_ref(), &cs)?;
+                    let (xw, ww) = (widen_f32(x)?, widen_f32(w)?);
+                    let y = conv_typed::<f32>(cx, &xw, &ww, bw.as_ref(), &cs, ConvEpilogue::NONE)?;
                     narrow_f32(y, dt)?
                 }
                 dt => return Err(bad_type("Conv", dt)),
@@ -1154,27 +1156,20 @@ fn build_fused_conv(node: &Node) -> Result<Box<dyn Kernel>> {
                     );
                 }
             }
-            let xv = x.as_slice::<f32>()?;
-            let wv = w.as_slice::<f32>()?;
-            let bv = match b {
-                Some(b) => Some(b.as_slice::<f32>()?),
-                None => None,
-            };
             let zv = match z {
                 Some(z) => Some(z.as_slice::<f32>()?),
                 None => None,
             };
-            let mut y = cx.output::<f32>(0, &shape)?;
-            if y.in_arena() {
-                y.fill(0.0);
-            }
-            let f = move |s: &mut [f32]| simd::unary_inplace(act.unwrap_or(simd::Act::Identity), s);
+            let f = |s: &mut [f32]| {
+                if let Some(a) = act {
+                    simd::unary_inplace(a, s)
+                }
+            };
             let epi = ConvEpilogue {
                 z: zv.as_deref(),
-                act: if act.is_some() { Some(&f) } else { None },
+                act: act.map(|_| &f as TileFn<'_, f32>),
             };
-            conv_compute_into(cx, &xv, &wv, bv.as_deref(), &cs, &mut y, epi);
-            out1(y.into_tensor())
+            out1(conv_typed::<f32>(cx, x, w, b, &cs, epi)?)
         },
     ))
 }
