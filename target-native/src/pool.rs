@@ -356,14 +356,22 @@ mod tests {
         let pool = Pool::new(2).unwrap();
         let main = std::thread::current().id();
         let on_helper = |work: usize| {
-            // long enough for the helper to stop spinning and sleep
-            std::thread::sleep(spin_time() * 20 + Duration::from_millis(5));
+            // wait until the helper has stopped spinning and sleeps (polled, not a fixed
+            // sleep: on a loaded machine it may take a while to get there)
+            let t0 = Instant::now();
+            while pool.shared.sleepers.load(SeqCst) < 1 {
+                assert!(
+                    t0.elapsed() < Duration::from_secs(10),
+                    "the helper never slept"
+                );
+                std::thread::sleep(Duration::from_millis(1));
+            }
             let other = AtomicUsize::new(0);
             pool.run_work(64, work, &|_| {
                 if std::thread::current().id() != main {
                     other.fetch_add(1, SeqCst);
                 }
-                std::thread::sleep(Duration::from_micros(200));
+                std::thread::sleep(Duration::from_millis(1));
             });
             other.load(SeqCst)
         };
