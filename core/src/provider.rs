@@ -17,7 +17,7 @@ use crate::value::Value;
 /// A boxed future, so that provider traits stay object-safe and the run path stays async.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
-pub use crate::simd::gemm::{gemm_fits, reference_sgemm, scale_c, Gemm};
+pub use crate::simd::gemm::{gemm_fits, pack_a, pack_b, reference_sgemm, scale_c, Gemm, Operand};
 
 /// Hot primitives a CPU target may accelerate (SIMD, threads). Core's reference kernels call
 /// these, so every kernel written once in core gets the target's fast paths.
@@ -26,6 +26,18 @@ pub trait CpuBackend: Send + Sync {
     fn name(&self) -> String;
     /// `C = alpha*A*B + beta*C` (see [`Gemm`]).
     fn sgemm(&self, g: &Gemm, a: &[f32], b: &[f32], c: &mut [f32]);
+    /// [`sgemm`](Self::sgemm) with operands that may come packed in the SIMD layer's panels
+    /// ([`Operand::Panels`], `crate::simd::gemm_tile`'s sizes); strides of a packed side are
+    /// ignored. Operands that do not fit are a caller's bug (this panics).
+    fn sgemm_ops(&self, g: &Gemm, a: Operand<'_>, b: Operand<'_>, c: &mut [f32]) {
+        if let (Operand::Strided(a), Operand::Strided(b)) = (a, b) {
+            return self.sgemm(g, a, b, c);
+        }
+        assert!(
+            crate::simd::sgemm_ops_checked(g, a, b, c),
+            "sgemm_ops: packed operands do not fit the product"
+        );
+    }
     /// Runs `f(i)` for `i in 0..n`, possibly in parallel.
     fn parallel_for(&self, n: usize, f: &(dyn Fn(usize) + Sync)) {
         for i in 0..n {
@@ -59,6 +71,14 @@ pub trait Kernel: Send + Sync {
     /// Returns one value per output the node declares (trailing optional outputs may be
     /// omitted when the node does not use them).
     fn compute(&self, cx: &KernelCx<'_>, inputs: &[Option<&Value>]) -> Result<Vec<Value>>;
+
+    /// Called once at load with the node's inputs that are constant initializers (`None` for
+    /// the others), so a kernel can prepare what depends only on them (weights packed into
+    /// the SGEMM's layout). A prepared kernel must still compute right when `compute` is
+    /// given other values (it checks that they are the ones it prepared).
+    fn prepare(&mut self, consts: &[Option<&Tensor>]) {
+        let _ = consts;
+    }
 }
 
 impl<F> Kernel for F

@@ -1556,8 +1556,10 @@ fn compile(
         .unwrap_or(0);
     let mut steps = Vec::with_capacity(g.nodes.len());
     let mut is_init = vec![false; g.values.len()];
-    for (id, _) in &g.initializers {
+    let mut init_at: Vec<Option<usize>> = vec![None; g.values.len()];
+    for (k, (id, _)) in g.initializers.iter().enumerate() {
         is_init[*id] = true;
+        init_at[*id] = Some(k);
     }
     for (ni, node) in g.nodes.iter().enumerate() {
         let tys = input_types(g, node);
@@ -1620,7 +1622,19 @@ fn compile(
                 }
                 match chosen {
                     Some(pi) => match providers[pi].create_kernel(node, &tys) {
-                        Ok(kernel) => {
+                        Ok(mut kernel) => {
+                            let consts: Vec<Option<&Tensor>> = node
+                                .inputs
+                                .iter()
+                                .map(|i| match i.and_then(|id| init_at[id]) {
+                                    Some(k) => match &g.initializers[k].1 {
+                                        Value::Tensor(t) => Some(t),
+                                        _ => None,
+                                    },
+                                    None => None,
+                                })
+                                .collect();
+                            kernel.prepare(&consts);
                             count(report, providers[pi].name(), 1);
                             if !declined.is_empty() {
                                 report.fallbacks.push(Fallback {

@@ -4,7 +4,7 @@
 //! `parallel_for`.
 
 use crate::pool::Pool;
-use nxrt_core::provider::{gemm_fits, reference_sgemm, CpuBackend, Gemm};
+use nxrt_core::provider::{gemm_fits, reference_sgemm, CpuBackend, Gemm, Operand};
 use nxrt_core::{Error, Result};
 
 /// Threaded, SIMD-dispatched CPU primitives.
@@ -49,26 +49,41 @@ impl CPtr {
     }
 }
 
+/// A single-threaded SGEMM over (possibly packed) operands that fit.
+type Inner = fn(&Gemm, Operand<'_>, Operand<'_>, &mut [f32]);
+
+/// Core's SIMD SGEMM (the operands were checked).
+fn simd_inner(g: &Gemm, a: Operand<'_>, b: Operand<'_>, c: &mut [f32]) {
+    nxrt_core::simd::sgemm_ops_unchecked(g, a, b, c)
+}
+
+/// The `gemm` crate's SGEMM (strided operands only).
+fn crate_inner(g: &Gemm, a: Operand<'_>, b: Operand<'_>, c: &mut [f32]) {
+    match (a, b) {
+        (Operand::Strided(a), Operand::Strided(b)) => gemm_crate_one(g, a, b, c),
+        _ => simd_inner(g, a, b, c),
+    }
+}
+
 impl NativeCpu {
     /// An SGEMM (`inner`: core's SIMD one or the `gemm` crate's, single-threaded) split across
     /// the session's threads: by row blocks when there are enough rows, else by column blocks
-    /// computed into per-task tiles. The operands must fit (`gemm_fits`).
-    fn split_sgemm(
-        &self,
-        g: &Gemm,
-        a: &[f32],
-        b: &[f32],
-        c: &mut [f32],
-        inner: fn(&Gemm, &[f32], &[f32], &mut [f32]),
-    ) {
+    /// computed into per-task tiles. The operands must fit (`gemm_fits`, `panels_fit`); a
+    /// packed operand is split at its panels' edges.
+    fn split_sgemm(&self, g: &Gemm, a: Operand<'_>, b: Operand<'_>, c: &mut [f32], inner: Inner) {
         let (m, n, k) = (g.m, g.n, g.k);
         let t = self.threads;
         if t == 1 || m * n * k < PAR_MIN_MACS {
             return inner(g, a, b, c);
         }
+        let unit = |o: &Operand<'_>, d: usize| match o {
+            Operand::Panels { panel, .. } => d.div_ceil(*panel) * *panel,
+            // row operands split at multiples of 32 columns (whole panels on every ISA)
+            _ => d,
+        };
         if m >= 16 * t {
             // row blocks: disjoint rows of C
-            let rows = m.div_ceil(t).div_ceil(8) * 8;
+            let rows = unit(&a, m.div_ceil(t).div_ceil(8) * 8);
             let blocks = m.div_ceil(rows);
             let (cp, clen) = (CPtr(c.as_mut_ptr()), c.len());
             self.pool.run_work(blocks, m * n * k, &|q| {
@@ -80,7 +95,7 @@ impl NativeCpu {
                 // disjoint from every other block's range and inside C.
                 let cs = unsafe { std::slice::from_raw_parts_mut(cp.at(start), len) };
                 let sub = Gemm { m: h, ..*g };
-                inner(&sub, &a[i0 * g.a_rs as usize..], b, cs);
+                inner(&sub, a.from(i0, k, g.a_rs), b, cs);
             });
             return;
         }
@@ -88,7 +103,7 @@ impl NativeCpu {
             return inner(g, a, b, c);
         }
         // column blocks, each computed into its own m x w tile and copied into C by its task
-        let cols = n.div_ceil(t).div_ceil(32) * 32;
+        let cols = unit(&b, n.div_ceil(t).div_ceil(32) * 32);
         let blocks = n.div_ceil(cols);
         let cp = CPtr(c.as_mut_ptr());
         self.pool.run_work(blocks, m * n * k, &|q| {
@@ -104,7 +119,7 @@ impl NativeCpu {
                 }
             }
             let sub = Gemm { n: w, ldc: w, ..*g };
-            inner(&sub, a, &b[j0 * g.b_cs as usize..], &mut tile);
+            inner(&sub, a, b.from(j0, k, g.b_cs), &mut tile);
             for i in 0..m {
                 // SAFETY: block q alone writes columns [j0, j0 + w) of each row
                 let dst = unsafe { std::slice::from_raw_parts_mut(cp.at(at(i)), w) };
@@ -132,9 +147,43 @@ impl CpuBackend for NativeCpu {
         if n < 16 && m >= 64 {
             // A narrow C (strided 1-D convolutions: oww_melspectrogram's 257 x 8 x 512): the
             // gemm crate's small-N kernels measure faster here than our 2-vector-wide tiles
-            return self.split_sgemm(g, a, b, c, gemm_crate_one);
+            return self.split_sgemm(g, Operand::Strided(a), Operand::Strided(b), c, crate_inner);
         }
-        self.split_sgemm(g, a, b, c, nxrt_core::simd::sgemm_unchecked)
+        self.split_sgemm(g, Operand::Strided(a), Operand::Strided(b), c, simd_inner)
+    }
+
+    fn sgemm_ops(&self, g: &Gemm, a: Operand<'_>, b: Operand<'_>, c: &mut [f32]) {
+        if let (Operand::Strided(a), Operand::Strided(b)) = (a, b) {
+            return self.sgemm(g, a, b, c);
+        }
+        let (mr, nr) = nxrt_core::simd::gemm_tile();
+        let (m, n, k) = (g.m, g.n, g.k);
+        let fits =
+            !matches!(a, Operand::Rows { .. }) && a.panels_fit(m, k, mr) && b.panels_fit(n, k, nr);
+        if !fits || g.alpha != 1.0 || m == 0 || n == 0 || k == 0 {
+            // the checked path handles (or refuses) everything else
+            assert!(
+                nxrt_core::simd::sgemm_ops_checked(g, a, b, c),
+                "sgemm_ops: packed operands do not fit the product"
+            );
+            return;
+        }
+        let mut gs = *g;
+        let len = |o: &Operand<'_>| match o {
+            Operand::Strided(d) => d.len(),
+            _ => usize::MAX,
+        };
+        if !matches!(a, Operand::Strided(_)) {
+            (gs.a_rs, gs.a_cs) = (0, 0);
+        }
+        if !matches!(b, Operand::Strided(_)) {
+            (gs.b_rs, gs.b_cs) = (0, 0);
+        }
+        assert!(
+            gemm_fits(&gs, len(&a), len(&b), c.len()),
+            "sgemm_ops: operands do not fit the product"
+        );
+        self.split_sgemm(g, a, b, c, simd_inner)
     }
 
     fn parallel_for(&self, n: usize, f: &(dyn Fn(usize) + Sync)) {

@@ -34,6 +34,16 @@ pub(crate) trait Num: Elem + Copy + Send + Sync + PartialOrd + bytemuck::Pod {
     fn mul(self, o: Self) -> Self;
     fn to_f64(self) -> f64;
     fn from_f64(v: f64) -> Self;
+    /// The slice as `f32` when `Self` is `f32` (for kernels with an f32-only fast path).
+    #[inline]
+    fn as_f32(_s: &[Self]) -> Option<&[f32]> {
+        None
+    }
+    /// [`as_f32`](Self::as_f32), mutably.
+    #[inline]
+    fn as_f32_mut(_s: &mut [Self]) -> Option<&mut [f32]> {
+        None
+    }
     /// `C = alpha*A*B + beta*C` (see [`Gemm`]); `f32` overrides this with the backend SGEMM.
     #[inline]
     fn gemm(_cx: &KernelCx<'_>, g: &Gemm, a: &[Self], b: &[Self], c: &mut [Self]) {
@@ -70,6 +80,14 @@ impl Num for f32 {
     #[inline(always)]
     fn from_f64(v: f64) -> Self {
         v as f32
+    }
+    #[inline]
+    fn as_f32(s: &[Self]) -> Option<&[f32]> {
+        Some(s)
+    }
+    #[inline]
+    fn as_f32_mut(s: &mut [Self]) -> Option<&mut [f32]> {
+        Some(s)
     }
     #[inline]
     fn gemm(cx: &KernelCx<'_>, g: &Gemm, a: &[Self], b: &[Self], c: &mut [Self]) {

@@ -10,7 +10,7 @@ use crate::ir::Node;
 use crate::kernels::linalg::{narrow_f32, widen_f32, Num};
 use crate::kernels::types::{FLOATS, INT8, PLAIN};
 use crate::kernels::{bad_type, def, def_in, dims_of, opt_tensor_in, out1, tensor_in, LATEST};
-use crate::provider::{CpuBackend, Gemm, Kernel, KernelCx, KernelDef};
+use crate::provider::{CpuBackend, Gemm, Kernel, KernelCx, KernelDef, Operand};
 use crate::simd;
 use crate::tensor::{Elem, Tensor};
 use crate::value::Value;
@@ -469,6 +469,72 @@ fn runs_of(ext: &[usize], p0: usize, n: usize) -> Runs {
 
 // ----------------------------------------------------------------------------- im2col / col2im
 
+/// What [`im2col_row`] needs of one tile of output positions, computed once per tile.
+struct PatchTile {
+    kk: usize,
+    plane: usize,
+    ist: Vec<usize>,
+    runs: Runs,
+}
+
+impl PatchTile {
+    fn new(g: &Geom, p0: usize, ncols: usize) -> PatchTile {
+        PatchTile {
+            kk: g.k.iter().product(),
+            plane: g.inp.iter().product(),
+            ist: strides_of(&g.inp),
+            runs: runs_of(&g.out, p0, ncols),
+        }
+    }
+}
+
+/// Row `r` (channel `r / prod(k)`, kernel offset `r % prod(k)`) of the patch matrix of a
+/// tile into `row` (one value per output position of the tile; padding is `zero`).
+#[inline]
+fn im2col_row<T: Copy>(x: &[T], g: &Geom, t: &PatchTile, r: usize, row: &mut [T], zero: T) {
+    let last = g.nd() - 1;
+    let w = g.inp[last];
+    let (sl, dl, pl) = (g.s[last], g.d[last] as isize, g.pb[last]);
+    let mut ko = [0usize; MAX_SPATIAL];
+    let c = r / t.kk;
+    decode(r % t.kk, &g.k, &mut ko);
+    let off = ko[last] as isize * dl - pl;
+    for (si, &(x0, x1, at)) in t.runs.runs.iter().enumerate() {
+        let dst = &mut row[at..at + (x1 - x0)];
+        let mut base = c * t.plane;
+        let mut inside = true;
+        for j in 0..last {
+            let o = t.runs.pre[si * last + j];
+            let i = (o * g.s[j]) as isize + (ko[j] * g.d[j]) as isize - g.pb[j];
+            if i < 0 || i >= g.inp[j] as isize {
+                inside = false;
+                break;
+            }
+            base += i as usize * t.ist[j];
+        }
+        if !inside {
+            dst.fill(zero);
+            continue;
+        }
+        let (lo, hi) = valid_range(x0, x1, sl, off, w);
+        dst[..lo - x0].fill(zero);
+        dst[hi - x0..].fill(zero);
+        if lo == hi {
+            continue;
+        }
+        let xs = &x[base..base + w];
+        let start = (lo * sl) as isize + off;
+        let d = &mut dst[lo - x0..hi - x0];
+        if sl == 1 {
+            d.copy_from_slice(&xs[start as usize..start as usize + (hi - lo)]);
+        } else {
+            for (dv, &xv) in d.iter_mut().zip(xs[start as usize..].iter().step_by(sl)) {
+                *dv = xv;
+            }
+        }
+    }
+}
+
 /// Fills `col` (`c_cnt*prod(k)` rows of `ncols`) with the patches of output positions
 /// `p0..p0+ncols` of one image group `x` (`c_cnt` planes of `prod(g.inp)`); padding is `zero`.
 fn im2col<T: Copy + Send + Sync>(
@@ -480,58 +546,127 @@ fn im2col<T: Copy + Send + Sync>(
     col: &mut [T],
     zero: T,
 ) {
-    let nd = g.nd();
-    let last = nd - 1;
-    let kk: usize = g.k.iter().product();
-    let plane: usize = g.inp.iter().product();
-    let ist = strides_of(&g.inp);
-    let runs = runs_of(&g.out, p0, ncols);
-    let w = g.inp[last];
-    let (sl, dl, pl) = (g.s[last], g.d[last] as isize, g.pb[last]);
+    let t = PatchTile::new(g, p0, ncols);
     let rows_per_task = (16384 / ncols.max(1)).max(1);
-    par_chunks_mut(cpu, col, rows_per_task * ncols, 1, &|t, chunk| {
-        let mut ko = [0usize; MAX_SPATIAL];
+    par_chunks_mut(cpu, col, rows_per_task * ncols, 1, &|q, chunk| {
         for (ri, row) in chunk.chunks_mut(ncols).enumerate() {
-            let r = t * rows_per_task + ri;
-            let c = r / kk;
-            decode(r % kk, &g.k, &mut ko);
-            let off = ko[last] as isize * dl - pl;
-            for (si, &(x0, x1, at)) in runs.runs.iter().enumerate() {
-                let dst = &mut row[at..at + (x1 - x0)];
-                let mut base = c * plane;
-                let mut inside = true;
-                for j in 0..last {
-                    let o = runs.pre[si * last + j];
-                    let i = (o * g.s[j]) as isize + (ko[j] * g.d[j]) as isize - g.pb[j];
-                    if i < 0 || i >= g.inp[j] as isize {
-                        inside = false;
-                        break;
-                    }
-                    base += i as usize * ist[j];
-                }
-                if !inside {
-                    dst.fill(zero);
-                    continue;
-                }
-                let (lo, hi) = valid_range(x0, x1, sl, off, w);
-                dst[..lo - x0].fill(zero);
-                dst[hi - x0..].fill(zero);
-                if lo == hi {
-                    continue;
-                }
-                let xs = &x[base..base + w];
-                let start = (lo * sl) as isize + off;
-                let d = &mut dst[lo - x0..hi - x0];
-                if sl == 1 {
-                    d.copy_from_slice(&xs[start as usize..start as usize + (hi - lo)]);
-                } else {
-                    for (dv, &xv) in d.iter_mut().zip(xs[start as usize..].iter().step_by(sl)) {
-                        *dv = xv;
-                    }
-                }
-            }
+            im2col_row(x, g, &t, q * rows_per_task + ri, row, zero);
         }
     });
+}
+
+/// The patches of output positions `p0..p0+ncols` (`rows` rows: channels times kernel
+/// offsets) written straight into the SGEMM's B panels (`nr` columns each, the layout of
+/// `Operand::Panels`; columns past `ncols` are zero), so the product packs nothing.
+fn im2col_panels(
+    x: &[f32],
+    g: &Geom,
+    p0: usize,
+    ncols: usize,
+    rows: usize,
+    nr: usize,
+    out: &mut [f32],
+) {
+    let t = PatchTile::new(g, p0, ncols);
+    let padded = ncols.div_ceil(nr) * nr;
+    debug_assert!(out.len() >= rows * padded);
+    let mut row = crate::simd::scratch::<f32>(padded);
+    row[ncols..].fill(0.0);
+    for r in 0..rows {
+        im2col_row(x, g, &t, r, &mut row[..ncols], 0.0);
+        for (pj, piece) in row.chunks_exact(nr).enumerate() {
+            let o = (pj * rows + r) * nr;
+            out[o..o + nr].copy_from_slice(piece);
+        }
+    }
+}
+
+/// One tile's product `C = W_g · patches (+ C when beta = 1)` (`mg` x `nc`, row stride
+/// `ldc`) for output positions `p0..p0+nc` of one image group. f32 writes the patches straight
+/// into the SGEMM's B panels; other types go through `col` (`kdim * nc`) and their GEMM.
+#[allow(clippy::too_many_arguments)]
+fn conv_tile_product<T: Num>(
+    cx: &KernelCx<'_>,
+    xg: &[T],
+    (wg, wpg): (&[T], Option<&[f32]>),
+    g: &Geom,
+    (p0, nc): (usize, usize),
+    (mg, kdim): (usize, usize),
+    col: &mut [T],
+    c: &mut [T],
+    (ldc, beta): (usize, f32),
+) {
+    let gm = Gemm {
+        m: mg,
+        n: nc,
+        k: kdim,
+        a_rs: kdim as isize,
+        a_cs: 1,
+        b_rs: nc as isize,
+        b_cs: 1,
+        ldc,
+        alpha: 1.0,
+        beta,
+    };
+    if let (Some(x), Some(w), Some(c)) = (T::as_f32(xg), T::as_f32(wg), T::as_f32_mut(c)) {
+        let (_, nr) = crate::simd::gemm_tile();
+        let mut bp = crate::simd::scratch::<f32>(kdim * nc.div_ceil(nr) * nr);
+        im2col_panels(x, g, p0, nc, kdim, nr, &mut bp);
+        let b = Operand::Panels {
+            data: &bp,
+            panel: nr,
+        };
+        cx.cpu.sgemm_ops(&gm, weights_operand(w, wpg), b, c);
+        return;
+    }
+    let col = &mut col[..kdim * nc];
+    im2col(cx.cpu, xg, g, p0, nc, col, T::ZERO);
+    T::gemm(cx, &gm, wg, col, c);
+}
+
+/// Group `gi`'s rows of convolution weights packed by [`PackedConvWeights`] (`mg` rows of
+/// `kdim` per group, each group starting on a panel of its own).
+fn packed_group(wp: Option<&[f32]>, gi: usize, mg: usize, kdim: usize) -> Option<&[f32]> {
+    let (mr, _) = crate::simd::gemm_tile();
+    wp.map(|p| &p[gi * mg.div_ceil(mr) * mr * kdim..])
+}
+
+/// The A operand of a group's product: its packed panels when there are some, else W's rows.
+fn weights_operand<'a>(w: &'a [f32], wpg: Option<&'a [f32]>) -> Operand<'a> {
+    match wpg {
+        Some(data) => Operand::Panels {
+            data,
+            panel: crate::simd::gemm_tile().0,
+        },
+        None => Operand::Strided(w),
+    }
+}
+
+/// A 1x1 convolution's product `C = W_g · X_g (+ beta C)` (B strided), from packed weights
+/// when f32 has them.
+fn pointwise_gemm<T: Num>(
+    cx: &KernelCx<'_>,
+    gm: &Gemm,
+    wg: &[T],
+    wpg: Option<&[f32]>,
+    b: &[T],
+    c: &mut [T],
+) {
+    if let (Some(wpg), Some(b), Some(c)) = (wpg, T::as_f32(b), T::as_f32_mut(c)) {
+        return cx
+            .cpu
+            .sgemm_ops(gm, weights_operand(&[], Some(wpg)), Operand::Strided(b), c);
+    }
+    T::gemm(cx, gm, wg, b, c)
+}
+
+/// Output positions per im2col tile: about `COL_BUDGET` patch values, a whole number of the
+/// SGEMM's panel widths when there is room for one.
+fn patch_tile(kdim: usize, out_plane: usize) -> usize {
+    let (_, nr) = crate::simd::gemm_tile();
+    let t = (COL_BUDGET / kdim.max(1)).max(1);
+    let t = if t > nr { t / nr * nr } else { t };
+    t.clamp(1, out_plane.max(1))
 }
 
 /// Adds `col` (`m_cnt*prod(k)` rows of `ncols`, for input positions `p0..p0+ncols`) into the
@@ -710,12 +845,15 @@ impl<T: 'static> ConvEpilogue<'static, T> {
     const NONE: ConvEpilogue<'static, T> = ConvEpilogue { z: None, act: None };
 }
 
-/// Convolution of `x` ([N, C, inp..]) with `w` ([M, C/group, k..]) plus optional bias,
-/// into `y` ([N, M, out..]; every element is written), then the epilogue.
+/// Convolution of `x` ([N, C, inp..]) with `w` ([M, C/group, k..]; `wp`: the same packed by
+/// [`PackedConvWeights`], when it was) plus optional bias, into `y` ([N, M, out..]; every
+/// element is written), then the epilogue.
+#[allow(clippy::too_many_arguments)]
 fn conv_compute_into<T: Num>(
     cx: &KernelCx<'_>,
     x: &[T],
     w: &[T],
+    wp: Option<&[f32]>,
     bias: Option<&[T]>,
     cs: &ConvShape,
     y: &mut [T],
@@ -735,6 +873,10 @@ fn conv_compute_into<T: Num>(
     }
     if group == c && m == c && g.nd() <= 2 {
         conv_depthwise(cx.cpu, x, w, bias, c, g, y, epi);
+        return;
+    }
+    if kdim > 0 && implicit_fits::<T>(g, kk) {
+        conv_implicit(cx, x, (w, wp), bias, g, (n, c, m, group), y, epi);
         return;
     }
     let par = cx.cpu.threads() > 1 && kdim > 0 && n * m * out_plane * kdim >= PAR_CONV_MIN_MACS;
@@ -789,16 +931,19 @@ fn conv_compute_into<T: Num>(
             out_plane,
             pointwise,
         };
-        conv_tiles_parallel(cx, x, w, bias, g, &sh, y, epi);
+        conv_tiles_parallel(cx, x, (w, wp), bias, g, &sh, y, epi);
         return;
     }
-    let tile = (COL_BUDGET / kdim).clamp(1, out_plane);
-    // the tile comes from the scratch pool (im2col writes every element it reads)
-    let mut col = crate::simd::scratch::<T>(if pointwise { 0 } else { kdim * tile });
+    let tile = patch_tile(kdim, out_plane);
+    // the tile comes from the scratch pool (im2col writes every element it reads); f32 packs
+    // its patches straight into the SGEMM's panels instead
+    let direct = T::as_f32(&[]).is_some();
+    let mut col = crate::simd::scratch::<T>(if pointwise || direct { 0 } else { kdim * tile });
     for ni in 0..n {
         for gi in 0..group {
             let xg = &x[(ni * c + gi * cg) * in_plane..(ni * c + (gi + 1) * cg) * in_plane];
             let wg = &w[gi * mg * kdim..(gi + 1) * mg * kdim];
+            let wpg = packed_group(wp, gi, mg, kdim);
             let yo = (ni * m + gi * mg) * out_plane;
             let yg = &mut y[yo..yo + mg * out_plane];
             let zg = epi.z.map(|z| &z[yo..yo + mg * out_plane]);
@@ -820,7 +965,7 @@ fn conv_compute_into<T: Num>(
                         alpha: 1.0,
                         beta,
                     };
-                    T::gemm(cx, &gm, wg, &xg[p0..], &mut yg[p0..]);
+                    pointwise_gemm(cx, &gm, wg, wpg, &xg[p0..], &mut yg[p0..]);
                     if has_epi {
                         tile_epi(yg, zg, p0, nc);
                     }
@@ -831,27 +976,208 @@ fn conv_compute_into<T: Num>(
             let mut p0 = 0;
             while p0 < out_plane {
                 let nc = tile.min(out_plane - p0);
-                let colt = &mut col[..kdim * nc];
-                im2col(cx.cpu, xg, g, p0, nc, colt, T::ZERO);
-                let gm = Gemm {
-                    m: mg,
-                    n: nc,
-                    k: kdim,
-                    a_rs: kdim as isize,
-                    a_cs: 1,
-                    b_rs: nc as isize,
-                    b_cs: 1,
-                    ldc: out_plane,
-                    alpha: 1.0,
-                    beta,
-                };
-                T::gemm(cx, &gm, wg, colt, &mut yg[p0..]);
+                conv_tile_product(
+                    cx,
+                    xg,
+                    (wg, wpg),
+                    g,
+                    (p0, nc),
+                    (mg, kdim),
+                    &mut col,
+                    &mut yg[p0..],
+                    (out_plane, beta),
+                );
                 if has_epi {
                     tile_epi(yg, zg, p0, nc);
                 }
                 p0 += nc;
             }
         }
+    }
+}
+
+/// Whether [`conv_implicit`] takes a convolution: f32, stride 1 on every axis, no negative
+/// padding, a kernel wider than one tap, and few enough wasted columns (the padded rows'
+/// `(k - 1) * d` extra positions per output row are computed and dropped).
+fn implicit_fits<T: Num>(g: &Geom, kk: usize) -> bool {
+    let last = g.nd() - 1;
+    let extra = (g.k[last] - 1) * g.d[last];
+    T::as_f32(&[]).is_some()
+        && kk > 1
+        && g.s.iter().all(|&s| s == 1)
+        && g.pb.iter().all(|&p| p >= 0)
+        && g.out.iter().all(|&o| o > 0)
+        && 4 * extra <= g.out[last] + extra
+}
+
+/// A stride-1 convolution as an implicit GEMM (f32): each image group's input is copied once
+/// into a zero-padded buffer, and row `(c, kernel offset)` of the patch matrix is then just
+/// that buffer from an offset on, so the SGEMM reads B in place ([`Operand::Rows`]) and nothing
+/// is gathered per tile. The products run over positions of the padded grid (each output row
+/// plus `(k - 1) * d` positions that are dropped), in tiles shared across the threads, each
+/// tile's rows stored with the epilogue applied.
+#[allow(clippy::too_many_arguments)]
+fn conv_implicit<T: Num>(
+    cx: &KernelCx<'_>,
+    x: &[T],
+    (w, wp): (&[T], Option<&[f32]>),
+    bias: Option<&[T]>,
+    g: &Geom,
+    (n, c, m, group): (usize, usize, usize, usize),
+    y: &mut [T],
+    epi: ConvEpilogue<'_, T>,
+) {
+    let nd = g.nd();
+    let last = nd - 1;
+    let (cg, mg) = (c / group, m / group);
+    let kk: usize = g.k.iter().product();
+    let kdim = cg * kk;
+    let in_plane: usize = g.inp.iter().product();
+    let out_plane: usize = g.out.iter().product();
+    let (mr, nr) = crate::simd::gemm_tile();
+    // the padded grid (stride 1: output extent + (k - 1) * d), its strides and positions
+    let pext: Vec<usize> = (0..nd).map(|j| g.out[j] + (g.k[j] - 1) * g.d[j]).collect();
+    let pst = strides_of(&pext);
+    let pplane: usize = pext.iter().product();
+    let q_len = (0..nd).map(|j| (g.out[j] - 1) * pst[j]).sum::<usize>() + 1;
+    let ost = strides_of(&g.out);
+    let ist = strides_of(&g.inp);
+    // row r = (channel, kernel offset) starts at this offset of the padded buffer
+    let mut offs = vec![0usize; kdim];
+    let mut ko = [0usize; MAX_SPATIAL];
+    for (r, o) in offs.iter_mut().enumerate() {
+        decode(r % kk, &g.k, &mut ko);
+        *o = (r / kk) * pplane + (0..nd).map(|j| ko[j] * g.d[j] * pst[j]).sum::<usize>();
+    }
+    // tiles of the padded positions: whole panels, enough for the threads
+    let threads = cx.cpu.threads();
+    let mut tile = (COL_BUDGET / (2 * mg.max(1))).clamp(nr, 1024) / nr * nr;
+    let want = 4 * threads;
+    if threads > 1 && q_len.div_ceil(tile) < want {
+        tile = q_len
+            .div_ceil(want)
+            .div_ceil(nr)
+            .saturating_mul(nr)
+            .max(2 * nr);
+    }
+    let tile = tile.min(q_len.div_ceil(nr) * nr);
+    let tiles = q_len.div_ceil(tile);
+    let mut xp = crate::simd::scratch::<T>(cg * pplane + nr);
+    let yp = SyncPtr(y.as_mut_ptr());
+    let ylen = y.len();
+    for ng in 0..n * group {
+        let (ni, gi) = (ng / group, ng % group);
+        let xg = &x[(ni * c + gi * cg) * in_plane..(ni * c + (gi + 1) * cg) * in_plane];
+        // the zero-padded copy of this image group
+        xp.fill(T::ZERO);
+        let rows_in = in_plane / g.inp[last];
+        let mut co = [0usize; MAX_SPATIAL];
+        for ci in 0..cg {
+            for ri in 0..rows_in {
+                decode(ri, &g.inp[..last], &mut co);
+                let mut dst = ci * pplane + g.pb[last] as usize;
+                let mut inside = true;
+                for j in 0..last {
+                    let t = co[j] + g.pb[j] as usize;
+                    inside &= t < pext[j];
+                    dst += t * pst[j];
+                }
+                let wlen = g.inp[last].min(pext[last].saturating_sub(g.pb[last] as usize));
+                if inside && wlen > 0 {
+                    let src = ci * in_plane + (0..last).map(|j| co[j] * ist[j]).sum::<usize>();
+                    xp[dst..dst + wlen].copy_from_slice(&xg[src..src + wlen]);
+                }
+            }
+        }
+        let xpr: &[T] = &xp;
+        let wg = &w[gi * mg * kdim..(gi + 1) * mg * kdim];
+        // weights not packed at load are packed here once for all tiles when there are
+        // several (else every tile's SGEMM would pack them again)
+        let own = match (packed_group(wp, gi, mg, kdim), T::as_f32(wg)) {
+            (None, Some(w32)) if tiles > 1 => Some(crate::simd::gemm::pack_a(
+                mg,
+                kdim,
+                w32,
+                kdim as isize,
+                1,
+                mr,
+            )),
+            _ => None,
+        };
+        let wpg = own.as_deref().or(packed_group(wp, gi, mg, kdim));
+        let yo = (ni * m + gi * mg) * out_plane;
+        cx.cpu
+            .parallel_for_work(tiles, mg * tile * tiles * kdim, &|ti| {
+                let q0 = ti * tile;
+                let nc = tile.min(q_len - q0);
+                let mut ct = crate::simd::scratch::<T>(mg * nc);
+                let beta = match bias {
+                    Some(b) => {
+                        for (r, row) in ct.chunks_exact_mut(nc).enumerate() {
+                            row.fill(b[gi * mg + r]);
+                        }
+                        1.0
+                    }
+                    None => 0.0,
+                };
+                let gm = Gemm {
+                    m: mg,
+                    n: nc,
+                    k: kdim,
+                    a_rs: kdim as isize,
+                    a_cs: 1,
+                    b_rs: 0,
+                    b_cs: 0,
+                    ldc: nc,
+                    alpha: 1.0,
+                    beta,
+                };
+                let (Some(w32), Some(x32), Some(c32)) =
+                    (T::as_f32(wg), T::as_f32(&xpr[q0..]), T::as_f32_mut(&mut ct))
+                else {
+                    return;
+                };
+                let b = Operand::Rows {
+                    data: x32,
+                    offs: &offs,
+                };
+                cx.cpu.sgemm_ops(&gm, weights_operand(w32, wpg), b, c32);
+                // store the valid positions of each padded row that meets [q0, q0 + nc)
+                let pw = pext[last];
+                let mut qr = q0 / pw * pw;
+                let mut co = [0usize; MAX_SPATIAL];
+                while qr < q0 + nc {
+                    decode(qr / pw, &pext[..last], &mut co);
+                    let valid = (0..last).all(|j| co[j] < g.out[j]);
+                    let x0 = q0.saturating_sub(qr);
+                    let x1 = (q0 + nc - qr).min(g.out[last]);
+                    if valid && x0 < x1 {
+                        let ybase = (0..last).map(|j| co[j] * ost[j]).sum::<usize>();
+                        for r in 0..mg {
+                            let src = &mut ct[r * nc + qr + x0 - q0..r * nc + qr + x1 - q0];
+                            let o = yo + r * out_plane + ybase + x0;
+                            if let Some(z) = epi.z {
+                                let len = src.len();
+                                src.iter_mut()
+                                    .zip(&z[o..o + len])
+                                    .for_each(|(v, &zv)| *v = v.add(zv));
+                            }
+                            if let Some(act) = epi.act {
+                                act(src);
+                            }
+                            debug_assert!(o + src.len() <= ylen);
+                            // SAFETY: positions [q0, q0 + nc) of the padded grid map to
+                            // output positions no other tile has; they lie inside `y`,
+                            // which stays borrowed until `parallel_for_work` returns.
+                            let dst = unsafe {
+                                core::slice::from_raw_parts_mut(yp.get().add(o), src.len())
+                            };
+                            dst.copy_from_slice(src);
+                        }
+                    }
+                    qr += pw;
+                }
+            });
     }
 }
 
@@ -879,7 +1205,7 @@ struct TileShape {
 fn conv_tiles_parallel<T: Num>(
     cx: &KernelCx<'_>,
     x: &[T],
-    w: &[T],
+    (w, wp): (&[T], Option<&[f32]>),
     bias: Option<&[T]>,
     g: &Geom,
     sh: &TileShape,
@@ -900,12 +1226,16 @@ fn conv_tiles_parallel<T: Num>(
     let threads = cx.cpu.threads();
     let base = n * group;
     let budget = if pointwise { cg } else { kdim };
-    let mut tile = (COL_BUDGET / budget.max(1)).clamp(1, out_plane);
+    let mut tile = patch_tile(budget, out_plane);
+    let direct = !pointwise && T::as_f32(&[]).is_some();
     // enough tasks for the threads to share (four each), but tiles of at least 64 positions
     let want = 4 * threads;
     if base * out_plane.div_ceil(tile) < want {
+        let (_, nr) = crate::simd::gemm_tile();
         tile = out_plane
             .div_ceil(want.div_ceil(base))
+            .div_ceil(nr)
+            .saturating_mul(nr)
             .max(64)
             .min(out_plane);
     }
@@ -920,8 +1250,10 @@ fn conv_tiles_parallel<T: Num>(
             let nc = tile.min(out_plane - p0);
             let xg = &x[(ni * c + gi * cg) * in_plane..(ni * c + (gi + 1) * cg) * in_plane];
             let wg = &w[gi * mg * kdim..(gi + 1) * mg * kdim];
-            let mut buf =
-                crate::simd::scratch::<T>(mg * nc + if pointwise { 0 } else { kdim * nc });
+            let wpg = packed_group(wp, gi, mg, kdim);
+            let mut buf = crate::simd::scratch::<T>(
+                mg * nc + if pointwise || direct { 0 } else { kdim * nc },
+            );
             let (ct, colt) = buf.split_at_mut(mg * nc);
             if let Some(b) = bias {
                 for (r, row) in ct.chunks_exact_mut(nc).enumerate() {
@@ -929,25 +1261,24 @@ fn conv_tiles_parallel<T: Num>(
                 }
             }
             let beta = if bias.is_some() { 1.0 } else { 0.0 };
-            let (bsrc, b_rs) = if pointwise {
-                (&xg[p0..], in_plane)
+            if pointwise {
+                let gm = Gemm {
+                    m: mg,
+                    n: nc,
+                    k: cg,
+                    a_rs: kdim as isize,
+                    a_cs: 1,
+                    b_rs: in_plane as isize,
+                    b_cs: 1,
+                    ldc: nc,
+                    alpha: 1.0,
+                    beta,
+                };
+                pointwise_gemm(cx, &gm, wg, wpg, &xg[p0..], ct);
             } else {
-                im2col(cx.cpu, xg, g, p0, nc, colt, T::ZERO);
-                (&colt[..], nc)
-            };
-            let gm = Gemm {
-                m: mg,
-                n: nc,
-                k: if pointwise { cg } else { kdim },
-                a_rs: kdim as isize,
-                a_cs: 1,
-                b_rs: b_rs as isize,
-                b_cs: 1,
-                ldc: nc,
-                alpha: 1.0,
-                beta,
-            };
-            T::gemm(cx, &gm, wg, bsrc, ct);
+                let w = (wg, wpg);
+                conv_tile_product(cx, xg, w, g, (p0, nc), (mg, kdim), colt, ct, (nc, beta));
+            }
             let yo = (ni * m + gi * mg) * out_plane;
             for (r, row) in ct.chunks_exact_mut(nc).enumerate() {
                 let o = yo + r * out_plane + p0;
@@ -979,7 +1310,7 @@ fn conv_compute<T: Num>(
 ) -> Vec<T> {
     let out_plane: usize = cs.g.out.iter().product();
     let mut y = vec![T::ZERO; cs.n * cs.m * out_plane];
-    conv_compute_into(cx, x, w, bias, cs, &mut y, ConvEpilogue::NONE);
+    conv_compute_into(cx, x, w, None, bias, cs, &mut y, ConvEpilogue::NONE);
     y
 }
 
@@ -1019,7 +1350,7 @@ fn conv_shape(
 fn conv_typed<T: Num>(
     cx: &KernelCx<'_>,
     x: &Tensor,
-    w: &Tensor,
+    (w, wp): (&Tensor, Option<&[f32]>),
     b: Option<&Tensor>,
     cs: &ConvShape,
     epi: ConvEpilogue<'_, T>,
@@ -1033,8 +1364,139 @@ fn conv_typed<T: Num>(
     let mut shape = vec![cs.n, cs.m];
     shape.extend_from_slice(&cs.g.out);
     let mut y = cx.output::<T>(0, &shape)?;
-    conv_compute_into(cx, &xv, &wv, bv.as_deref(), cs, &mut y, epi);
+    conv_compute_into(cx, &xv, &wv, wp, bv.as_deref(), cs, &mut y, epi);
     Ok(y.into_tensor())
+}
+
+/// A convolution's weights packed once into the SGEMM's A panels, group by group (each
+/// group's `M/group` rows start on a panel of their own), with what identifies the tensor
+/// they came from: `compute` uses them only for that very tensor.
+struct PackedConvWeights {
+    /// Address and length of the source tensor's elements.
+    key: (usize, usize),
+    shape: Vec<usize>,
+    data: Vec<f32>,
+}
+
+impl PackedConvWeights {
+    /// Packs an f32 W ([M, C/group, k..]) for the GEMM paths (not for depthwise weights,
+    /// which a direct kernel reads as they are).
+    fn new(w: &Tensor, group: usize) -> Option<PackedConvWeights> {
+        let ws = w.shape();
+        if w.dtype() != DataType::Float
+            || ws.len() < 3
+            || group == 0
+            || !ws[0].is_multiple_of(group)
+        {
+            return None;
+        }
+        let (m, cg) = (ws[0], ws[1]);
+        if cg == 1 && group == m {
+            return None;
+        }
+        let wv = w.as_slice::<f32>().ok()?;
+        let key = borrowed_key(&wv)?;
+        let mg = m / group;
+        let kdim: usize = ws[1..].iter().product();
+        if kdim == 0 || mg == 0 {
+            return None;
+        }
+        let (mr, _) = crate::simd::gemm_tile();
+        let mut data = Vec::with_capacity(group * mg.div_ceil(mr) * mr * kdim);
+        for gi in 0..group {
+            let wg = &wv[gi * mg * kdim..(gi + 1) * mg * kdim];
+            data.extend(crate::simd::gemm::pack_a(
+                mg,
+                kdim,
+                wg,
+                kdim as isize,
+                1,
+                mr,
+            ));
+        }
+        Some(PackedConvWeights {
+            key,
+            shape: ws.to_vec(),
+            data,
+        })
+    }
+
+    /// The packed weights when `w` is the tensor they were packed from.
+    fn for_tensor(&self, w: &Tensor) -> Option<&[f32]> {
+        let key = borrowed_key(&w.as_slice::<f32>().ok()?)?;
+        (key == self.key && w.shape() == self.shape.as_slice()).then_some(self.data.as_slice())
+    }
+}
+
+/// Address and length of a tensor's own storage (none for a gathered copy: the `Cow`'s
+/// variant is the point, hence the reference to it).
+#[allow(clippy::ptr_arg)]
+fn borrowed_key(s: &alloc::borrow::Cow<'_, [f32]>) -> Option<(usize, usize)> {
+    match s {
+        alloc::borrow::Cow::Borrowed(v) => Some((v.as_ptr() as usize, v.len())),
+        alloc::borrow::Cow::Owned(_) => None,
+    }
+}
+
+/// `Conv` and `com.microsoft:FusedConv` (`fused`: inputs X, W, B, Z and an activation),
+/// with weights that are initializers packed once at load ([`Kernel::prepare`]).
+struct ConvKernel {
+    sp: Spatial,
+    group: usize,
+    fused: bool,
+    act: Option<simd::Act>,
+    packed: Option<PackedConvWeights>,
+}
+
+impl ConvKernel {
+    fn packed_for(&self, w: &Tensor) -> Option<&[f32]> {
+        self.packed.as_ref().and_then(|p| p.for_tensor(w))
+    }
+
+    fn conv(&self, cx: &KernelCx<'_>, inputs: &[Option<&Value>]) -> Result<Vec<Value>> {
+        let group = self.group;
+        let x = tensor_in(inputs, 0)?;
+        let w = tensor_in(inputs, 1)?;
+        let b = opt_tensor_in(inputs, 2)?;
+        let dt = x.dtype();
+        if w.dtype() != dt || b.is_some_and(|b| b.dtype() != dt) {
+            bail!("Conv: input types differ");
+        }
+        let cs = conv_shape(&self.sp, group, x.shape(), w.shape(), b)?;
+        let wp = self.packed_for(w);
+        let y = match dt {
+            DataType::Float => conv_typed::<f32>(cx, x, (w, wp), b, &cs, ConvEpilogue::NONE)?,
+            DataType::Double => conv_typed::<f64>(cx, x, (w, None), b, &cs, ConvEpilogue::NONE)?,
+            DataType::Float16 | DataType::Bfloat16 => {
+                let bw = match b {
+                    Some(b) => Some(widen_f32(b)?),
+                    None => None,
+                };
+                let (xw, ww) = (widen_f32(x)?, widen_f32(w)?);
+                let none = ConvEpilogue::NONE;
+                let y = conv_typed::<f32>(cx, &xw, (&ww, None), bw.as_ref(), &cs, none)?;
+                narrow_f32(y, dt)?
+            }
+            dt => return Err(bad_type("Conv", dt)),
+        };
+        out1(y)
+    }
+}
+
+impl Kernel for ConvKernel {
+    fn compute(&self, cx: &KernelCx<'_>, inputs: &[Option<&Value>]) -> Result<Vec<Value>> {
+        if self.fused {
+            self.fused_conv(cx, inputs)
+        } else {
+            self.conv(cx, inputs)
+        }
+    }
+
+    fn prepare(&mut self, consts: &[Option<&Tensor>]) {
+        if let Some(Some(w)) = consts.get(1) {
+            self.packed = PackedConvWeights::new(w, self.group);
+        }
+    }
 }
 
 fn build_conv(node: &Node) -> Result<Box<dyn Kernel>> {
@@ -1043,34 +1505,13 @@ fn build_conv(node: &Node) -> Result<Box<dyn Kernel>> {
     if group <= 0 {
         bail!("group must be positive, is {group}");
     }
-    let group = group as usize;
-    Ok(Box::new(
-        move |cx: &KernelCx<'_>, inputs: &[Option<&Value>]| -> Result<Vec<Value>> {
-            let x = tensor_in(inputs, 0)?;
-            let w = tensor_in(inputs, 1)?;
-            let b = opt_tensor_in(inputs, 2)?;
-            let dt = x.dtype();
-            if w.dtype() != dt || b.is_some_and(|b| b.dtype() != dt) {
-                bail!("Conv: input types differ");
-            }
-            let cs = conv_shape(&sp, group, x.shape(), w.shape(), b)?;
-            let y = match dt {
-                DataType::Float => conv_typed::<f32>(cx, x, w, b, &cs, ConvEpilogue::NONE)?,
-                DataType::Double => conv_typed::<f64>(cx, x, w, b, &cs, ConvEpilogue::NONE)?,
-                DataType::Float16 | DataType::Bfloat16 => {
-                    let bw = match b {
-                        Some(b) => Some(widen_f32(b)?),
-                        None => None,
-                    };
-                    let (xw, ww) = (widen_f32(x)?, widen_f32(w)?);
-                    let y = conv_typed::<f32>(cx, &xw, &ww, bw.as_ref(), &cs, ConvEpilogue::NONE)?;
-                    narrow_f32(y, dt)?
-                }
-                dt => return Err(bad_type("Conv", dt)),
-            };
-            out1(y)
-        },
-    ))
+    Ok(Box::new(ConvKernel {
+        sp,
+        group: group as usize,
+        fused: false,
+        act: None,
+        packed: None,
+    }))
 }
 
 /// The activation of a `com.microsoft:FusedConv` (`activation`, `activation_params`; the
@@ -1130,48 +1571,62 @@ fn build_fused_conv(node: &Node) -> Result<Box<dyn Kernel>> {
     if group <= 0 {
         bail!("group must be positive, is {group}");
     }
-    let group = group as usize;
-    let act = fused_activation(node)?;
-    Ok(Box::new(
-        move |cx: &KernelCx<'_>, inputs: &[Option<&Value>]| -> Result<Vec<Value>> {
-            let x = tensor_in(inputs, 0)?;
-            let w = tensor_in(inputs, 1)?;
-            let b = opt_tensor_in(inputs, 2)?;
-            let z = opt_tensor_in(inputs, 3)?;
-            if [Some(x), Some(w), b, z]
-                .iter()
-                .flatten()
-                .any(|t| t.dtype() != DataType::Float)
-            {
-                return Err(bad_type("FusedConv", x.dtype()));
+    Ok(Box::new(ConvKernel {
+        sp,
+        group: group as usize,
+        fused: true,
+        act: fused_activation(node)?,
+        packed: None,
+    }))
+}
+
+impl ConvKernel {
+    fn fused_conv(&self, cx: &KernelCx<'_>, inputs: &[Option<&Value>]) -> Result<Vec<Value>> {
+        let act = self.act;
+        let x = tensor_in(inputs, 0)?;
+        let w = tensor_in(inputs, 1)?;
+        let b = opt_tensor_in(inputs, 2)?;
+        let z = opt_tensor_in(inputs, 3)?;
+        if [Some(x), Some(w), b, z]
+            .iter()
+            .flatten()
+            .any(|t| t.dtype() != DataType::Float)
+        {
+            return Err(bad_type("FusedConv", x.dtype()));
+        }
+        let cs = conv_shape(&self.sp, self.group, x.shape(), w.shape(), b)?;
+        let mut shape = vec![cs.n, cs.m];
+        shape.extend_from_slice(&cs.g.out);
+        if let Some(z) = z {
+            if z.shape() != shape.as_slice() {
+                bail!(
+                    "FusedConv: Z has shape {:?}, the output {shape:?}",
+                    z.shape()
+                );
             }
-            let cs = conv_shape(&sp, group, x.shape(), w.shape(), b)?;
-            let mut shape = vec![cs.n, cs.m];
-            shape.extend_from_slice(&cs.g.out);
-            if let Some(z) = z {
-                if z.shape() != shape.as_slice() {
-                    bail!(
-                        "FusedConv: Z has shape {:?}, the output {shape:?}",
-                        z.shape()
-                    );
-                }
+        }
+        let zv = match z {
+            Some(z) => Some(z.as_slice::<f32>()?),
+            None => None,
+        };
+        let f = |s: &mut [f32]| {
+            if let Some(a) = act {
+                simd::unary_inplace(a, s)
             }
-            let zv = match z {
-                Some(z) => Some(z.as_slice::<f32>()?),
-                None => None,
-            };
-            let f = |s: &mut [f32]| {
-                if let Some(a) = act {
-                    simd::unary_inplace(a, s)
-                }
-            };
-            let epi = ConvEpilogue {
-                z: zv.as_deref(),
-                act: act.map(|_| &f as TileFn<'_, f32>),
-            };
-            out1(conv_typed::<f32>(cx, x, w, b, &cs, epi)?)
-        },
-    ))
+        };
+        let epi = ConvEpilogue {
+            z: zv.as_deref(),
+            act: act.map(|_| &f as TileFn<'_, f32>),
+        };
+        out1(conv_typed::<f32>(
+            cx,
+            x,
+            (w, self.packed_for(w)),
+            b,
+            &cs,
+            epi,
+        )?)
+    }
 }
 
 // ----------------------------------------------------------------------------- ConvInteger / QLinearConv
@@ -2624,6 +3079,193 @@ mod tests {
                 conv(&[0, 1], &[0, 1, 0, 0, 2, 0], &[1, 2, 1]),
                 one_d,
                 "group {group}, [1, H, 1]"
+            );
+        }
+    }
+
+    /// A direct N-d convolution (stride 1, the given dilations and begin pads, bias) for
+    /// checking the fast paths.
+    #[allow(clippy::too_many_arguments)]
+    fn direct_conv(
+        x: &[f32],
+        xs: &[usize],
+        w: &[f32],
+        ws: &[usize],
+        b: &[f32],
+        group: usize,
+        dil: &[usize],
+        pb: &[usize],
+        out: &[usize],
+    ) -> Vec<f32> {
+        let nd = out.len();
+        let (n, c, m) = (xs[0], xs[1], ws[0]);
+        let (cg, mg) = (c / group, m / group);
+        let plane: usize = out.iter().product();
+        let kk: usize = ws[2..].iter().product();
+        let inp = &xs[2..];
+        let in_plane: usize = inp.iter().product();
+        let mut y = vec![0f32; n * m * plane];
+        for ni in 0..n {
+            for o in 0..m {
+                let gi = o / mg;
+                for p in 0..plane {
+                    let mut oc = vec![0usize; nd];
+                    let mut q = p;
+                    for j in (0..nd).rev() {
+                        oc[j] = q % out[j];
+                        q /= out[j];
+                    }
+                    let mut acc = b[o];
+                    for ci in 0..cg {
+                        for t in 0..kk {
+                            let mut kc = vec![0usize; nd];
+                            let mut q = t;
+                            for j in (0..nd).rev() {
+                                kc[j] = q % ws[2 + j];
+                                q /= ws[2 + j];
+                            }
+                            let mut idx = 0usize;
+                            let mut inside = true;
+                            for j in 0..nd {
+                                let i = (oc[j] + kc[j] * dil[j]) as isize - pb[j] as isize;
+                                inside &= i >= 0 && (i as usize) < inp[j];
+                                idx = idx * inp[j] + i.max(0) as usize;
+                            }
+                            if inside {
+                                let xv = x[(ni * c + gi * cg + ci) * in_plane + idx];
+                                acc += w[(o * cg + ci) * kk + t] * xv;
+                            }
+                        }
+                    }
+                    y[(ni * m + o) * plane + p] = acc;
+                }
+            }
+        }
+        y
+    }
+
+    #[test]
+    fn stride_one_convolutions_match_a_direct_convolution() {
+        // the implicit GEMM's cases: asymmetric pads, dilation, groups, several images, a
+        // reduction deeper than one SGEMM block (C/group * k > 256), several position tiles,
+        // and 1-D and 3-D planes (3-D has padded rows between valid ones)
+        struct Case {
+            xs: Vec<usize>,
+            ws: Vec<usize>,
+            group: usize,
+            dil: Vec<usize>,
+            pads: Vec<usize>,
+        }
+        let cases = [
+            Case {
+                xs: vec![2, 6, 7, 13],
+                ws: vec![10, 3, 3, 3],
+                group: 2,
+                dil: vec![1, 2],
+                pads: vec![1, 2, 0, 1],
+            },
+            Case {
+                xs: vec![1, 30, 40, 40],
+                ws: vec![72, 30, 3, 3],
+                group: 1,
+                dil: vec![1, 1],
+                pads: vec![1, 1, 1, 1],
+            },
+            Case {
+                xs: vec![1, 3, 50],
+                ws: vec![4, 3, 5],
+                group: 1,
+                dil: vec![2],
+                pads: vec![3, 1],
+            },
+            Case {
+                xs: vec![1, 2, 4, 5, 6],
+                ws: vec![3, 2, 2, 3, 3],
+                group: 1,
+                dil: vec![1, 1, 1],
+                pads: vec![1, 1, 1, 0, 1, 2],
+            },
+        ];
+        for cs in &cases {
+            let nd = cs.xs.len() - 2;
+            let x = seq(cs.xs.iter().product(), 7, 11, 0.25);
+            let w = seq(cs.ws.iter().product(), 5, 13, 0.125);
+            let b = seq(cs.ws[0], 3, 7, 0.5);
+            let out: Vec<usize> = (0..nd)
+                .map(|j| {
+                    cs.xs[2 + j] + cs.pads[j] + cs.pads[nd + j] - (cs.ws[2 + j] - 1) * cs.dil[j]
+                })
+                .collect();
+            let want = direct_conv(
+                &x, &cs.xs, &w, &cs.ws, &b, cs.group, &cs.dil, &cs.pads, &out,
+            );
+            let to_i = |v: &[usize]| v.iter().map(|&u| u as i64).collect::<Vec<_>>();
+            let ys = run(
+                &node(
+                    "Conv",
+                    11,
+                    vec![
+                        ("group", AttrValue::Int(cs.group as i64)),
+                        ("pads", ints(&to_i(&cs.pads))),
+                        ("dilations", ints(&to_i(&cs.dil))),
+                    ],
+                    1,
+                ),
+                &[
+                    Some(t32(&cs.xs, x.clone())),
+                    Some(t32(&cs.ws, w.clone())),
+                    Some(t32(&[cs.ws[0]], b.clone())),
+                ],
+            )
+            .unwrap();
+            let mut shape = vec![cs.xs[0], cs.ws[0]];
+            shape.extend(&out);
+            assert_eq!(ys[0].shape(), shape.as_slice());
+            close(&ys[0].to_f32_vec().unwrap(), &want, 1e-4);
+        }
+    }
+
+    #[test]
+    fn weights_packed_at_load_give_the_same_result_and_only_for_their_tensor() {
+        use crate::provider::{KernelCx, ReferenceCpu};
+        use crate::value::Value;
+        // the implicit GEMM (3x3, stride 1), the panel im2col (stride 2), 1x1, and groups
+        for (ks, stride, group) in [(3usize, 1i64, 1usize), (3, 2, 2), (1, 1, 1), (1, 1, 2)] {
+            let (c, m, h) = (6usize, 20usize, 12usize);
+            let xs = [1, c, h, h];
+            let ws = [m, c / group, ks, ks];
+            let x = t32(&xs, seq(xs.iter().product(), 7, 11, 0.25));
+            let w = t32(&ws, seq(ws.iter().product(), 5, 13, 0.125));
+            let w2 = t32(&ws, seq(ws.iter().product(), 3, 17, 0.5));
+            let n = node(
+                "Conv",
+                11,
+                vec![
+                    ("group", AttrValue::Int(group as i64)),
+                    ("strides", ints(&[stride, stride])),
+                ],
+                1,
+            );
+            let plain = |w: &Tensor| run(&n, &[Some(x.clone()), Some(w.clone())]).unwrap();
+            let mut k = super::build_conv(&n).unwrap();
+            k.prepare(&[None, Some(&w)]);
+            let cx = KernelCx::new(&ReferenceCpu);
+            let go = |w: &Tensor| {
+                let vals = [Value::Tensor(x.clone()), Value::Tensor(w.clone())];
+                let ins: Vec<Option<&Value>> = vals.iter().map(Some).collect();
+                match k.compute(&cx, &ins).unwrap().remove(0) {
+                    Value::Tensor(t) => t.to_f32_vec().unwrap(),
+                    _ => panic!("not a tensor"),
+                }
+            };
+            let case = alloc::format!("k {ks} stride {stride} group {group}");
+            // the tensor it was prepared with (the same storage, as a session passes it)
+            assert_eq!(go(&w), plain(&w)[0].to_f32_vec().unwrap(), "{case}");
+            // another W of the same shape: computed from that W, not from the packed one
+            assert_eq!(
+                go(&w2),
+                plain(&w2)[0].to_f32_vec().unwrap(),
+                "{case}, other W"
             );
         }
     }

@@ -1,6 +1,7 @@
 //! The GEMM description every layer shares (it sits at the bottom, with the SIMD layer, so
 //! that `simd` needs nothing from `provider`): the strided operand layout, the bounds check an
 //! unchecked SGEMM needs, and the portable bounds-checked SGEMM.
+use alloc::vec::Vec;
 
 /// Strided single-precision GEMM: `C = alpha * A·B + beta * C` with A m×k, B k×n, C m×n
 /// (C row-major with row stride `ldc`). A and B are addressed through (row, column) strides so
@@ -106,4 +107,104 @@ pub fn reference_sgemm(g: &Gemm, a: &[f32], b: &[f32], c: &mut [f32]) {
         }
         k0 += kc;
     }
+}
+
+/// One SGEMM operand: addressed through the [`Gemm`]'s strides, or already packed in the
+/// micro-kernel's panels (weights packed once at load, convolution patches written straight
+/// into panels), so the SGEMM skips its own packing of that side.
+///
+/// Panel layout, `panel` wide and the whole reduction `k` deep, zero-padded past the last row
+/// (A) or column (B): element (i, p) of A lies at `(i / panel) * k * panel + p * panel +
+/// i % panel`, element (p, j) of B at `(j / panel) * k * panel + p * panel + j % panel`. A's
+/// panel must be [`gemm_tile`](super::gemm_tile)'s rows, B's its columns.
+#[derive(Clone, Copy, Debug)]
+pub enum Operand<'a> {
+    Strided(&'a [f32]),
+    Panels {
+        data: &'a [f32],
+        panel: usize,
+    },
+    /// B only: row `p` of B is `data[offs[p]..]` (column j at `offs[p] + j`), read in place
+    /// without packing (an implicit GEMM: the rows of a convolution's patch matrix are
+    /// windows of its padded input). `data` must hold `offs[p] + n` rounded up to the
+    /// micro-kernel's panel width, for every p (the columns past n are read, not used).
+    Rows {
+        data: &'a [f32],
+        offs: &'a [usize],
+    },
+}
+
+impl<'a> Operand<'a> {
+    /// The operand from row (A) or column (B) `at` on: `at` must be a multiple of the panel
+    /// for packed operands; `stride` is A's row stride or B's column stride.
+    pub fn from(self, at: usize, k: usize, stride: isize) -> Operand<'a> {
+        match self {
+            Operand::Strided(d) => Operand::Strided(&d[at * stride as usize..]),
+            Operand::Panels { data, panel } => {
+                debug_assert_eq!(at % panel, 0);
+                Operand::Panels {
+                    data: &data[at / panel * k * panel..],
+                    panel,
+                }
+            }
+            Operand::Rows { data, offs } => Operand::Rows {
+                data: &data[at..],
+                offs,
+            },
+        }
+    }
+
+    /// Whether a packed operand holds `ceil(len / panel)` panels of depth `k`, with the panel
+    /// size `want`, or a row operand `k` rows of `len` columns rounded up to `want` (a strided
+    /// one is checked by [`gemm_fits`]).
+    pub fn panels_fit(&self, len: usize, k: usize, want: usize) -> bool {
+        match *self {
+            Operand::Strided(_) => true,
+            Operand::Rows { data, offs } => {
+                let need = len.div_ceil(want) * want;
+                offs.len() == k
+                    && offs
+                        .iter()
+                        .all(|&o| o.checked_add(need).is_some_and(|e| e <= data.len()))
+            }
+            Operand::Panels { data, panel } => {
+                panel == want
+                    && len
+                        .div_ceil(panel)
+                        .checked_mul(k)
+                        .and_then(|x| x.checked_mul(panel))
+                        .is_some_and(|x| x <= data.len())
+            }
+        }
+    }
+}
+
+/// Packs rows `0..m` of A (m x k, through the strides) into panels of `panel` rows (the layout
+/// of [`Operand::Panels`]).
+pub fn pack_a(m: usize, k: usize, a: &[f32], rs: isize, cs: isize, panel: usize) -> Vec<f32> {
+    let mut out = alloc::vec![0f32; m.div_ceil(panel) * k * panel];
+    for (pi, dst) in out.chunks_exact_mut(k * panel).enumerate() {
+        for ii in 0..panel.min(m - pi * panel) {
+            let i = pi * panel + ii;
+            for p in 0..k {
+                dst[p * panel + ii] = a[(i as isize * rs + p as isize * cs) as usize];
+            }
+        }
+    }
+    out
+}
+
+/// Packs B (k x n, through the strides) into panels of `panel` columns (the layout of
+/// [`Operand::Panels`]).
+pub fn pack_b(k: usize, n: usize, b: &[f32], rs: isize, cs: isize, panel: usize) -> Vec<f32> {
+    let mut out = alloc::vec![0f32; n.div_ceil(panel) * k * panel];
+    for (pj, dst) in out.chunks_exact_mut(k * panel).enumerate() {
+        for jj in 0..panel.min(n - pj * panel) {
+            let j = pj * panel + jj;
+            for p in 0..k {
+                dst[p * panel + jj] = b[(p as isize * rs + j as isize * cs) as usize];
+            }
+        }
+    }
+    out
 }

@@ -1,7 +1,7 @@
 //! The generic bodies behind `simd`'s dispatched functions. Each is `#[inline(always)]` so it
 //! is compiled inside the ISA-specific wrapper that instantiates it.
 
-use super::gemm::{scale_c, Gemm};
+use super::gemm::{scale_c, Gemm, Operand};
 use super::VF32;
 
 /// An element-wise binary f32 operation.
@@ -437,6 +437,20 @@ const NC: usize = 2048;
 /// `V::GEMM_MR`).
 #[inline(always)]
 pub fn sgemm<V: VF32>(g: &Gemm, a: &[f32], b: &[f32], c: &mut [f32]) {
+    sgemm_ops::<V>(g, Operand::Strided(a), Operand::Strided(b), c)
+}
+
+/// The micro-kernel's tile on this vector type: (rows of A's panels, columns of B's panels).
+#[inline(always)]
+pub fn gemm_tile<V: VF32>() -> (usize, usize) {
+    (if V::GEMM_MR >= 8 { 8 } else { 4 }, 2 * V::LANES)
+}
+
+/// [`sgemm`] over operands either of which may come packed ([`Operand::Panels`], in the
+/// layout of [`gemm_tile`]; a packed A needs `alpha = 1`). The caller has checked strided
+/// operands with `gemm_fits` and packed ones with `Operand::panels_fit`.
+#[inline(always)]
+pub fn sgemm_ops<V: VF32>(g: &Gemm, a: Operand<'_>, b: Operand<'_>, c: &mut [f32]) {
     if V::GEMM_MR >= 8 {
         sgemm_mr::<V, 8>(g, a, b, c)
     } else {
@@ -445,7 +459,7 @@ pub fn sgemm<V: VF32>(g: &Gemm, a: &[f32], b: &[f32], c: &mut [f32]) {
 }
 
 #[inline(always)]
-fn sgemm_mr<V: VF32, const MR: usize>(g: &Gemm, a: &[f32], b: &[f32], c: &mut [f32]) {
+fn sgemm_mr<V: VF32, const MR: usize>(g: &Gemm, a: Operand<'_>, b: Operand<'_>, c: &mut [f32]) {
     let (m, n, k) = (g.m, g.n, g.k);
     if m == 0 || n == 0 {
         return;
@@ -454,6 +468,9 @@ fn sgemm_mr<V: VF32, const MR: usize>(g: &Gemm, a: &[f32], b: &[f32], c: &mut [f
     if k == 0 || g.alpha == 0.0 {
         return;
     }
+    let (Operand::Strided(a), Operand::Strided(b)) = (a, b) else {
+        return sgemm_packed::<V, MR>(g, a, b, c);
+    };
     if m < SMALL_M && sgemm_few_rows::<V>(g, a, b, c) {
         return;
     }
@@ -476,7 +493,7 @@ fn sgemm_mr<V: VF32, const MR: usize>(g: &Gemm, a: &[f32], b: &[f32], c: &mut [f
         };
         t.fill(0.0);
         if !(gt.m < SMALL_M && sgemm_few_rows::<V>(&gt, b, a, &mut t)) {
-            sgemm_packed::<V, MR>(&gt, b, a, &mut t);
+            sgemm_packed::<V, MR>(&gt, Operand::Strided(b), Operand::Strided(a), &mut t);
         }
         for i in 0..m {
             let row = &mut c[i * g.ldc..i * g.ldc + n];
@@ -486,116 +503,109 @@ fn sgemm_mr<V: VF32, const MR: usize>(g: &Gemm, a: &[f32], b: &[f32], c: &mut [f
         }
         return;
     }
-    sgemm_packed::<V, MR>(g, a, b, c)
+    sgemm_packed::<V, MR>(g, Operand::Strided(a), Operand::Strided(b), c)
 }
 
 /// The packed, blocked SGEMM accumulating `alpha*A*B` into C (beta already applied).
 #[inline(always)]
-fn sgemm_packed<V: VF32, const MR: usize>(g: &Gemm, a: &[f32], b: &[f32], c: &mut [f32]) {
+fn sgemm_packed<V: VF32, const MR: usize>(g: &Gemm, a: Operand<'_>, b: Operand<'_>, c: &mut [f32]) {
     let (m, n, k) = (g.m, g.n, g.k);
     let nr = 2 * V::LANES;
     let kc_max = KC.min(k);
     let nc_max = NC.min(n).div_ceil(nr) * nr;
     let mc_max = MC.min(m).div_ceil(MR) * MR;
-    let (bn, an) = (kc_max * nc_max, kc_max * mc_max);
+    let bn = if matches!(b, Operand::Strided(_)) {
+        kc_max * nc_max
+    } else {
+        0
+    };
+    let an = if matches!(a, Operand::Strided(_)) {
+        kc_max * mc_max
+    } else {
+        0
+    };
     let mut buf = super::scratch::<f32>(bn + an);
     let (bp, ap) = buf.split_at_mut(bn);
     sgemm_blocks::<V, MR>(g, a, b, c, bp, ap)
 }
 
-/// The blocked loops of [`sgemm_mr`] over packing buffers `bp` (B panels) and `ap` (A panels).
+/// The blocked loops of [`sgemm_mr`] over packing buffers `bp` (B panels) and `ap` (A panels),
+/// used for the strided operands (a packed one is read in place).
 #[inline(always)]
 fn sgemm_blocks<V: VF32, const MR: usize>(
     g: &Gemm,
-    a: &[f32],
-    b: &[f32],
+    a: Operand<'_>,
+    b: Operand<'_>,
     c: &mut [f32],
     bp: &mut [f32],
     ap: &mut [f32],
 ) {
     let (m, n, k) = (g.m, g.n, g.k);
     let nr = 2 * V::LANES;
-    let at = |i: usize, p: usize| a[i * g.a_rs as usize + p * g.a_cs as usize];
-    let bt = |p: usize, j: usize| b[p * g.b_rs as usize + j * g.b_cs as usize];
-
     let mut jc = 0;
     while jc < n {
         let nc = NC.min(n - jc);
         let mut pc = 0;
         while pc < k {
             let kc = KC.min(k - pc);
-            // pack B[pc.., jc..] into column panels of width nr, zero-padded
-            for (pi, panel) in bp.chunks_mut(kc * nr).take(nc.div_ceil(nr)).enumerate() {
-                let j0 = jc + pi * nr;
-                let w = nr.min(jc + nc - j0);
-                if g.b_rs == 1 && g.b_cs != 1 {
-                    // column-major B: read each column's run of kc contiguously
-                    for jj in 0..w {
-                        let s = (j0 + jj) * g.b_cs as usize + pc;
-                        for (p, &v) in b[s..s + kc].iter().enumerate() {
-                            panel[p * nr + jj] = v;
-                        }
-                    }
-                    for p in 0..kc {
-                        panel[p * nr + w..p * nr + nr].fill(0.0);
-                    }
-                    continue;
+            let npanels = nc.div_ceil(nr);
+            // B[pc.., jc..] as column panels of width nr: packed here, read in place from
+            // panels packed earlier, or read from its rows (the implicit GEMM)
+            let (bsrc, bstep): (&[f32], usize) = match b {
+                Operand::Strided(b) => {
+                    pack_b_block(g, b, pc, kc, jc, nc, nr, bp);
+                    (&bp[..npanels * kc * nr], kc * nr)
                 }
-                for p in 0..kc {
-                    let dst = &mut panel[p * nr..p * nr + nr];
-                    if g.b_cs == 1 {
-                        let s = (pc + p) * g.b_rs as usize + j0;
-                        dst[..w].copy_from_slice(&b[s..s + w]);
-                    } else {
-                        for (jj, d) in dst[..w].iter_mut().enumerate() {
-                            *d = bt(pc + p, j0 + jj);
-                        }
-                    }
-                    dst[w..].fill(0.0);
+                Operand::Panels { data, .. } => (&data[(jc / nr * k + pc) * nr..], k * nr),
+                Operand::Rows { data, .. } => (data, 0),
+            };
+            let rows = match b {
+                Operand::Rows { offs, .. } => {
+                    let rows = &offs[pc..pc + kc];
+                    let reach = npanels * nr + jc;
+                    assert!(
+                        rows.iter()
+                            .all(|&o| o.checked_add(reach).is_some_and(|e| e <= bsrc.len())),
+                        "sgemm: B rows run past their data"
+                    );
+                    rows
                 }
-            }
+                _ => &[],
+            };
             let mut ic = 0;
             while ic < m {
                 let mc = MC.min(m - ic);
-                // pack A[ic.., pc..] into row panels of height MR (alpha folded in)
-                for (pi, panel) in ap.chunks_mut(kc * MR).take(mc.div_ceil(MR)).enumerate() {
-                    let i0 = ic + pi * MR;
-                    let h = MR.min(ic + mc - i0);
-                    if g.a_cs == 1 {
-                        // row-major A: read each row's run of kc contiguously
-                        let panel = &mut panel[..kc * MR];
-                        for ii in 0..MR {
-                            if ii < h {
-                                let s = (i0 + ii) * g.a_rs as usize + pc;
-                                for (p, &v) in a[s..s + kc].iter().enumerate() {
-                                    panel[p * MR + ii] = g.alpha * v;
-                                }
-                            } else {
-                                for p in 0..kc {
-                                    panel[p * MR + ii] = 0.0;
-                                }
-                            }
-                        }
-                        continue;
+                let mpanels = mc.div_ceil(MR);
+                let (asrc, astep): (&[f32], usize) = match a {
+                    Operand::Panels { data, .. } => (&data[(ic / MR * k + pc) * MR..], k * MR),
+                    Operand::Strided(a) => {
+                        pack_a_block::<MR>(g, a, ic, mc, pc, kc, ap);
+                        (&ap[..mpanels * kc * MR], kc * MR)
                     }
-                    for p in 0..kc {
-                        let dst = &mut panel[p * MR..p * MR + MR];
-                        for (ii, d) in dst.iter_mut().enumerate() {
-                            *d = if ii < h {
-                                g.alpha * at(i0 + ii, pc + p)
-                            } else {
-                                0.0
-                            };
-                        }
-                    }
-                }
-                for (pj, bpanel) in bp.chunks(kc * nr).take(nc.div_ceil(nr)).enumerate() {
+                    // refused by the checks (a row operand is B only)
+                    Operand::Rows { .. } => return,
+                };
+                for pj in 0..npanels {
                     let j0 = jc + pj * nr;
                     let w = nr.min(jc + nc - j0);
-                    for (pi, apanel) in ap.chunks(kc * MR).take(mc.div_ceil(MR)).enumerate() {
+                    for pi in 0..mpanels {
                         let i0 = ic + pi * MR;
                         let h = MR.min(ic + mc - i0);
-                        micro::<V, MR>(kc, apanel, bpanel, c, i0 * g.ldc + j0, g.ldc, h, w);
+                        let apanel = &asrc[pi * astep..pi * astep + kc * MR];
+                        let c0 = i0 * g.ldc + j0;
+                        if rows.is_empty() {
+                            let bpanel = &bsrc[pj * bstep..pj * bstep + kc * nr];
+                            let brows = bpanel.chunks_exact(nr);
+                            micro::<V, MR>(kc, apanel, brows, c, c0, g.ldc, h, w);
+                        } else {
+                            // SAFETY: every row offset plus this block's columns rounded
+                            // up to whole panels lies inside `bsrc` (asserted above), and
+                            // j0 + nr <= jc + nc rounded up to nr.
+                            let brows = rows
+                                .iter()
+                                .map(|&o| unsafe { bsrc.get_unchecked(o + j0..o + j0 + nr) });
+                            micro::<V, MR>(kc, apanel, brows, c, c0, g.ldc, h, w);
+                        }
                     }
                 }
                 ic += mc;
@@ -603,6 +613,97 @@ fn sgemm_blocks<V: VF32, const MR: usize>(
             pc += kc;
         }
         jc += nc;
+    }
+}
+
+/// Packs `B[pc..pc+kc, jc..jc+nc]` (strided) into column panels of width `nr`, zero-padded.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn pack_b_block(
+    g: &Gemm,
+    b: &[f32],
+    pc: usize,
+    kc: usize,
+    jc: usize,
+    nc: usize,
+    nr: usize,
+    bp: &mut [f32],
+) {
+    let bt = |p: usize, j: usize| b[p * g.b_rs as usize + j * g.b_cs as usize];
+    for (pi, panel) in bp.chunks_mut(kc * nr).take(nc.div_ceil(nr)).enumerate() {
+        let j0 = jc + pi * nr;
+        let w = nr.min(jc + nc - j0);
+        if g.b_rs == 1 && g.b_cs != 1 {
+            // column-major B: read each column's run of kc contiguously
+            for jj in 0..w {
+                let s = (j0 + jj) * g.b_cs as usize + pc;
+                for (p, &v) in b[s..s + kc].iter().enumerate() {
+                    panel[p * nr + jj] = v;
+                }
+            }
+            for p in 0..kc {
+                panel[p * nr + w..p * nr + nr].fill(0.0);
+            }
+            continue;
+        }
+        for p in 0..kc {
+            let dst = &mut panel[p * nr..p * nr + nr];
+            if g.b_cs == 1 {
+                let s = (pc + p) * g.b_rs as usize + j0;
+                dst[..w].copy_from_slice(&b[s..s + w]);
+            } else {
+                for (jj, d) in dst[..w].iter_mut().enumerate() {
+                    *d = bt(pc + p, j0 + jj);
+                }
+            }
+            dst[w..].fill(0.0);
+        }
+    }
+}
+
+/// Packs `A[ic..ic+mc, pc..pc+kc]` (strided) into row panels of height `MR`, zero-padded,
+/// with alpha folded in.
+#[inline(always)]
+fn pack_a_block<const MR: usize>(
+    g: &Gemm,
+    a: &[f32],
+    ic: usize,
+    mc: usize,
+    pc: usize,
+    kc: usize,
+    ap: &mut [f32],
+) {
+    let at = |i: usize, p: usize| a[i * g.a_rs as usize + p * g.a_cs as usize];
+    for (pi, panel) in ap.chunks_mut(kc * MR).take(mc.div_ceil(MR)).enumerate() {
+        let i0 = ic + pi * MR;
+        let h = MR.min(ic + mc - i0);
+        if g.a_cs == 1 {
+            // row-major A: read each row's run of kc contiguously
+            let panel = &mut panel[..kc * MR];
+            for ii in 0..MR {
+                if ii < h {
+                    let s = (i0 + ii) * g.a_rs as usize + pc;
+                    for (p, &v) in a[s..s + kc].iter().enumerate() {
+                        panel[p * MR + ii] = g.alpha * v;
+                    }
+                } else {
+                    for p in 0..kc {
+                        panel[p * MR + ii] = 0.0;
+                    }
+                }
+            }
+            continue;
+        }
+        for p in 0..kc {
+            let dst = &mut panel[p * MR..p * MR + MR];
+            for (ii, d) in dst.iter_mut().enumerate() {
+                *d = if ii < h {
+                    g.alpha * at(i0 + ii, pc + p)
+                } else {
+                    0.0
+                };
+            }
+        }
     }
 }
 
@@ -715,13 +816,14 @@ fn dot4<V: VF32>(x: &[f32], ys: [&[f32]; 4]) -> [f32; 4] {
     out
 }
 
-/// Accumulates an `h x w` tile (h <= MR, w <= 2 lanes) of `A_panel · B_panel` into C.
+/// Accumulates an `h x w` tile (h <= MR, w <= 2 lanes) of `A_panel · B_panel` into C; the
+/// B panel's rows (`2 * LANES` values each) come from `brows`.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-fn micro<V: VF32, const MR: usize>(
+fn micro<'b, V: VF32, const MR: usize>(
     kc: usize,
     ap: &[f32],
-    bp: &[f32],
+    brows: impl Iterator<Item = &'b [f32]>,
     c: &mut [f32],
     c0: usize,
     ldc: usize,
@@ -733,8 +835,8 @@ fn micro<V: VF32, const MR: usize>(
     let z = V::splat(0.0);
     let mut acc = [[z; 2]; MR];
     let ap = &ap[..kc * MR];
-    let bp = &bp[..kc * nr];
-    for (av, bv) in ap.chunks_exact(MR).zip(bp.chunks_exact(nr)) {
+    for (av, bv) in ap.chunks_exact(MR).zip(brows) {
+        let bv = &bv[..nr];
         let b0 = V::load(bv);
         let b1 = V::load(&bv[l..]);
         for (r, accr) in acc.iter_mut().enumerate() {

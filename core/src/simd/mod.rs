@@ -29,7 +29,7 @@ mod wasm;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
-pub use gemm::Gemm;
+pub use gemm::{Gemm, Operand};
 pub use kernels::{Act, BinOp};
 pub use portable::Portable;
 
@@ -465,6 +465,18 @@ dispatch!(
 );
 
 dispatch!(
+    /// [`sgemm_unchecked`] with operands that may come packed (see [`Operand`]): checked by
+    /// the caller ([`sgemm_ops_checked`] checks).
+    fn sgemm_ops_unchecked / sgemm_ops_unchecked_on(g: &Gemm, a: Operand<'_>, b: Operand<'_>, c: &mut [f32]) => sgemm_ops
+);
+
+dispatch!(
+    /// The SGEMM micro-kernel's tile on this machine: (rows of A's panels, columns of B's
+    /// panels), the `panel` sizes [`Operand::Panels`] must have.
+    fn gemm_tile / gemm_tile_on() -> (usize, usize) => gemm_tile
+);
+
+dispatch!(
     /// `out[i] = a[i] op b[i % b.len()]` (b repeats; `b.len()` divides `a.len()`).
     fn binary_repeat / binary_repeat_on(op: BinOp, a: &[f32], b: &[f32], out: &mut [f32]) => binary_repeat
 );
@@ -532,6 +544,55 @@ pub fn sgemm_checked(g: &Gemm, a: &[f32], b: &[f32], c: &mut [f32]) -> bool {
         sgemm_unchecked(g, a, b, c);
     }
     ok
+}
+
+/// [`sgemm_ops_unchecked`] after checking both operands and C; returns `false` (doing
+/// nothing) when they do not fit. A packed A with `alpha != 1` is unpacked first (the packed
+/// path folds no alpha into A).
+pub fn sgemm_ops_checked(g: &Gemm, a: Operand<'_>, b: Operand<'_>, c: &mut [f32]) -> bool {
+    let (mr, nr) = gemm_tile();
+    let (m, n, k) = (g.m, g.n, g.k);
+    let strided_len = |o: &Operand<'_>| match o {
+        Operand::Strided(d) => d.len(),
+        // a packed side is checked below; give the strided check a length it accepts
+        _ => usize::MAX,
+    };
+    let mut gs = *g;
+    if !matches!(a, Operand::Strided(_)) {
+        gs.a_rs = 0;
+        gs.a_cs = 0;
+    }
+    if !matches!(b, Operand::Strided(_)) {
+        gs.b_rs = 0;
+        gs.b_cs = 0;
+    }
+    if matches!(a, Operand::Rows { .. })
+        || !gemm::gemm_fits(&gs, strided_len(&a), strided_len(&b), c.len())
+        || !a.panels_fit(m, k, mr)
+        || !b.panels_fit(n, k, nr)
+    {
+        return false;
+    }
+    if m == 0 || n == 0 {
+        return true;
+    }
+    if let (Operand::Panels { data, panel }, true) = (a, g.alpha != 1.0) {
+        let mut dense = scratch::<f32>(m * k);
+        for i in 0..m {
+            for p in 0..k {
+                dense[i * k + p] = data[(i / panel * k + p) * panel + i % panel];
+            }
+        }
+        let gd = Gemm {
+            a_rs: k as isize,
+            a_cs: 1,
+            ..*g
+        };
+        sgemm_ops_unchecked(&gd, Operand::Strided(&dense), b, c);
+        return true;
+    }
+    sgemm_ops_unchecked(g, a, b, c);
+    true
 }
 
 #[cfg(test)]
