@@ -8,8 +8,10 @@ use crate::dtype::DataType;
 use crate::error::Result;
 use crate::ir::Node;
 use crate::kernels::types::{FLOATS, INT8, NUMERIC};
-use crate::kernels::{bad_type, broadcast_shapes, def, opt_tensor_in, out1, tensor_in, LATEST};
-use crate::provider::{Gemm, Kernel, KernelCx, KernelDef};
+use crate::kernels::{
+    bad_type, broadcast_shapes, def, opt_tensor_in, out1, tensor_in, Prepacked, LATEST,
+};
+use crate::provider::{Gemm, Kernel, KernelCx, KernelDef, Operand};
 use crate::tensor::{gather_strided, Elem, Tensor};
 use crate::value::Value;
 use crate::{bail, unsupported};
@@ -294,6 +296,16 @@ fn gemm_batches<T: Num>(
 
 /// Numpy `matmul` of two tensors of element type `T`.
 pub(crate) fn matmul_t<T: Num>(cx: &KernelCx<'_>, a: &Tensor, b: &Tensor) -> Result<Tensor> {
+    matmul_packed::<T>(cx, a, b, None)
+}
+
+/// [`matmul_t`] with B's panels packed at load (`bp`: for this very B, see [`Prepacked`]).
+fn matmul_packed<T: Num>(
+    cx: &KernelCx<'_>,
+    a: &Tensor,
+    b: &Tensor,
+    bp: Option<&[f32]>,
+) -> Result<Tensor> {
     let (ra, rb) = (a.rank(), b.rank());
     if ra == 0 || rb == 0 {
         bail!(
@@ -334,10 +346,9 @@ pub(crate) fn matmul_t<T: Num>(cx: &KernelCx<'_>, a: &Tensor, b: &Tensor) -> Res
     }
     let nb: usize = batch.iter().product();
     let mut out = cx.output::<T>(0, &out_shape)?;
-    if out.in_arena() {
-        out.fill(T::ZERO);
-    }
     if nb == 0 || m == 0 || n == 0 || k == 0 {
+        // an empty product is zero (an arena region holds whatever was there)
+        out.fill(T::ZERO);
         return Ok(out.into_tensor());
     }
     let (ta, a_rs, a_cs) = mat_layout(&a2)?;
@@ -359,7 +370,7 @@ pub(crate) fn matmul_t<T: Num>(cx: &KernelCx<'_>, a: &Tensor, b: &Tensor) -> Res
             alpha: 1.0,
             beta: 0.0,
         };
-        T::gemm(cx, &g, &ad, &bd, &mut out);
+        gemm_b(cx, &g, &ad, &bd, bp, &mut out);
         return Ok(out.into_tensor());
     }
     let ia = broadcast_index_map(ba, &batch);
@@ -401,22 +412,80 @@ pub(crate) fn matmul(cx: &KernelCx<'_>, a: &Tensor, b: &Tensor) -> Result<Tensor
     }
 }
 
+/// Largest constant B (elements) packed at load: bigger weights (an LLM's) are read where they
+/// are rather than held twice.
+const PREPACK_MAX: usize = 1 << 24;
+
+/// Packs a constant 2-D B (`trans`: stored as B^T, [N, K]) into the SGEMM's B panels.
+fn pack_matrix_b(b: &Tensor, trans: bool) -> Option<Prepacked> {
+    Prepacked::new(b, |v, s| {
+        if s.len() != 2 || s[0] * s[1] == 0 || s[0] * s[1] > PREPACK_MAX {
+            return None;
+        }
+        let (k, n, rs, cs) = if trans {
+            (s[1], s[0], 1, s[1])
+        } else {
+            (s[0], s[1], s[1], 1)
+        };
+        let (_, nr) = crate::simd::gemm_tile();
+        Some(crate::simd::gemm::pack_b(
+            k,
+            n,
+            v,
+            rs as isize,
+            cs as isize,
+            nr,
+        ))
+    })
+}
+
+/// `C = alpha A·B + beta C`, B from its packed panels (`bp`) when f32 has them and the
+/// product's shape makes them pay (`simd::panels_pay`: a product of one to three rows reads B
+/// where it is, at memory speed).
+fn gemm_b<T: Num>(cx: &KernelCx<'_>, g: &Gemm, a: &[T], b: &[T], bp: Option<&[f32]>, c: &mut [T]) {
+    let pays = crate::simd::panels_pay(g.m, g.n);
+    if let (Some(bp), true, Some(a32), Some(c32)) = (bp, pays, T::as_f32(a), T::as_f32_mut(c)) {
+        let panel = crate::simd::gemm_tile().1;
+        let b = Operand::Panels { data: bp, panel };
+        return cx.cpu.sgemm_ops(g, Operand::Strided(a32), b, c32);
+    }
+    T::gemm(cx, g, a, b, c)
+}
+
+/// `MatMul`, with a constant 2-D B packed at load.
+struct MatMulKernel {
+    packed: Option<Prepacked>,
+}
+
+impl Kernel for MatMulKernel {
+    fn compute(&self, cx: &KernelCx<'_>, inputs: &[Option<&Value>]) -> Result<Vec<Value>> {
+        let a = tensor_in(inputs, 0)?;
+        let b = tensor_in(inputs, 1)?;
+        let bp = self.packed.as_ref().and_then(|p| p.for_tensor(b));
+        match (bp, a.dtype()) {
+            (Some(bp), DataType::Float) => out1(matmul_packed::<f32>(cx, a, b, Some(bp))?),
+            _ => out1(matmul(cx, a, b)?),
+        }
+    }
+
+    fn prepare(&mut self, consts: &[Option<&Tensor>]) {
+        if let Some(Some(b)) = consts.get(1) {
+            self.packed = pack_matrix_b(b, false);
+        }
+    }
+}
+
 fn build_matmul(_node: &Node) -> Result<Box<dyn Kernel>> {
-    Ok(Box::new(
-        |cx: &KernelCx<'_>, inputs: &[Option<&Value>]| -> Result<Vec<Value>> {
-            let a = tensor_in(inputs, 0)?;
-            let b = tensor_in(inputs, 1)?;
-            out1(matmul(cx, a, b)?)
-        },
-    ))
+    Ok(Box::new(MatMulKernel { packed: None }))
 }
 
 // ----------------------------------------------------------------------------- Gemm
 
+#[allow(clippy::too_many_arguments)]
 fn gemm_t<T: Num>(
     cx: &KernelCx<'_>,
     a: &Tensor,
-    b: &Tensor,
+    (b, bp): (&Tensor, Option<&[f32]>),
     c: Option<&Tensor>,
     trans_a: bool,
     trans_b: bool,
@@ -450,7 +519,8 @@ fn gemm_t<T: Num>(
         );
     }
     let mut out = cx.output::<T>(0, &[m, n])?;
-    if out.in_arena() {
+    if out.in_arena() && (k == 0 || c.is_none() || beta == 0.0) {
+        // the product overwrites (beta 0) unless it is empty; C is copied in below
         out.fill(T::ZERO);
     }
     let mut have_c = false;
@@ -495,49 +565,74 @@ fn gemm_t<T: Num>(
             alpha,
             beta: if have_c { 1.0 } else { 0.0 },
         };
-        T::gemm(cx, &g, &ad, &bd, &mut out);
+        gemm_b(cx, &g, &ad, &bd, bp, &mut out);
     }
     Ok(out.into_tensor())
 }
 
-fn build_gemm(node: &Node) -> Result<Box<dyn Kernel>> {
-    let trans_a = node.get_i("transA", 0)? != 0;
-    let trans_b = node.get_i("transB", 0)? != 0;
-    let alpha = node.get_f("alpha", 1.0)?;
-    let beta = node.get_f("beta", 1.0)?;
-    Ok(Box::new(
-        move |cx: &KernelCx<'_>, inputs: &[Option<&Value>]| -> Result<Vec<Value>> {
-            let a = tensor_in(inputs, 0)?;
-            let b = tensor_in(inputs, 1)?;
-            let c = opt_tensor_in(inputs, 2)?;
-            if a.dtype() != b.dtype() || c.is_some_and(|c| c.dtype() != a.dtype()) {
-                bail!("Gemm: input types differ");
+/// `Gemm`, with a constant B packed at load.
+struct GemmKernel {
+    trans_a: bool,
+    trans_b: bool,
+    alpha: f32,
+    beta: f32,
+    packed: Option<Prepacked>,
+}
+
+impl Kernel for GemmKernel {
+    fn compute(&self, cx: &KernelCx<'_>, inputs: &[Option<&Value>]) -> Result<Vec<Value>> {
+        let (trans_a, trans_b, alpha, beta) = (self.trans_a, self.trans_b, self.alpha, self.beta);
+        let a = tensor_in(inputs, 0)?;
+        let b = tensor_in(inputs, 1)?;
+        let c = opt_tensor_in(inputs, 2)?;
+        if a.dtype() != b.dtype() || c.is_some_and(|c| c.dtype() != a.dtype()) {
+            bail!("Gemm: input types differ");
+        }
+        let r = match a.dtype() {
+            DataType::Float16 | DataType::Bfloat16 => {
+                let cw = match c {
+                    Some(c) => Some(widen_f32(c)?),
+                    None => None,
+                };
+                let (aw, bw) = (widen_f32(a)?, widen_f32(b)?);
+                let r = gemm_t::<f32>(
+                    cx,
+                    &aw,
+                    (&bw, None),
+                    cw.as_ref(),
+                    trans_a,
+                    trans_b,
+                    alpha,
+                    beta,
+                )?;
+                narrow_f32(r, a.dtype())?
             }
-            let r = match a.dtype() {
-                DataType::Float16 | DataType::Bfloat16 => {
-                    let cw = match c {
-                        Some(c) => Some(widen_f32(c)?),
-                        None => None,
-                    };
-                    let r = gemm_t::<f32>(
-                        cx,
-                        &widen_f32(a)?,
-                        &widen_f32(b)?,
-                        cw.as_ref(),
-                        trans_a,
-                        trans_b,
-                        alpha,
-                        beta,
-                    )?;
-                    narrow_f32(r, a.dtype())?
-                }
-                dt => crate::dispatch_numeric!(dt, T =>
-                    gemm_t::<T>(cx, a, b, c, trans_a, trans_b, alpha, beta)?,
-                    else return Err(bad_type("Gemm", dt))),
-            };
-            out1(r)
-        },
-    ))
+            DataType::Float => {
+                let bp = self.packed.as_ref().and_then(|p| p.for_tensor(b));
+                gemm_t::<f32>(cx, a, (b, bp), c, trans_a, trans_b, alpha, beta)?
+            }
+            dt => crate::dispatch_numeric!(dt, T =>
+                gemm_t::<T>(cx, a, (b, None), c, trans_a, trans_b, alpha, beta)?,
+                else return Err(bad_type("Gemm", dt))),
+        };
+        out1(r)
+    }
+
+    fn prepare(&mut self, consts: &[Option<&Tensor>]) {
+        if let Some(Some(b)) = consts.get(1) {
+            self.packed = pack_matrix_b(b, self.trans_b);
+        }
+    }
+}
+
+fn build_gemm(node: &Node) -> Result<Box<dyn Kernel>> {
+    Ok(Box::new(GemmKernel {
+        trans_a: node.get_i("transA", 0)? != 0,
+        trans_b: node.get_i("transB", 0)? != 0,
+        alpha: node.get_f("alpha", 1.0)?,
+        beta: node.get_f("beta", 1.0)?,
+        packed: None,
+    }))
 }
 
 // ----------------------------------------------------------------------------- integer matmul
@@ -1150,6 +1245,54 @@ mod tests {
         run(&node("MatMul", 13, vec![], 1), &[Some(a), Some(b)])
             .unwrap()
             .remove(0)
+    }
+
+    #[test]
+    fn constant_b_packed_at_load_gives_the_same_product_and_only_for_its_tensor() {
+        use crate::provider::ReferenceCpu;
+        // MatMul with a batch of A rows (one tall product), and Gemm with B transposed, alpha
+        // and a broadcast C; a second B of the same shape must not use the packed one
+        let cx = KernelCx::new(&ReferenceCpu);
+        let eval = |k: &dyn Kernel, ins: &[Tensor]| -> Vec<f32> {
+            let vals: Vec<Value> = ins.iter().cloned().map(Value::Tensor).collect();
+            let refs: Vec<Option<&Value>> = vals.iter().map(Some).collect();
+            match k.compute(&cx, &refs).unwrap().remove(0) {
+                Value::Tensor(t) => t.to_f32_vec().unwrap(),
+                _ => panic!("not a tensor"),
+            }
+        };
+        let (m, k, n) = (9usize, 300usize, 40usize);
+        let a = t32(&[3, m, k], seq(3 * m * k, 7, 11, 0.25));
+        let b = t32(&[k, n], seq(k * n, 5, 13, 0.125));
+        let b2 = t32(&[k, n], seq(k * n, 3, 17, 0.5));
+        let mut km = build_matmul(&node("MatMul", 13, vec![], 1)).unwrap();
+        km.prepare(&[None, Some(&b)]);
+        let fresh = build_matmul(&node("MatMul", 13, vec![], 1)).unwrap();
+        for bb in [&b, &b2] {
+            let ins = [a.clone(), bb.clone()];
+            assert_eq!(eval(&*km, &ins), eval(&*fresh, &ins), "MatMul");
+        }
+        let gnode = node(
+            "Gemm",
+            13,
+            vec![
+                ("transB", AttrValue::Int(1)),
+                ("alpha", AttrValue::Float(0.5)),
+                ("beta", AttrValue::Float(2.0)),
+            ],
+            1,
+        );
+        let a = t32(&[m, k], seq(m * k, 7, 11, 0.25));
+        let bt = t32(&[n, k], seq(k * n, 5, 13, 0.125));
+        let bt2 = t32(&[n, k], seq(k * n, 3, 17, 0.5));
+        let c = t32(&[n], seq(n, 3, 7, 0.5));
+        let mut kg = build_gemm(&gnode).unwrap();
+        kg.prepare(&[None, Some(&bt), None]);
+        let fresh = build_gemm(&gnode).unwrap();
+        for bb in [&bt, &bt2] {
+            let ins = [a.clone(), bb.clone(), c.clone()];
+            assert_eq!(eval(&*kg, &ins), eval(&*fresh, &ins), "Gemm");
+        }
     }
 
     #[test]

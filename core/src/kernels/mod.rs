@@ -519,6 +519,52 @@ macro_rules! dispatch_float {
 }
 
 /// Error for an element type a kernel does not handle.
+/// f32 weights packed once at load for the SGEMM (a kernel's [`prepare`](Kernel::prepare)),
+/// with what identifies the tensor they came from: a kernel uses them only when `compute` is
+/// given that very tensor (the same storage and shape), so a fed value is never computed with
+/// stale weights.
+pub(crate) struct Prepacked {
+    /// Address and length of the source tensor's elements.
+    key: (usize, usize),
+    shape: Vec<usize>,
+    pub data: Vec<f32>,
+}
+
+impl Prepacked {
+    /// Packs an f32 tensor held in its own contiguous storage with `pack` (which sees the
+    /// elements and the shape; `None`: nothing worth packing).
+    pub fn new(
+        w: &Tensor,
+        pack: impl FnOnce(&[f32], &[usize]) -> Option<Vec<f32>>,
+    ) -> Option<Prepacked> {
+        if w.dtype() != DataType::Float {
+            return None;
+        }
+        let v = w.as_slice::<f32>().ok()?;
+        let alloc::borrow::Cow::Borrowed(v) = v else {
+            return None;
+        };
+        Some(Prepacked {
+            key: (v.as_ptr() as usize, v.len()),
+            shape: w.shape().to_vec(),
+            data: pack(v, w.shape())?,
+        })
+    }
+
+    /// The packed data when `w` is the tensor it was packed from.
+    pub fn for_tensor(&self, w: &Tensor) -> Option<&[f32]> {
+        if w.dtype() != DataType::Float || w.shape() != self.shape.as_slice() {
+            return None;
+        }
+        match w.as_slice::<f32>().ok()? {
+            alloc::borrow::Cow::Borrowed(v) if (v.as_ptr() as usize, v.len()) == self.key => {
+                Some(self.data.as_slice())
+            }
+            _ => None,
+        }
+    }
+}
+
 pub fn bad_type(op: &str, dt: DataType) -> Error {
     Error::Unsupported {
         ctx: Default::default(),

@@ -9,7 +9,9 @@ use crate::error::Result;
 use crate::ir::Node;
 use crate::kernels::linalg::{narrow_f32, widen_f32, Num};
 use crate::kernels::types::{FLOATS, INT8, PLAIN};
-use crate::kernels::{bad_type, def, def_in, dims_of, opt_tensor_in, out1, tensor_in, LATEST};
+use crate::kernels::{
+    bad_type, def, def_in, dims_of, opt_tensor_in, out1, tensor_in, Prepacked, LATEST,
+};
 use crate::provider::{CpuBackend, Gemm, Kernel, KernelCx, KernelDef, Operand};
 use crate::simd;
 use crate::tensor::{Elem, Tensor};
@@ -616,6 +618,7 @@ fn conv_tile_product<T: Num>(
             data: &bp,
             panel: nr,
         };
+        let wpg = wpg.filter(|_| crate::simd::panels_pay(mg, nc));
         cx.cpu.sgemm_ops(&gm, weights_operand(w, wpg), b, c);
         return;
     }
@@ -624,7 +627,7 @@ fn conv_tile_product<T: Num>(
     T::gemm(cx, &gm, wg, col, c);
 }
 
-/// Group `gi`'s rows of convolution weights packed by [`PackedConvWeights`] (`mg` rows of
+/// Group `gi`'s rows of convolution weights packed by [`pack_conv_weights`] (`mg` rows of
 /// `kdim` per group, each group starting on a panel of its own).
 fn packed_group(wp: Option<&[f32]>, gi: usize, mg: usize, kdim: usize) -> Option<&[f32]> {
     let (mr, _) = crate::simd::gemm_tile();
@@ -652,6 +655,7 @@ fn pointwise_gemm<T: Num>(
     b: &[T],
     c: &mut [T],
 ) {
+    let wpg = wpg.filter(|_| crate::simd::panels_pay(gm.m, gm.n));
     if let (Some(wpg), Some(b), Some(c)) = (wpg, T::as_f32(b), T::as_f32_mut(c)) {
         return cx
             .cpu
@@ -846,7 +850,7 @@ impl<T: 'static> ConvEpilogue<'static, T> {
 }
 
 /// Convolution of `x` ([N, C, inp..]) with `w` ([M, C/group, k..]; `wp`: the same packed by
-/// [`PackedConvWeights`], when it was) plus optional bias, into `y` ([N, M, out..]; every
+/// [`pack_conv_weights`], when it was) plus optional bias, into `y` ([N, M, out..]; every
 /// element is written), then the epilogue.
 #[allow(clippy::too_many_arguments)]
 fn conv_compute_into<T: Num>(
@@ -1141,6 +1145,7 @@ fn conv_implicit<T: Num>(
                     data: x32,
                     offs: &offs,
                 };
+                let wpg = wpg.filter(|_| crate::simd::panels_pay(mg, nc));
                 cx.cpu.sgemm_ops(&gm, weights_operand(w32, wpg), b, c32);
                 // store the valid positions of each padded row that meets [q0, q0 + nc)
                 let pw = pext[last];
@@ -1368,37 +1373,17 @@ fn conv_typed<T: Num>(
     Ok(y.into_tensor())
 }
 
-/// A convolution's weights packed once into the SGEMM's A panels, group by group (each
-/// group's `M/group` rows start on a panel of their own), with what identifies the tensor
-/// they came from: `compute` uses them only for that very tensor.
-struct PackedConvWeights {
-    /// Address and length of the source tensor's elements.
-    key: (usize, usize),
-    shape: Vec<usize>,
-    data: Vec<f32>,
-}
-
-impl PackedConvWeights {
-    /// Packs an f32 W ([M, C/group, k..]) for the GEMM paths (not for depthwise weights,
-    /// which a direct kernel reads as they are).
-    fn new(w: &Tensor, group: usize) -> Option<PackedConvWeights> {
-        let ws = w.shape();
-        if w.dtype() != DataType::Float
-            || ws.len() < 3
-            || group == 0
-            || !ws[0].is_multiple_of(group)
-        {
+/// Packs convolution weights W ([M, C/group, k..]) into the SGEMM's A panels, group by group
+/// (each group's `M/group` rows start on a panel of their own); not depthwise weights, which
+/// a direct kernel reads as they are.
+fn pack_conv_weights(w: &Tensor, group: usize) -> Option<Prepacked> {
+    Prepacked::new(w, |wv, ws| {
+        if ws.len() < 3 || group == 0 || !ws[0].is_multiple_of(group) {
             return None;
         }
         let (m, cg) = (ws[0], ws[1]);
-        if cg == 1 && group == m {
-            return None;
-        }
-        let wv = w.as_slice::<f32>().ok()?;
-        let key = borrowed_key(&wv)?;
-        let mg = m / group;
-        let kdim: usize = ws[1..].iter().product();
-        if kdim == 0 || mg == 0 {
+        let (mg, kdim) = (m / group, ws[1..].iter().product::<usize>());
+        if (cg == 1 && group == m) || kdim == 0 || mg == 0 {
             return None;
         }
         let (mr, _) = crate::simd::gemm_tile();
@@ -1414,28 +1399,8 @@ impl PackedConvWeights {
                 mr,
             ));
         }
-        Some(PackedConvWeights {
-            key,
-            shape: ws.to_vec(),
-            data,
-        })
-    }
-
-    /// The packed weights when `w` is the tensor they were packed from.
-    fn for_tensor(&self, w: &Tensor) -> Option<&[f32]> {
-        let key = borrowed_key(&w.as_slice::<f32>().ok()?)?;
-        (key == self.key && w.shape() == self.shape.as_slice()).then_some(self.data.as_slice())
-    }
-}
-
-/// Address and length of a tensor's own storage (none for a gathered copy: the `Cow`'s
-/// variant is the point, hence the reference to it).
-#[allow(clippy::ptr_arg)]
-fn borrowed_key(s: &alloc::borrow::Cow<'_, [f32]>) -> Option<(usize, usize)> {
-    match s {
-        alloc::borrow::Cow::Borrowed(v) => Some((v.as_ptr() as usize, v.len())),
-        alloc::borrow::Cow::Owned(_) => None,
-    }
+        Some(data)
+    })
 }
 
 /// `Conv` and `com.microsoft:FusedConv` (`fused`: inputs X, W, B, Z and an activation),
@@ -1445,7 +1410,7 @@ struct ConvKernel {
     group: usize,
     fused: bool,
     act: Option<simd::Act>,
-    packed: Option<PackedConvWeights>,
+    packed: Option<Prepacked>,
 }
 
 impl ConvKernel {
@@ -1494,7 +1459,7 @@ impl Kernel for ConvKernel {
 
     fn prepare(&mut self, consts: &[Option<&Tensor>]) {
         if let Some(Some(w)) = consts.get(1) {
-            self.packed = PackedConvWeights::new(w, self.group);
+            self.packed = pack_conv_weights(w, self.group);
         }
     }
 }

@@ -546,6 +546,13 @@ pub fn sgemm_checked(g: &Gemm, a: &[f32], b: &[f32], c: &mut [f32]) -> bool {
     ok
 }
 
+/// Whether an `m x n` product should take packed operands: below four rows or with C no
+/// wider than half a B panel, the SGEMM's strided paths (unpacked rows, the transposed narrow
+/// product) beat panels that would be mostly padding.
+pub fn panels_pay(m: usize, n: usize) -> bool {
+    m >= 4 && 2 * n > gemm_tile().1
+}
+
 /// [`sgemm_ops_unchecked`] after checking both operands and C; returns `false` (doing
 /// nothing) when they do not fit. A packed A with `alpha != 1` is unpacked first (the packed
 /// path folds no alpha into A).
