@@ -3111,7 +3111,8 @@ mod tests {
 
     #[test]
     fn stride_one_convolutions_match_a_direct_convolution() {
-        // the implicit GEMM's cases: asymmetric pads, dilation, groups, several images, a
+        // the implicit GEMM's cases (and the depthwise kernel's): asymmetric pads, dilation,
+        // groups, several images, a
         // reduction deeper than one SGEMM block (C/group * k > 256), several position tiles,
         // and 1-D and 3-D planes (3-D has padded rows between valid ones)
         struct Case {
@@ -3142,6 +3143,21 @@ mod tests {
                 group: 1,
                 dil: vec![2],
                 pads: vec![3, 1],
+            },
+            // depthwise (the direct kernel), a wide and a narrow plane
+            Case {
+                xs: vec![2, 4, 5, 70],
+                ws: vec![4, 1, 3, 3],
+                group: 4,
+                dil: vec![1, 2],
+                pads: vec![1, 2, 0, 1],
+            },
+            Case {
+                xs: vec![1, 4, 9, 9],
+                ws: vec![4, 1, 3, 3],
+                group: 4,
+                dil: vec![1, 1],
+                pads: vec![1, 1, 1, 1],
             },
             Case {
                 xs: vec![1, 2, 4, 5, 6],
