@@ -610,7 +610,10 @@ fn conv_tile_product<T: Num>(
         alpha: 1.0,
         beta,
     };
-    if let (Some(x), Some(w), Some(c)) = (T::as_f32(xg), T::as_f32(wg), T::as_f32_mut(c)) {
+    let pays = crate::simd::panels_pay(mg, nc);
+    if let (Some(x), Some(w), Some(c), true) =
+        (T::as_f32(xg), T::as_f32(wg), T::as_f32_mut(c), pays)
+    {
         let (_, nr) = crate::simd::gemm_tile();
         let mut bp = crate::simd::scratch::<f32>(kdim * nc.div_ceil(nr) * nr);
         im2col_panels(x, g, p0, nc, kdim, nr, &mut bp);
@@ -618,11 +621,18 @@ fn conv_tile_product<T: Num>(
             data: &bp,
             panel: nr,
         };
-        let wpg = wpg.filter(|_| crate::simd::panels_pay(mg, nc));
         cx.cpu.sgemm_ops(&gm, weights_operand(w, wpg), b, c);
         return;
     }
-    let col = &mut col[..kdim * nc];
+    // a few rows or a narrow C (a strided 1-D convolution with a few output positions): the
+    // SGEMM's strided paths (unpacked rows, the transposed narrow product) win; f32 callers
+    // pass no patch buffer, so take one here
+    let mut own = crate::simd::scratch::<T>(if col.len() < kdim * nc { kdim * nc } else { 0 });
+    let col = if col.len() < kdim * nc {
+        &mut own[..]
+    } else {
+        &mut col[..kdim * nc]
+    };
     im2col(cx.cpu, xg, g, p0, nc, col, T::ZERO);
     T::gemm(cx, &gm, wg, col, c);
 }
