@@ -197,14 +197,6 @@ pub fn pack_a(m: usize, k: usize, a: &[f32], rs: isize, cs: isize, panel: usize)
 /// Packs B (k x n, through the strides) into panels of `panel` columns (the layout of
 /// [`Operand::Panels`]).
 pub fn pack_b(k: usize, n: usize, b: &[f32], rs: isize, cs: isize, panel: usize) -> Vec<f32> {
-    let mut out = alloc::vec![0f32; n.div_ceil(panel) * k * panel];
-    for (pj, dst) in out.chunks_exact_mut(k * panel).enumerate() {
-        for jj in 0..panel.min(n - pj * panel) {
-            let j = pj * panel + jj;
-            for p in 0..k {
-                dst[p * panel + jj] = b[(p as isize * rs + j as isize * cs) as usize];
-            }
-        }
-    }
-    out
+    // B's column panels are the row panels of B^T
+    pack_a(n, k, b, cs, rs, panel)
 }

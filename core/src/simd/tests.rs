@@ -216,6 +216,22 @@ fn sgemm_matches_reference_across_blocking_edges() {
     }
 }
 
+/// A 2 x 2 x 2 row-major product (for the bounds checks).
+fn two_by_two() -> Gemm {
+    Gemm {
+        m: 2,
+        n: 2,
+        k: 2,
+        a_rs: 2,
+        a_cs: 1,
+        b_rs: 2,
+        b_cs: 1,
+        ldc: 2,
+        alpha: 1.0,
+        beta: 0.0,
+    }
+}
+
 #[test]
 fn packed_and_row_operands_give_the_strided_product_on_every_isa() {
     // A packed into row panels, B packed into column panels, and B read from row windows of
@@ -314,18 +330,7 @@ fn packed_and_row_operands_give_the_strided_product_on_every_isa() {
             }
         }
         // operands that do not fit are refused, not read past
-        let g = Gemm {
-            m: 2,
-            n: 2,
-            k: 2,
-            a_rs: 2,
-            a_cs: 1,
-            b_rs: 2,
-            b_cs: 1,
-            ldc: 2,
-            alpha: 1.0,
-            beta: 0.0,
-        };
+        let g = two_by_two();
         let mut c = [7f32; 4];
         let short = [1.0f32; 3];
         let a = [1.0f32; 4];
@@ -350,18 +355,7 @@ fn packed_and_row_operands_give_the_strided_product_on_every_isa() {
 
 #[test]
 fn sgemm_checked_refuses_out_of_bounds_operands() {
-    let g = Gemm {
-        m: 2,
-        n: 2,
-        k: 2,
-        a_rs: 2,
-        a_cs: 1,
-        b_rs: 2,
-        b_cs: 1,
-        ldc: 2,
-        alpha: 1.0,
-        beta: 0.0,
-    };
+    let g = two_by_two();
     let mut c = [7f32; 4];
     assert!(!sgemm_checked(&g, &[1.0; 3], &[1.0; 4], &mut c));
     assert_eq!(c, [7.0; 4], "nothing written");
