@@ -75,9 +75,11 @@ pub trait Kernel: Send + Sync {
     /// Called once at load with the node's inputs that are constant initializers (`None` for
     /// the others), so a kernel can prepare what depends only on them (weights packed into
     /// the SGEMM's layout). A prepared kernel must still compute right when `compute` is
-    /// given other values (it checks that they are the ones it prepared).
-    fn prepare(&mut self, consts: &[Option<&Tensor>]) {
+    /// given other values (it checks that they are the ones it prepared). Returns the bytes
+    /// it now holds for that (reported as `PartitionReport::prepacked_bytes`).
+    fn prepare(&mut self, consts: &[Option<&Tensor>]) -> usize {
         let _ = consts;
+        0
     }
 }
 

@@ -57,6 +57,9 @@ pub struct SessionOptions {
     pub phase_profile: bool,
     /// The target's monotonic clock in nanoseconds (profiling reads 0 without one).
     pub clock: Option<Clock>,
+    /// Keep kernels from packing constant weights at load (`Kernel::prepare`): less memory
+    /// (packed copies sit next to the initializers), slower Conv/MatMul/Gemm.
+    pub disable_prepacking: bool,
 }
 
 /// A public description of a graph input or output.
@@ -94,6 +97,9 @@ pub struct PartitionReport {
     /// (provider name, what it runs on) for each provider that describes itself (a device
     /// provider's adapter, features and limits).
     pub devices: Vec<(String, String)>,
+    /// Bytes the kernels hold in weights packed at load (`Kernel::prepare`), subgraphs
+    /// included.
+    pub prepacked_bytes: usize,
 }
 
 /// A node a preferred provider declined.
@@ -372,7 +378,8 @@ impl Session {
         }
         let graph = Arc::new(model.graph);
         let t1 = clock();
-        let plan = compile(&graph, &providers, &mut report, None)?;
+        let prepack = !opts.disable_prepacking;
+        let plan = compile(&graph, &providers, &mut report, None, prepack)?;
         let t2 = clock();
         let mut log = ProfileLog::default();
         if profiling {
@@ -1539,6 +1546,7 @@ fn compile(
     providers: &[Arc<dyn ExecutionProvider>],
     report: &mut PartitionReport,
     parent: Option<&Graph>,
+    prepack: bool,
 ) -> Result<Plan> {
     let g = &**graph;
     let mut captures = Vec::with_capacity(g.captures.len());
@@ -1573,8 +1581,8 @@ fn compile(
                     .ok_or_else(|| Error::node(&node.ctx(), "If without else_branch"))?;
                 count(report, "cpu", 1);
                 StepKind::If {
-                    then_branch: Box::new(compile(then_g, providers, report, Some(g))?),
-                    else_branch: Box::new(compile(else_g, providers, report, Some(g))?),
+                    then_branch: Box::new(compile(then_g, providers, report, Some(g), prepack)?),
+                    else_branch: Box::new(compile(else_g, providers, report, Some(g), prepack)?),
                 }
             }
             ("", "Loop") => {
@@ -1583,7 +1591,7 @@ fn compile(
                     .ok_or_else(|| Error::node(&node.ctx(), "Loop without body"))?;
                 count(report, "cpu", 1);
                 StepKind::Loop {
-                    body: Box::new(compile(body, providers, report, Some(g))?),
+                    body: Box::new(compile(body, providers, report, Some(g), prepack)?),
                 }
             }
             ("", "Scan") => {
@@ -1592,7 +1600,7 @@ fn compile(
                     .ok_or_else(|| Error::node(&node.ctx(), "Scan without body"))?;
                 count(report, "cpu", 1);
                 StepKind::Scan {
-                    body: Box::new(compile(body, providers, report, Some(g))?),
+                    body: Box::new(compile(body, providers, report, Some(g), prepack)?),
                 }
             }
             ("", "SequenceMap") => {
@@ -1601,7 +1609,7 @@ fn compile(
                     .ok_or_else(|| Error::node(&node.ctx(), "SequenceMap without body"))?;
                 count(report, "cpu", 1);
                 StepKind::SequenceMap {
-                    body: Box::new(compile(body, providers, report, Some(g))?),
+                    body: Box::new(compile(body, providers, report, Some(g), prepack)?),
                 }
             }
             _ => {
@@ -1634,7 +1642,9 @@ fn compile(
                                     None => None,
                                 })
                                 .collect();
-                            kernel.prepare(&consts);
+                            if prepack {
+                                report.prepacked_bytes += kernel.prepare(&consts);
+                            }
                             count(report, providers[pi].name(), 1);
                             if !declined.is_empty() {
                                 report.fallbacks.push(Fallback {

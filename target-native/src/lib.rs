@@ -214,6 +214,7 @@ pub struct SessionBuilder {
     mode: ExecMode,
     phase_profile: bool,
     keep_freed_memory: bool,
+    prepack_weights: bool,
 }
 
 impl Default for SessionBuilder {
@@ -225,6 +226,7 @@ impl Default for SessionBuilder {
             mode: ExecMode::Planned,
             phase_profile: false,
             keep_freed_memory: true,
+            prepack_weights: true,
         }
     }
 }
@@ -263,12 +265,21 @@ impl SessionBuilder {
         self
     }
 
+    /// Whether kernels pack constant weights (Conv's W, MatMul's and Gemm's constant B) into
+    /// the SGEMM's layout once at load (default on; `Session::partition().prepacked_bytes`
+    /// says how much memory that holds). Off saves that memory and runs those ops slower.
+    pub fn prepack_weights(mut self, on: bool) -> Self {
+        self.prepack_weights = on;
+        self
+    }
+
     fn options(&self) -> SessionOptions {
         SessionOptions {
             optimization: self.optimization,
             mode: self.mode,
             phase_profile: self.phase_profile,
             clock: Some(now_ns),
+            disable_prepacking: !self.prepack_weights,
         }
     }
 

@@ -398,3 +398,36 @@ fn constant_scales_and_shifts_fold_into_the_convolution() {
         }
     }
 }
+
+#[test]
+fn weights_packed_at_load_are_reported_and_can_be_turned_off() {
+    // the pointwise and the 3x3 case (depthwise weights are read as they are, never packed)
+    for &cs in &CASES[1..] {
+        let bytes = conv_chain(cs, false, false, None, false);
+        let x = Tensor::from_vec(&[1, cs.c, cs.hw, cs.hw], data(cs.c * cs.hw * cs.hw, 7)).unwrap();
+        let go = |prepack: bool| {
+            let s = Session::builder()
+                .prepack_weights(prepack)
+                .load_bytes(&bytes)
+                .unwrap();
+            let held = s.partition().prepacked_bytes;
+            let y = values(
+                s.run(vec![("x", x.clone())]).unwrap()["y"]
+                    .as_tensor()
+                    .unwrap(),
+            );
+            (held, y)
+        };
+        let (held, packed) = go(true);
+        let (none, plain) = go(false);
+        // W is [m, c/group, k, k]: each group's rows padded to whole panels of A
+        assert!(
+            held >= cs.m * (cs.c / cs.group) * cs.k * cs.k * 4,
+            "{held} bytes packed for group {} k {}",
+            cs.group,
+            cs.k
+        );
+        assert_eq!(none, 0, "nothing packed when turned off");
+        assert_eq!(packed, plain, "group {} k {}", cs.group, cs.k);
+    }
+}

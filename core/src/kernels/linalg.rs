@@ -468,10 +468,11 @@ impl Kernel for MatMulKernel {
         }
     }
 
-    fn prepare(&mut self, consts: &[Option<&Tensor>]) {
+    fn prepare(&mut self, consts: &[Option<&Tensor>]) -> usize {
         if let Some(Some(b)) = consts.get(1) {
             self.packed = pack_matrix_b(b, false);
         }
+        self.packed.as_ref().map_or(0, Prepacked::bytes)
     }
 }
 
@@ -618,10 +619,11 @@ impl Kernel for GemmKernel {
         out1(r)
     }
 
-    fn prepare(&mut self, consts: &[Option<&Tensor>]) {
+    fn prepare(&mut self, consts: &[Option<&Tensor>]) -> usize {
         if let Some(Some(b)) = consts.get(1) {
             self.packed = pack_matrix_b(b, self.trans_b);
         }
+        self.packed.as_ref().map_or(0, Prepacked::bytes)
     }
 }
 

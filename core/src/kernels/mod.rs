@@ -551,6 +551,11 @@ impl Prepacked {
         })
     }
 
+    /// Bytes held by the packed copy.
+    pub fn bytes(&self) -> usize {
+        self.data.len() * core::mem::size_of::<f32>()
+    }
+
     /// The packed data when `w` is the tensor it was packed from.
     pub fn for_tensor(&self, w: &Tensor) -> Option<&[f32]> {
         if w.dtype() != DataType::Float || w.shape() != self.shape.as_slice() {

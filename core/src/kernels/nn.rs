@@ -1467,10 +1467,11 @@ impl Kernel for ConvKernel {
         }
     }
 
-    fn prepare(&mut self, consts: &[Option<&Tensor>]) {
+    fn prepare(&mut self, consts: &[Option<&Tensor>]) -> usize {
         if let Some(Some(w)) = consts.get(1) {
             self.packed = pack_conv_weights(w, self.group);
         }
+        self.packed.as_ref().map_or(0, Prepacked::bytes)
     }
 }
 
