@@ -156,11 +156,8 @@ impl CpuBackend for NativeCpu {
         if let (Operand::Strided(a), Operand::Strided(b)) = (a, b) {
             return self.sgemm(g, a, b, c);
         }
-        let (mr, nr) = nxrt_core::simd::gemm_tile();
-        let (m, n, k) = (g.m, g.n, g.k);
-        let fits =
-            !matches!(a, Operand::Rows { .. }) && a.panels_fit(m, k, mr) && b.panels_fit(n, k, nr);
-        if !fits || g.alpha != 1.0 || m == 0 || n == 0 || k == 0 {
+        let fits = nxrt_core::simd::sgemm_ops_fit(g, &a, &b, c.len());
+        if !fits || g.alpha != 1.0 || g.m == 0 || g.n == 0 || g.k == 0 {
             // the checked path handles (or refuses) everything else
             assert!(
                 nxrt_core::simd::sgemm_ops_checked(g, a, b, c),
@@ -168,21 +165,6 @@ impl CpuBackend for NativeCpu {
             );
             return;
         }
-        let mut gs = *g;
-        let len = |o: &Operand<'_>| match o {
-            Operand::Strided(d) => d.len(),
-            _ => usize::MAX,
-        };
-        if !matches!(a, Operand::Strided(_)) {
-            (gs.a_rs, gs.a_cs) = (0, 0);
-        }
-        if !matches!(b, Operand::Strided(_)) {
-            (gs.b_rs, gs.b_cs) = (0, 0);
-        }
-        assert!(
-            gemm_fits(&gs, len(&a), len(&b), c.len()),
-            "sgemm_ops: operands do not fit the product"
-        );
         self.split_sgemm(g, a, b, c, simd_inner)
     }
 

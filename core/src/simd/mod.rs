@@ -553,10 +553,10 @@ pub fn panels_pay(m: usize, n: usize) -> bool {
     m >= 4 && 2 * n > gemm_tile().1
 }
 
-/// [`sgemm_ops_unchecked`] after checking both operands and C; returns `false` (doing
-/// nothing) when they do not fit. A packed A with `alpha != 1` is unpacked first (the packed
-/// path folds no alpha into A).
-pub fn sgemm_ops_checked(g: &Gemm, a: Operand<'_>, b: Operand<'_>, c: &mut [f32]) -> bool {
+/// Whether operands (strided ones through `g`'s strides, packed ones as
+/// [`Operand::panels_fit`] says, a row operand only as B) and a C of `c_len` elements fit the
+/// product, on this machine's panel sizes.
+pub fn sgemm_ops_fit(g: &Gemm, a: &Operand<'_>, b: &Operand<'_>, c_len: usize) -> bool {
     let (mr, nr) = gemm_tile();
     let (m, n, k) = (g.m, g.n, g.k);
     let strided_len = |o: &Operand<'_>| match o {
@@ -566,18 +566,23 @@ pub fn sgemm_ops_checked(g: &Gemm, a: Operand<'_>, b: Operand<'_>, c: &mut [f32]
     };
     let mut gs = *g;
     if !matches!(a, Operand::Strided(_)) {
-        gs.a_rs = 0;
-        gs.a_cs = 0;
+        (gs.a_rs, gs.a_cs) = (0, 0);
     }
     if !matches!(b, Operand::Strided(_)) {
-        gs.b_rs = 0;
-        gs.b_cs = 0;
+        (gs.b_rs, gs.b_cs) = (0, 0);
     }
-    if matches!(a, Operand::Rows { .. })
-        || !gemm::gemm_fits(&gs, strided_len(&a), strided_len(&b), c.len())
-        || !a.panels_fit(m, k, mr)
-        || !b.panels_fit(n, k, nr)
-    {
+    !matches!(a, Operand::Rows { .. })
+        && gemm::gemm_fits(&gs, strided_len(a), strided_len(b), c_len)
+        && a.panels_fit(m, k, mr)
+        && b.panels_fit(n, k, nr)
+}
+
+/// [`sgemm_ops_unchecked`] after checking both operands and C; returns `false` (doing
+/// nothing) when they do not fit. A packed A with `alpha != 1` is unpacked first (the packed
+/// path folds no alpha into A).
+pub fn sgemm_ops_checked(g: &Gemm, a: Operand<'_>, b: Operand<'_>, c: &mut [f32]) -> bool {
+    let (m, n, k) = (g.m, g.n, g.k);
+    if !sgemm_ops_fit(g, &a, &b, c.len()) {
         return false;
     }
     if m == 0 || n == 0 {
