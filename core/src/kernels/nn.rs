@@ -748,7 +748,257 @@ struct ConvShape {
     g: Geom,
 }
 
-/// Direct depthwise convolution (one filter per channel) over 1-D/2-D planes.
+/// Output elements of one strip of a depthwise plane (its accumulator and padded input stay
+/// in the L1 cache between the copy, the taps and the epilogue).
+const DW_STRIP: usize = 2048;
+
+/// The columns of one stride phase of a zero-padded row of `width` phase columns: column
+/// `p` holds input column `p * s + r - pad`. Returns `(lo, hi, j0)`: columns `lo..hi` come
+/// from the input, from column `j0` on in steps of `s`; the rest are padding.
+fn phase_cols(len: usize, pad: isize, s: usize, r: usize, width: usize) -> (usize, usize, usize) {
+    let (len, r) = (len as isize, r as isize);
+    let lo = ((pad - r).max(0) as usize).div_ceil(s).min(width);
+    let hi = ((len + pad - r).max(0) as usize)
+        .div_ceil(s)
+        .clamp(lo, width);
+    let j0 = (lo as isize * s as isize + r - pad).max(0) as usize;
+    (lo, hi, j0)
+}
+
+/// Writes a zero-padded row: `dst[p] = src[p - pad]`, zero where that is outside `src`.
+#[inline]
+fn fill_padded_row<T: Num>(dst: &mut [T], src: &[T], pad: isize) {
+    let (lo, hi, j0) = phase_cols(src.len(), pad, 1, 0, dst.len());
+    dst[..lo].fill(T::ZERO);
+    dst[lo..hi].copy_from_slice(&src[j0..j0 + hi - lo]);
+    dst[hi..].fill(T::ZERO);
+}
+
+/// Writes the `s` stride phases of one zero-padded input row: phase `r` (the `width` values
+/// at `out[base + r * pitch..]`, `pitch >= width`) holds padded columns `p * s + r`, i.e.
+/// `src[p * s + r - pad]`, zero outside `src`. `tmp` is scratch of at least `width * s`
+/// values: the padded row is laid out there first, then split (a pass the compiler vectorises).
+#[allow(clippy::too_many_arguments)]
+fn fill_phase_rows<T: Num>(
+    out: &mut [T],
+    base: usize,
+    pitch: usize,
+    width: usize,
+    src: &[T],
+    pad: isize,
+    s: usize,
+    tmp: &mut [T],
+) {
+    if s == 1 {
+        return fill_padded_row(&mut out[base..base + width], src, pad);
+    }
+    let tmp = &mut tmp[..width * s];
+    fill_padded_row(tmp, src, pad);
+    if s == 2 {
+        let (a, b) = out[base..].split_at_mut(pitch);
+        let (d0, d1) = (&mut a[..width], &mut b[..width]);
+        for ((x, y), p) in d0.iter_mut().zip(d1.iter_mut()).zip(tmp.chunks_exact(2)) {
+            *x = p[0];
+            *y = p[1];
+        }
+    } else {
+        for r in 0..s {
+            let d = &mut out[base + r * pitch..base + r * pitch + width];
+            for (x, p) in d.iter_mut().zip(tmp.chunks_exact(s)) {
+                *x = p[r];
+            }
+        }
+    }
+}
+
+/// A depthwise convolution's geometry on 2-D planes (1-D as 2-D with a unit leading axis).
+#[derive(Clone, Copy)]
+struct Dw2d {
+    ih: usize,
+    iw: usize,
+    oh: usize,
+    ow: usize,
+    kh: usize,
+    kw: usize,
+    sh: usize,
+    sw: usize,
+    dh: usize,
+    dw: usize,
+    ph: isize,
+    pw: isize,
+}
+
+impl Dw2d {
+    fn of(g: &Geom) -> Dw2d {
+        let two = |v: &[usize], one: usize| {
+            if v.len() == 1 {
+                (one, v[0])
+            } else {
+                (v[0], v[1])
+            }
+        };
+        let (ih, iw) = two(&g.inp, 1);
+        let (oh, ow) = two(&g.out, 1);
+        let (kh, kw) = two(&g.k, 1);
+        let (sh, sw) = two(&g.s, 1);
+        let (dh, dw) = two(&g.d, 1);
+        let (ph, pw) = if g.pb.len() == 1 {
+            (0, g.pb[0])
+        } else {
+            (g.pb[0], g.pb[1])
+        };
+        Dw2d {
+            ih,
+            iw,
+            oh,
+            ow,
+            kh,
+            kw,
+            sh,
+            sw,
+            dh,
+            dw,
+            ph,
+            pw,
+        }
+    }
+}
+
+/// Output rows narrower than this take the channel-blocked depthwise kernel
+/// ([`conv_depthwise_blocked`]); wider ones vectorise along the row ([`conv_depthwise`]).
+const DW_BLOCKED_MAX_OW: usize = 32;
+
+/// Depthwise convolution of f32 planes with the channels vectorised: each block of
+/// [`simd::DW_BLOCK`] channels of an image is copied once, zero-padded and split into the
+/// stride's phases, into a channel-interleaved buffer ([phase][row][column][channel]); every
+/// tap then reads a whole vector of channels at a constant offset and multiplies it by a
+/// vector of the channels' weights (`simd::dw_rows`). The result is scattered back to the
+/// channels' planes, where the epilogue runs. For small planes, where a row is too short to
+/// fill vectors along it.
+#[allow(clippy::too_many_arguments)]
+fn conv_depthwise_blocked<T: Num>(
+    cpu: &dyn CpuBackend,
+    x: &[f32],
+    w: &[f32],
+    bias: Option<&[f32]>,
+    c: usize,
+    geo: Dw2d,
+    y: &mut [T],
+    epi: ConvEpilogue<'_, T>,
+) {
+    const B: usize = crate::simd::DW_BLOCK;
+    let Dw2d {
+        ih,
+        iw,
+        oh,
+        ow,
+        kh,
+        kw,
+        sh,
+        sw,
+        dh,
+        dw,
+        ph,
+        pw,
+    } = geo;
+    let (taps, in_plane, plane) = (kh * kw, ih * iw, oh * ow);
+    if plane == 0 || c == 0 {
+        return;
+    }
+    let images = y.len() / (c * plane);
+    let blocks = c.div_ceil(B);
+    let (qh_max, qw_max) = ((kh - 1) * dh / sh, (kw - 1) * dw / sw);
+    let (hp, wp) = (oh + qh_max, ow + qw_max);
+    let phase_len = hp * wp * B;
+    // tap (ki, kj): phase (ki*dh % sh, kj*dw % sw), rows and columns on by ki*dh / sh, kj*dw / sw
+    let offs: Vec<usize> = (0..taps)
+        .map(|t| {
+            let (ki, kj) = (t / kw, t % kw);
+            let (rh, qh) = ((ki * dh) % sh, (ki * dh) / sh);
+            let (rw, qw) = ((kj * dw) % sw, (kj * dw) / sw);
+            (rh * sw + rw) * phase_len + (qh * wp + qw) * B
+        })
+        .collect();
+    // the weights and biases in blocks: [block][tap][channel], zero past the last channel
+    let mut wb = vec![0f32; blocks * taps * B];
+    let mut bb = vec![0f32; blocks * B];
+    for ch in 0..c {
+        let (blk, lane) = (ch / B, ch % B);
+        for t in 0..taps {
+            wb[(blk * taps + t) * B + lane] = w[ch * taps + t];
+        }
+        bb[blk * B + lane] = bias.map_or(0.0, |b| b[ch]);
+    }
+    let yp = SyncPtr(y.as_mut_ptr());
+    let ylen = y.len();
+    let npos = sh * sw * hp * wp;
+    let work = images * blocks * plane * B * (taps + 2);
+    cpu.parallel_for_work(images * blocks, work, &|task| {
+        let (ni, blk) = (task / blocks, task % blocks);
+        let (c0, cn) = (blk * B, B.min(c - blk * B));
+        let mut buf = crate::simd::scratch::<f32>(in_plane * B + npos * B + plane * B);
+        let (xt, rest) = buf.split_at_mut(in_plane * B);
+        let (src, out) = rest.split_at_mut(npos * B);
+        // the block's planes interleaved ([position][channel]; channels past cn are zero) ...
+        if cn < B {
+            xt.fill(0.0);
+        }
+        let xb = &x[(ni * c + c0) * in_plane..(ni * c + c0 + cn) * in_plane];
+        crate::simd::transpose_matrix(xb, in_plane, cn, in_plane, xt, B);
+        // ... then each position's channels copied to its place in the zero-padded phases
+        // ([phase][row][column][channel]); padding written as zeros
+        for rh in 0..sh {
+            for q in 0..hp {
+                let i = (q * sh + rh) as isize - ph;
+                for rw in 0..sw {
+                    let row = &mut src[((rh * sw + rw) * hp + q) * wp * B..][..wp * B];
+                    if i < 0 || i as usize >= ih {
+                        row.fill(0.0);
+                        continue;
+                    }
+                    // phase columns lo..hi hold input columns j0, j0 + sw, ...
+                    let (lo, hi, j0) = phase_cols(iw, pw, sw, rw, wp);
+                    row[..lo * B].fill(0.0);
+                    row[hi * B..].fill(0.0);
+                    let from = (i as usize * iw + j0) * B;
+                    if sw == 1 {
+                        row[lo * B..hi * B].copy_from_slice(&xt[from..from + (hi - lo) * B]);
+                    } else {
+                        let dsts = row[lo * B..hi * B].chunks_exact_mut(B);
+                        for (d, s) in dsts.zip(xt[from..].chunks(sw * B)) {
+                            d.copy_from_slice(&s[..B]);
+                        }
+                    }
+                }
+            }
+        }
+        let wt = &wb[blk * taps * B..(blk + 1) * taps * B];
+        let bt = &bb[blk * B..(blk + 1) * B];
+        crate::simd::dw_rows(wt, bt, &offs, src, wp * B, ow * B, out);
+        // back to the channels' planes, then the epilogue on each (still in cache)
+        let o = (ni * c + c0) * plane;
+        debug_assert!(o + cn * plane <= ylen);
+        // SAFETY: task (ni, blk) alone writes the planes of its image's channels
+        // c0..c0 + cn, which lie inside `y`, borrowed until `parallel_for_work` returns.
+        let dst = unsafe { core::slice::from_raw_parts_mut(yp.get().add(o), cn * plane) };
+        let d32 = T::as_f32_mut(dst).expect("the blocked depthwise kernel is f32");
+        crate::simd::transpose_matrix(out, B, plane, cn, d32, plane);
+        if let Some(z) = epi.z {
+            dst.iter_mut()
+                .zip(&z[o..o + cn * plane])
+                .for_each(|(v, &zv)| *v = v.add(zv));
+        }
+        if let Some(act) = epi.act {
+            act(dst);
+        }
+    });
+}
+
+/// Direct depthwise convolution (one filter per channel) over 1-D/2-D planes, a strip of
+/// output rows at a time: the strip's input rows are copied zero-padded and split into the
+/// stride's phases (so every tap reads at a constant offset), the taps accumulate in registers,
+/// and the rows are stored with the epilogue while they are in cache.
+#[allow(clippy::too_many_arguments)]
 fn conv_depthwise<T: Num>(
     cpu: &dyn CpuBackend,
     x: &[T],
@@ -759,86 +1009,89 @@ fn conv_depthwise<T: Num>(
     y: &mut [T],
     epi: ConvEpilogue<'_, T>,
 ) {
-    // View 1-D as 2-D with a unit leading axis.
-    let (ih, iw, oh, ow, kh, kw, sh, sw, dh, dw, ph, pw) = if g.nd() == 1 {
-        (
-            1, g.inp[0], 1, g.out[0], 1, g.k[0], 1, g.s[0], 1, g.d[0], 0, g.pb[0],
-        )
-    } else {
-        (
-            g.inp[0], g.inp[1], g.out[0], g.out[1], g.k[0], g.k[1], g.s[0], g.s[1], g.d[0], g.d[1],
-            g.pb[0], g.pb[1],
-        )
-    };
-    let (ph, pw) = (ph.max(0) as usize, pw.max(0) as usize);
+    let Dw2d {
+        ih,
+        iw,
+        oh,
+        ow,
+        kh,
+        kw,
+        sh,
+        sw,
+        dh,
+        dw,
+        ph,
+        pw,
+    } = Dw2d::of(g);
     if oh == 0 || ow == 0 {
         return;
     }
-    // The zero-padded input plane, split into sh×sw stride phases so that every kernel tap
-    // reads one phase plane at a constant offset: out[i][j] += w * phase[i + qh][j + qw].
-    let pad_h = (ph + ih).max((oh - 1) * sh + (kh - 1) * dh + 1);
-    let pad_w = (pw + iw).max((ow - 1) * sw + (kw - 1) * dw + 1);
-    let (hp, wp) = (pad_h.div_ceil(sh), pad_w.div_ceil(sw));
-    // Every tap reads its phase plane at a constant offset from the (wp-wide) output
-    // position; the offsets are the same for every plane.
+    // Tap (ki, kj) reads padded input (oi*sh + ki*dh, oj*sw + kj*dw) = stride phase
+    // (ki*dh % sh, kj*dw % sw) at phase position (oi + ki*dh / sh, oj + kj*dw / sw).
+    let (qh_max, qw_max) = ((kh - 1) * dh / sh, (kw - 1) * dw / sw);
+    let wp = ow + qw_max;
+    let rows = (DW_STRIP / wp).clamp(1, oh);
+    let hs = rows + qh_max;
+    let phase_len = hs * wp;
     let offs: Vec<usize> = (0..kh * kw)
         .map(|t| {
             let (ki, kj) = (t / kw, t % kw);
             let (rh, qh) = ((ki * dh) % sh, (ki * dh) / sh);
             let (rw, qw) = ((kj * dw) % sw, (kj * dw) / sw);
-            (rh * sw + rw) * hp * wp + qh * wp + qw
+            (rh * sw + rw) * phase_len + qh * wp + qw
         })
         .collect();
-    let span = (oh - 1) * wp + ow;
+    // positions are computed in whole vectors (up to 16 lanes): the padded tail is read from
+    // the slack after the phases and dropped
+    const SLACK: usize = 16;
     let plane = oh * ow;
     let planes = y.len() / plane;
     // several planes per task, so that each task takes its buffers from the pool once
     let per = planes.div_ceil(4 * cpu.threads().max(1)).max(1);
-    par_chunks_mut(cpu, y, per * plane, kh * kw + sh * sw, &|ti, outs| {
-        let mut phases = crate::simd::scratch::<T>(sh * sw * hp * wp);
-        let mut acc = crate::simd::scratch::<T>(span);
-        // Every plane writes the same positions of `phases` (the input's), so the padding
-        // around them is zeroed once per task, not once per plane.
-        phases.fill(T::ZERO);
+    par_chunks_mut(cpu, y, per * plane, kh * kw + 2, &|ti, outs| {
+        let mut phases = crate::simd::scratch::<T>(sh * sw * phase_len + SLACK);
+        let mut acc = crate::simd::scratch::<T>((rows * wp).next_multiple_of(SLACK));
+        let mut tmp = crate::simd::scratch::<T>(wp * sw);
+        phases[sh * sw * phase_len..].fill(T::ZERO);
         for (k, out) in outs.chunks_exact_mut(plane).enumerate() {
             let pi = ti * per + k;
             let ch = pi % c;
             let xp = &x[pi * ih * iw..(pi + 1) * ih * iw];
             let wk = &w[ch * kh * kw..(ch + 1) * kh * kw];
-            for (i, xrow) in xp.chunks_exact(iw).enumerate() {
-                let pi_ = i + ph;
-                let (rh, qi) = (pi_ % sh, pi_ / sh);
-                for rw in 0..sw {
-                    // Input columns j with (j + pw) % sw == rw, i.e. j = j0, j0 + sw, ...
-                    let j0 = (rw + sw - pw % sw) % sw;
-                    if j0 >= iw {
-                        continue;
-                    }
-                    let q0 = (j0 + pw) / sw;
-                    let base = (rh * sw + rw) * hp * wp + qi * wp + q0;
-                    let n = (iw - j0).div_ceil(sw);
-                    let dst = &mut phases[base..base + n];
-                    if sw == 1 {
-                        dst.copy_from_slice(xrow);
-                    } else {
-                        for (d, &v) in dst.iter_mut().zip(xrow[j0..].iter().step_by(sw)) {
-                            *d = v;
+            let bias_v = bias.map_or(T::ZERO, |b| b[ch]);
+            let mut r0 = 0;
+            while r0 < oh {
+                let nr = rows.min(oh - r0);
+                for rh in 0..sh {
+                    for q in 0..nr + qh_max {
+                        // phase row q of the strip: padded row (r0 + q) * sh + rh
+                        let i = ((r0 + q) * sh + rh) as isize - ph;
+                        let o = rh * sw * phase_len + q * wp;
+                        if i >= 0 && (i as usize) < ih {
+                            let row = &xp[i as usize * iw..(i as usize + 1) * iw];
+                            fill_phase_rows(&mut phases, o, phase_len, wp, row, pw, sw, &mut tmp);
+                        } else {
+                            for rw in 0..sw {
+                                phases[o + rw * phase_len..][..wp].fill(T::ZERO);
+                            }
                         }
                     }
                 }
-            }
-            // T::taps accumulates all taps in registers (SIMD for f32)
-            let bias_v = bias.map_or(T::ZERO, |b| b[ch]);
-            T::taps(wk, &offs, &phases, bias_v, &mut acc);
-            for (orow, arow) in out.chunks_exact_mut(ow).zip(acc.chunks(wp)) {
-                orow.copy_from_slice(&arow[..ow]);
-            }
-            if let Some(z) = epi.z {
-                let zp = &z[pi * oh * ow..(pi + 1) * oh * ow];
-                out.iter_mut().zip(zp).for_each(|(o, &v)| *o = o.add(v));
-            }
-            if let Some(act) = epi.act {
-                act(out);
+                let span = ((nr - 1) * wp + ow).next_multiple_of(SLACK);
+                // T::taps accumulates all taps in registers (SIMD for f32)
+                T::taps(wk, &offs, &phases, bias_v, &mut acc[..span]);
+                let strip = &mut out[r0 * ow..(r0 + nr) * ow];
+                for (orow, arow) in strip.chunks_exact_mut(ow).zip(acc.chunks(wp)) {
+                    orow.copy_from_slice(&arow[..ow]);
+                }
+                if let Some(z) = epi.z {
+                    let zp = &z[pi * plane + r0 * ow..pi * plane + (r0 + nr) * ow];
+                    strip.iter_mut().zip(zp).for_each(|(o, &v)| *o = o.add(v));
+                }
+                if let Some(act) = epi.act {
+                    act(strip);
+                }
+                r0 += nr;
             }
         }
     });
@@ -886,7 +1139,15 @@ fn conv_compute_into<T: Num>(
         return;
     }
     if group == c && m == c && g.nd() <= 2 {
-        conv_depthwise(cx.cpu, x, w, bias, c, g, y, epi);
+        let geo = Dw2d::of(g);
+        if let (Some(x32), Some(w32), true) =
+            (T::as_f32(x), T::as_f32(w), geo.ow < DW_BLOCKED_MAX_OW)
+        {
+            let b32 = bias.and_then(T::as_f32);
+            conv_depthwise_blocked(cx.cpu, x32, w32, b32, c, geo, y, epi);
+        } else {
+            conv_depthwise(cx.cpu, x, w, bias, c, g, y, epi);
+        }
         return;
     }
     if kdim > 0 && implicit_fits::<T>(g, kk) {
@@ -1010,25 +1271,25 @@ fn conv_compute_into<T: Num>(
     }
 }
 
-/// Whether [`conv_implicit`] takes a convolution: f32, stride 1 on every axis, no negative
-/// padding, a kernel wider than one tap, and few enough wasted columns (the padded rows'
-/// `(k - 1) * d` extra positions per output row are computed and dropped).
+/// Whether [`conv_implicit`] takes a convolution: f32, no negative padding, a kernel wider
+/// than one tap, and few enough wasted columns (each output row of the padded phase grid has
+/// `(k - 1) * d / s` extra positions, computed and dropped).
 fn implicit_fits<T: Num>(g: &Geom, kk: usize) -> bool {
     let last = g.nd() - 1;
-    let extra = (g.k[last] - 1) * g.d[last];
+    let extra = (g.k[last] - 1) * g.d[last] / g.s[last];
     T::as_f32(&[]).is_some()
         && kk > 1
-        && g.s.iter().all(|&s| s == 1)
         && g.pb.iter().all(|&p| p >= 0)
         && g.out.iter().all(|&o| o > 0)
         && 4 * extra <= g.out[last] + extra
 }
 
-/// A stride-1 convolution as an implicit GEMM (f32): each image group's input is copied once
-/// into a zero-padded buffer, and row `(c, kernel offset)` of the patch matrix is then just
-/// that buffer from an offset on, so the SGEMM reads B in place ([`Operand::Rows`]) and nothing
-/// is gathered per tile. The products run over positions of the padded grid (each output row
-/// plus `(k - 1) * d` positions that are dropped), in tiles shared across the threads, each
+/// A convolution as an implicit GEMM (f32): each image group's input is copied once into a
+/// zero-padded buffer split into the stride's phases (phase `r` of an axis holds padded
+/// positions `p * s + r`), so that row `(c, kernel offset)` of the patch matrix is that buffer
+/// from an offset on: the SGEMM reads B in place ([`Operand::Rows`]) and nothing is gathered
+/// per tile. The products run over positions of the phase grid (each output row plus
+/// `(k - 1) * d / s` positions that are dropped), in tiles shared across the threads, each
 /// tile's rows stored with the epilogue applied.
 #[allow(clippy::too_many_arguments)]
 fn conv_implicit<T: Num>(
@@ -1049,19 +1310,31 @@ fn conv_implicit<T: Num>(
     let in_plane: usize = g.inp.iter().product();
     let out_plane: usize = g.out.iter().product();
     let (mr, nr) = crate::simd::gemm_tile();
-    // the padded grid (stride 1: output extent + (k - 1) * d), its strides and positions
-    let pext: Vec<usize> = (0..nd).map(|j| g.out[j] + (g.k[j] - 1) * g.d[j]).collect();
+    // a phase plane (output extent + (k - 1) * d / s), its strides and positions; the stride's
+    // phases of one channel, one after the other
+    let pext: Vec<usize> = (0..nd)
+        .map(|j| g.out[j] + (g.k[j] - 1) * g.d[j] / g.s[j])
+        .collect();
     let pst = strides_of(&pext);
     let pplane: usize = pext.iter().product();
+    let nph: usize = g.s.iter().product();
+    let cplane = nph * pplane;
     let q_len = (0..nd).map(|j| (g.out[j] - 1) * pst[j]).sum::<usize>() + 1;
     let ost = strides_of(&g.out);
     let ist = strides_of(&g.inp);
-    // row r = (channel, kernel offset) starts at this offset of the padded buffer
+    // row r = (channel, kernel offset) starts at this offset of the padded buffer: tap t on
+    // an axis reads phase t % s at phase position (output position + t / s)
     let mut offs = vec![0usize; kdim];
     let mut ko = [0usize; MAX_SPATIAL];
     for (r, o) in offs.iter_mut().enumerate() {
         decode(r % kk, &g.k, &mut ko);
-        *o = (r / kk) * pplane + (0..nd).map(|j| ko[j] * g.d[j] * pst[j]).sum::<usize>();
+        let (mut phase, mut at) = (0, 0);
+        for j in 0..nd {
+            let t = ko[j] * g.d[j];
+            phase = phase * g.s[j] + t % g.s[j];
+            at += t / g.s[j] * pst[j];
+        }
+        *o = (r / kk) * cplane + phase * pplane + at;
     }
     // tiles of the padded positions: whole panels, enough for the threads
     let threads = cx.cpu.threads();
@@ -1076,30 +1349,45 @@ fn conv_implicit<T: Num>(
     }
     let tile = tile.min(q_len.div_ceil(nr) * nr);
     let tiles = q_len.div_ceil(tile);
-    let mut xp = crate::simd::scratch::<T>(cg * pplane + nr);
+    let mut xp = crate::simd::scratch::<T>(cg * cplane + nr);
+    xp[cg * cplane..].fill(T::ZERO);
     let yp = SyncPtr(y.as_mut_ptr());
     let ylen = y.len();
+    let prows = pplane / pext[last];
+    let mut tmp = crate::simd::scratch::<T>(pext[last] * g.s[last]);
     for ng in 0..n * group {
         let (ni, gi) = (ng / group, ng % group);
         let xg = &x[(ni * c + gi * cg) * in_plane..(ni * c + (gi + 1) * cg) * in_plane];
-        // the zero-padded copy of this image group
-        xp.fill(T::ZERO);
-        let rows_in = in_plane / g.inp[last];
+        // the padded, phase-split copy of this image group (every element written)
+        let mut rs = [0usize; MAX_SPATIAL];
         let mut co = [0usize; MAX_SPATIAL];
+        let s_last = g.s[last];
         for ci in 0..cg {
-            for ri in 0..rows_in {
-                decode(ri, &g.inp[..last], &mut co);
-                let mut dst = ci * pplane + g.pb[last] as usize;
-                let mut inside = true;
-                for j in 0..last {
-                    let t = co[j] + g.pb[j] as usize;
-                    inside &= t < pext[j];
-                    dst += t * pst[j];
-                }
-                let wlen = g.inp[last].min(pext[last].saturating_sub(g.pb[last] as usize));
-                if inside && wlen > 0 {
-                    let src = ci * in_plane + (0..last).map(|j| co[j] * ist[j]).sum::<usize>();
-                    xp[dst..dst + wlen].copy_from_slice(&xg[src..src + wlen]);
+            // the phases of the leading axes; the last axis's s_last phases are written together
+            for ph_hi in 0..nph / s_last {
+                decode(ph_hi, &g.s[..last], &mut rs);
+                for pr in 0..prows {
+                    decode(pr, &pext[..last], &mut co);
+                    let dst = ci * cplane + ph_hi * s_last * pplane + pr * pext[last];
+                    // the input row this phase row holds, if it is not padding
+                    let mut src = Some(ci * in_plane);
+                    for j in 0..last {
+                        let i = (co[j] * g.s[j] + rs[j]) as isize - g.pb[j];
+                        src = src.filter(|_| i >= 0 && (i as usize) < g.inp[j]);
+                        src = src.map(|o| o + i.max(0) as usize * ist[j]);
+                    }
+                    match src {
+                        Some(o) => {
+                            let row = &xg[o..o + g.inp[last]];
+                            let (xs, pb) = (&mut xp[..], g.pb[last]);
+                            fill_phase_rows(xs, dst, pplane, pext[last], row, pb, s_last, &mut tmp);
+                        }
+                        None => {
+                            for r in 0..s_last {
+                                xp[dst + r * pplane..][..pext[last]].fill(T::ZERO);
+                            }
+                        }
+                    }
                 }
             }
         }
@@ -3069,6 +3357,7 @@ mod tests {
         ws: &[usize],
         b: &[f32],
         group: usize,
+        st: &[usize],
         dil: &[usize],
         pb: &[usize],
         out: &[usize],
@@ -3103,7 +3392,7 @@ mod tests {
                             let mut idx = 0usize;
                             let mut inside = true;
                             for j in 0..nd {
-                                let i = (oc[j] + kc[j] * dil[j]) as isize - pb[j] as isize;
+                                let i = (oc[j] * st[j] + kc[j] * dil[j]) as isize - pb[j] as isize;
                                 inside &= i >= 0 && (i as usize) < inp[j];
                                 idx = idx * inp[j] + i.max(0) as usize;
                             }
@@ -3121,15 +3410,16 @@ mod tests {
     }
 
     #[test]
-    fn stride_one_convolutions_match_a_direct_convolution() {
+    fn convolutions_match_a_direct_convolution() {
         // the implicit GEMM's cases (and the depthwise kernel's): asymmetric pads, dilation,
-        // groups, several images, a
-        // reduction deeper than one SGEMM block (C/group * k > 256), several position tiles,
-        // and 1-D and 3-D planes (3-D has padded rows between valid ones)
+        // strides (the stride phases), groups, several images, a reduction deeper than one
+        // SGEMM block (C/group * k > 256), several position tiles, and 1-D and 3-D planes
+        // (3-D has padded rows between valid ones), depthwise planes taller than one strip
         struct Case {
             xs: Vec<usize>,
             ws: Vec<usize>,
             group: usize,
+            st: Vec<usize>,
             dil: Vec<usize>,
             pads: Vec<usize>,
         }
@@ -3138,6 +3428,7 @@ mod tests {
                 xs: vec![2, 6, 7, 13],
                 ws: vec![10, 3, 3, 3],
                 group: 2,
+                st: vec![1, 1],
                 dil: vec![1, 2],
                 pads: vec![1, 2, 0, 1],
             },
@@ -3145,6 +3436,7 @@ mod tests {
                 xs: vec![1, 30, 40, 40],
                 ws: vec![72, 30, 3, 3],
                 group: 1,
+                st: vec![1, 1],
                 dil: vec![1, 1],
                 pads: vec![1, 1, 1, 1],
             },
@@ -3152,6 +3444,7 @@ mod tests {
                 xs: vec![1, 3, 50],
                 ws: vec![4, 3, 5],
                 group: 1,
+                st: vec![1],
                 dil: vec![2],
                 pads: vec![3, 1],
             },
@@ -3160,6 +3453,7 @@ mod tests {
                 xs: vec![2, 4, 5, 70],
                 ws: vec![4, 1, 3, 3],
                 group: 4,
+                st: vec![1, 1],
                 dil: vec![1, 2],
                 pads: vec![1, 2, 0, 1],
             },
@@ -3167,6 +3461,7 @@ mod tests {
                 xs: vec![1, 4, 9, 9],
                 ws: vec![4, 1, 3, 3],
                 group: 4,
+                st: vec![1, 1],
                 dil: vec![1, 1],
                 pads: vec![1, 1, 1, 1],
             },
@@ -3174,8 +3469,68 @@ mod tests {
                 xs: vec![1, 2, 4, 5, 6],
                 ws: vec![3, 2, 2, 3, 3],
                 group: 1,
+                st: vec![1, 1, 1],
                 dil: vec![1, 1, 1],
                 pads: vec![1, 1, 1, 0, 1, 2],
+            },
+            // channel-blocked depthwise: two images, a full block of 16 channels and 4 more
+            Case {
+                xs: vec![2, 20, 9, 8],
+                ws: vec![20, 1, 3, 3],
+                group: 20,
+                st: vec![1, 1],
+                dil: vec![1, 1],
+                pads: vec![1, 1, 1, 1],
+            },
+            // strided: the stem's stride 2 (an odd and an even extent), stride 3 with
+            // dilation, a stride larger than the kernel, 1-D; depthwise strided, 5x5
+            Case {
+                xs: vec![1, 3, 33, 34],
+                ws: vec![16, 3, 3, 3],
+                group: 1,
+                st: vec![2, 2],
+                dil: vec![1, 1],
+                pads: vec![1, 1, 1, 1],
+            },
+            Case {
+                xs: vec![2, 4, 23, 19],
+                ws: vec![6, 2, 3, 2],
+                group: 2,
+                st: vec![3, 2],
+                dil: vec![2, 1],
+                pads: vec![2, 0, 1, 3],
+            },
+            Case {
+                xs: vec![1, 5, 40],
+                ws: vec![7, 5, 2],
+                group: 1,
+                st: vec![3],
+                dil: vec![1],
+                pads: vec![1, 0],
+            },
+            Case {
+                xs: vec![1, 6, 30, 29],
+                ws: vec![6, 1, 5, 5],
+                group: 6,
+                st: vec![2, 2],
+                dil: vec![1, 1],
+                pads: vec![2, 2, 2, 2],
+            },
+            Case {
+                xs: vec![1, 3, 300, 11],
+                ws: vec![3, 1, 3, 3],
+                group: 3,
+                st: vec![1, 2],
+                dil: vec![1, 1],
+                pads: vec![0, 1, 2, 1],
+            },
+            Case {
+                xs: vec![2, 4, 9, 300],
+                ws: vec![4, 1, 3, 5],
+                group: 4,
+                st: vec![2, 3],
+                dil: vec![2, 1],
+                pads: vec![1, 0, 3, 2],
             },
         ];
         for cs in &cases {
@@ -3185,11 +3540,15 @@ mod tests {
             let b = seq(cs.ws[0], 3, 7, 0.5);
             let out: Vec<usize> = (0..nd)
                 .map(|j| {
-                    cs.xs[2 + j] + cs.pads[j] + cs.pads[nd + j] - (cs.ws[2 + j] - 1) * cs.dil[j]
+                    (cs.xs[2 + j] + cs.pads[j] + cs.pads[nd + j]
+                        - (cs.ws[2 + j] - 1) * cs.dil[j]
+                        - 1)
+                        / cs.st[j]
+                        + 1
                 })
                 .collect();
             let want = direct_conv(
-                &x, &cs.xs, &w, &cs.ws, &b, cs.group, &cs.dil, &cs.pads, &out,
+                &x, &cs.xs, &w, &cs.ws, &b, cs.group, &cs.st, &cs.dil, &cs.pads, &out,
             );
             let to_i = |v: &[usize]| v.iter().map(|&u| u as i64).collect::<Vec<_>>();
             let ys = run(
@@ -3199,6 +3558,7 @@ mod tests {
                     vec![
                         ("group", AttrValue::Int(cs.group as i64)),
                         ("pads", ints(&to_i(&cs.pads))),
+                        ("strides", ints(&to_i(&cs.st))),
                         ("dilations", ints(&to_i(&cs.dil))),
                     ],
                     1,

@@ -114,6 +114,50 @@ impl VF32 for Avx512 {
         }
     }
     #[inline(always)]
+    fn transpose(v: &mut [Self]) {
+        let v: &mut [Self; 16] = v.try_into().expect("16 rows");
+        unsafe {
+            let r: [__m512; 16] = core::array::from_fn(|i| v[i].0);
+            // pairs of rows interleaved, then pairs of pairs: each 128-bit lane k of u[4i + m]
+            // holds column 4k + m of rows 4i..4i + 4
+            let t: [__m512; 16] = core::array::from_fn(|i| {
+                let (a, b) = (r[i & !1], r[i | 1]);
+                if i % 2 == 0 {
+                    _mm512_unpacklo_ps(a, b)
+                } else {
+                    _mm512_unpackhi_ps(a, b)
+                }
+            });
+            let u: [__m512; 16] = core::array::from_fn(|i| {
+                let (q, m) = (i / 4, i % 4);
+                let (a, b) = (t[4 * q + m / 2], t[4 * q + 2 + m / 2]);
+                if m % 2 == 0 {
+                    _mm512_shuffle_ps::<0x44>(a, b)
+                } else {
+                    _mm512_shuffle_ps::<0xee>(a, b)
+                }
+            });
+            // then the 128-bit lanes: rows 8h..8h+8 gathered, then all 16
+            let w: [__m512; 16] = core::array::from_fn(|i| {
+                let (h, j) = (i / 8, i % 8);
+                let (a, b) = (u[8 * h + j % 4], u[8 * h + 4 + j % 4]);
+                if j < 4 {
+                    _mm512_shuffle_f32x4::<0x88>(a, b)
+                } else {
+                    _mm512_shuffle_f32x4::<0xdd>(a, b)
+                }
+            });
+            for (i, o) in v.iter_mut().enumerate() {
+                let (a, b) = (w[i % 8], w[8 + i % 8]);
+                o.0 = if i < 8 {
+                    _mm512_shuffle_f32x4::<0x88>(a, b)
+                } else {
+                    _mm512_shuffle_f32x4::<0xdd>(a, b)
+                };
+            }
+        }
+    }
+    #[inline(always)]
     fn hsum(self) -> f32 {
         unsafe {
             let lo = _mm512_castps512_ps256(self.0);

@@ -241,6 +241,209 @@ fn map<V: VF32>(a: Act, x: &[f32], out: &mut [f32]) {
 /// a time held in registers over all taps, then one vector, then scalars.
 #[inline(always)]
 pub fn conv_taps<V: VF32>(ws: &[f32], offs: &[usize], src: &[f32], bias: f32, acc: &mut [f32]) {
+    // the common kernels (3x3, 5x5) keep their weights and offsets in registers
+    match ws.len().min(offs.len()) {
+        9 => conv_taps_n::<V, 9>(ws, offs, src, bias, acc),
+        25 => conv_taps_n::<V, 25>(ws, offs, src, bias, acc),
+        _ => conv_taps_any::<V>(ws, offs, src, bias, acc),
+    }
+}
+
+/// [`conv_taps`] for exactly `T` taps: the weights splatted once, every read checked once up
+/// front (the largest offset plus the outputs' length lies inside `src`).
+#[inline(always)]
+fn conv_taps_n<V: VF32, const T: usize>(
+    ws: &[f32],
+    offs: &[usize],
+    src: &[f32],
+    bias: f32,
+    acc: &mut [f32],
+) {
+    let l = V::LANES;
+    let n = acc.len();
+    let wv: [V; T] = core::array::from_fn(|q| V::splat(ws[q]));
+    let of: [usize; T] = core::array::from_fn(|q| offs[q]);
+    let reach = of.iter().max().map_or(0, |&o| o + n);
+    assert!(reach <= src.len(), "conv taps read past their source");
+    let bv = V::splat(bias);
+    let mut i = 0;
+    while i + 4 * l <= n {
+        let mut a = [bv; 4];
+        for q in 0..T {
+            // SAFETY: of[q] + i + 4l <= of[q] + n <= reach <= src.len() (asserted above)
+            let s = unsafe { src.get_unchecked(of[q] + i..of[q] + i + 4 * l) };
+            a[0] = wv[q].fma(V::load(s), a[0]);
+            a[1] = wv[q].fma(V::load(&s[l..]), a[1]);
+            a[2] = wv[q].fma(V::load(&s[2 * l..]), a[2]);
+            a[3] = wv[q].fma(V::load(&s[3 * l..]), a[3]);
+        }
+        for (q, v) in a.iter().enumerate() {
+            v.store(&mut acc[i + q * l..]);
+        }
+        i += 4 * l;
+    }
+    while i + l <= n {
+        let mut a = bv;
+        for q in 0..T {
+            // SAFETY: as above, with i + l <= n
+            let s = unsafe { src.get_unchecked(of[q] + i..of[q] + i + l) };
+            a = wv[q].fma(V::load(s), a);
+        }
+        a.store(&mut acc[i..]);
+        i += l;
+    }
+    for (j, o) in acc.iter_mut().enumerate().skip(i) {
+        let mut a = bias;
+        for q in 0..T {
+            a += ws[q] * src[of[q] + j];
+        }
+        *o = a;
+    }
+}
+
+/// `dst[c * ldd + r] = src[r * lds + c]` for `r < rows`, `c < cols`, a `LANES x LANES` block
+/// at a time through registers ([`VF32::transpose`]); a ragged block is padded with zeros on
+/// the way in and only its part stored.
+#[inline(always)]
+pub fn transpose_matrix<V: VF32>(
+    src: &[f32],
+    lds: usize,
+    rows: usize,
+    cols: usize,
+    dst: &mut [f32],
+    ldd: usize,
+) {
+    let l = V::LANES;
+    if rows == 0 || cols == 0 {
+        return;
+    }
+    assert!(
+        (rows - 1) * lds + cols <= src.len() && (cols - 1) * ldd + rows <= dst.len(),
+        "transpose: operands too short"
+    );
+    let zero = V::splat(0.0);
+    let mut blk = [zero; 16];
+    let blk = &mut blk[..l];
+    let mut part = [0f32; 16];
+    for r0 in (0..rows).step_by(l) {
+        let hr = l.min(rows - r0);
+        for c0 in (0..cols).step_by(l) {
+            let wc = l.min(cols - c0);
+            for (q, v) in blk.iter_mut().enumerate() {
+                let at = (r0 + q) * lds + c0;
+                *v = if q >= hr {
+                    zero
+                } else if wc == l {
+                    V::load(&src[at..])
+                } else {
+                    part[..wc].copy_from_slice(&src[at..at + wc]);
+                    part[wc..l].fill(0.0);
+                    V::load(&part)
+                };
+            }
+            V::transpose(blk);
+            for (q, v) in blk.iter().take(wc).enumerate() {
+                let at = (c0 + q) * ldd + r0;
+                if hr == l {
+                    v.store(&mut dst[at..]);
+                } else {
+                    v.store(&mut part);
+                    dst[at..at + hr].copy_from_slice(&part[..hr]);
+                }
+            }
+        }
+    }
+}
+
+/// Channels per block of the channel-interleaved depthwise layout (a whole number of vectors
+/// on every instruction set: 1 x 16, 2 x 8 or 4 x 4 lanes).
+pub const DW_BLOCK: usize = 16;
+
+/// Depthwise taps over channel-interleaved rows (`DW_BLOCK` channels per position): for each
+/// row `r` of `out` (`n` values, a whole number of positions) and each `i < n`,
+/// `out[r * n + i] = bias[i % DW_BLOCK] + sum over taps t of
+/// w[t * DW_BLOCK + i % DW_BLOCK] * src[r * pitch + offs[t] + i]`. Eight vectors of outputs at
+/// a time stay in registers over all taps (enough independent sums to cover the FMA latency),
+/// then the rest of the row in one go.
+#[inline(always)]
+pub fn dw_rows<V: VF32>(
+    w: &[f32],
+    bias: &[f32],
+    offs: &[usize],
+    src: &[f32],
+    pitch: usize,
+    n: usize,
+    out: &mut [f32],
+) {
+    const B: usize = DW_BLOCK;
+    let l = V::LANES;
+    let t = offs.len();
+    if n == 0 || out.is_empty() {
+        return;
+    }
+    assert!(
+        n.is_multiple_of(B) && B.is_multiple_of(l) && out.len().is_multiple_of(n),
+        "dw_rows: whole blocks"
+    );
+    assert!(
+        w.len() >= t * B && bias.len() >= B,
+        "dw_rows: a weight block per tap"
+    );
+    let rows = out.len() / n;
+    let reach = offs.iter().max().map_or(0, |&o| o + (rows - 1) * pitch + n);
+    assert!(reach <= src.len(), "dw_rows: taps read past their source");
+    let w = &w[..t * B];
+    for (r, orow) in out.chunks_exact_mut(n).enumerate() {
+        let base = r * pitch;
+        let mut i = 0;
+        while i + 8 * l <= n {
+            dw_chunk::<V, 8>(w, bias, offs, src, base, i, orow);
+            i += 8 * l;
+        }
+        match (n - i) / l {
+            0 => {}
+            1 => dw_chunk::<V, 1>(w, bias, offs, src, base, i, orow),
+            2 => dw_chunk::<V, 2>(w, bias, offs, src, base, i, orow),
+            3 => dw_chunk::<V, 3>(w, bias, offs, src, base, i, orow),
+            4 => dw_chunk::<V, 4>(w, bias, offs, src, base, i, orow),
+            5 => dw_chunk::<V, 5>(w, bias, offs, src, base, i, orow),
+            6 => dw_chunk::<V, 6>(w, bias, offs, src, base, i, orow),
+            _ => dw_chunk::<V, 7>(w, bias, offs, src, base, i, orow),
+        }
+    }
+}
+
+/// `K` vectors of [`dw_rows`]'s outputs from `i` on (the caller checked the reach of every read).
+#[inline(always)]
+fn dw_chunk<V: VF32, const K: usize>(
+    w: &[f32],
+    bias: &[f32],
+    offs: &[usize],
+    src: &[f32],
+    base: usize,
+    i: usize,
+    orow: &mut [f32],
+) {
+    const B: usize = DW_BLOCK;
+    let l = V::LANES;
+    let lane = |q: usize| (i + q * l) % B;
+    let mut a: [V; K] = core::array::from_fn(|q| V::load(&bias[lane(q)..]));
+    for (wt, &off) in w.chunks_exact(B).zip(offs) {
+        let o = base + off + i;
+        // SAFETY: o + K*l <= base + off + n <= the reach dw_rows asserted to lie in `src`
+        let s = unsafe { src.get_unchecked(o..o + K * l) };
+        for q in 0..K {
+            a[q] = V::load(&wt[lane(q)..]).fma(V::load(&s[q * l..]), a[q]);
+        }
+    }
+    for (q, v) in a.iter().enumerate() {
+        v.store(&mut orow[i + q * l..]);
+    }
+}
+
+/// [`conv_taps`] for any number of taps.
+#[inline(always)]
+fn conv_taps_any<V: VF32>(ws: &[f32], offs: &[usize], src: &[f32], bias: f32, acc: &mut [f32]) {
     let l = V::LANES;
     let n = acc.len();
     let t = ws.len().min(offs.len());

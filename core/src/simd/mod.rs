@@ -30,7 +30,7 @@ mod wasm;
 mod x86;
 
 pub use gemm::{Gemm, Operand};
-pub use kernels::{Act, BinOp};
+pub use kernels::{Act, BinOp, DW_BLOCK};
 pub use portable::Portable;
 
 use core::sync::atomic::{AtomicU8, Ordering};
@@ -196,6 +196,9 @@ pub trait VF32: Copy {
     fn copysign(self, sign: Self) -> Self;
     /// Per lane: `a` where `self < t`, else `b` (a NaN in `self` takes `b`).
     fn lt_select(self, t: Self, a: Self, b: Self) -> Self;
+    /// Transposes the `LANES x LANES` block held in `v` (`v.len() == LANES`; row `r` is
+    /// `v[r]`): afterwards lane `c` of `v[r]` is what lane `r` of `v[c]` was.
+    fn transpose(v: &mut [Self]);
 
     /// `1 / (1 + e^-x)`; NaN propagates.
     #[inline(always)]
@@ -489,6 +492,19 @@ dispatch!(
 dispatch!(
     /// `acc[i] = bias + sum over taps t of ws[t] * src[offs[t] + i]` (direct convolution taps).
     fn conv_taps / conv_taps_on(ws: &[f32], offs: &[usize], src: &[f32], bias: f32, acc: &mut [f32]) => conv_taps
+);
+
+dispatch!(
+    /// `dst[c * ldd + r] = src[r * lds + c]` for `r < rows`, `c < cols` (a matrix transpose,
+    /// through registers a square block at a time).
+    fn transpose_matrix / transpose_matrix_on(src: &[f32], lds: usize, rows: usize, cols: usize, dst: &mut [f32], ldd: usize) => transpose_matrix
+);
+
+dispatch!(
+    /// Depthwise taps over channel-interleaved rows of [`DW_BLOCK`] channels per position
+    /// (the SIMD kernels' `dw_rows`): `out[r*n + i] = bias[i % 16] + sum over taps t of
+    /// w[t*16 + i % 16] * src[r*pitch + offs[t] + i]`.
+    fn dw_rows / dw_rows_on(w: &[f32], bias: &[f32], offs: &[usize], src: &[f32], pitch: usize, n: usize, out: &mut [f32]) => dw_rows
 );
 
 dispatch!(

@@ -109,4 +109,16 @@ impl VF32 for Neon {
     fn lt_select(self, t: Self, a: Self, b: Self) -> Self {
         unsafe { Neon(vbslq_f32(vcltq_f32(self.0, t.0), a.0, b.0)) }
     }
+    #[inline(always)]
+    fn transpose(v: &mut [Self]) {
+        let v: &mut [Self; 4] = v.try_into().expect("4 rows");
+        unsafe {
+            let a = vtrnq_f32(v[0].0, v[1].0);
+            let b = vtrnq_f32(v[2].0, v[3].0);
+            v[0].0 = vcombine_f32(vget_low_f32(a.0), vget_low_f32(b.0));
+            v[1].0 = vcombine_f32(vget_low_f32(a.1), vget_low_f32(b.1));
+            v[2].0 = vcombine_f32(vget_high_f32(a.0), vget_high_f32(b.0));
+            v[3].0 = vcombine_f32(vget_high_f32(a.1), vget_high_f32(b.1));
+        }
+    }
 }

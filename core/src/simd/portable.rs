@@ -95,6 +95,14 @@ impl VF32 for Portable {
         }))
     }
     #[inline(always)]
+    fn transpose(v: &mut [Self]) {
+        let v: &mut [Self; 4] = v.try_into().expect("4 rows");
+        let r = *v;
+        for (i, o) in v.iter_mut().enumerate() {
+            o.0 = core::array::from_fn(|j| r[j].0[i]);
+        }
+    }
+    #[inline(always)]
     fn hmax(self) -> f32 {
         let m = |a: f32, b: f32| if a.is_nan() || a >= b { a } else { b };
         m(m(self.0[0], self.0[2]), m(self.0[1], self.0[3]))

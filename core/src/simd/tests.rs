@@ -530,15 +530,32 @@ fn kernels_agree_across_isas() {
         }
         let want: f64 = x.iter().map(|&v| v as f64).sum();
         assert!((sum_on(isa, &x) as f64 - want).abs() < 1e-3, "{isa:?} sum");
-        // direct-convolution taps, at lengths covering the 4-vector, 1-vector and scalar loops
-        let (ws, offs) = ([0.5f32, -1.25, 2.0, 0.125], [0usize, 3, 17, 40]);
-        for n in [1usize, 7, 16, 63, 64, 65, 200, 900] {
+        // direct-convolution taps, at lengths covering the 4-vector, 1-vector and scalar loops,
+        // with 4 taps (the general loop) and 9 and 25 (the ones with weights in registers)
+        let tap_sets: [(Vec<f32>, Vec<usize>); 3] = [
+            (
+                alloc::vec![0.5f32, -1.25, 2.0, 0.125],
+                alloc::vec![0usize, 3, 17, 40],
+            ),
+            (
+                (0..9).map(|t| 0.25 * t as f32 - 1.0).collect(),
+                (0..9).map(|t| (t / 3) * 21 + t % 3).collect(),
+            ),
+            (
+                (0..25).map(|t| 0.5 - 0.0625 * t as f32).collect(),
+                (0..25).map(|t| (t / 5) * 13 + t % 5).collect(),
+            ),
+        ];
+        for ((ws, offs), n) in tap_sets
+            .iter()
+            .flat_map(|t| [1usize, 7, 16, 63, 64, 65, 200, 900].map(|n| (t, n)))
+        {
             let mut acc = alloc::vec![f32::NAN; n];
-            conv_taps_on(isa, &ws, &offs, &x, 0.75, &mut acc);
+            conv_taps_on(isa, ws, offs, &x, 0.75, &mut acc);
             for (i, &got) in acc.iter().enumerate() {
                 let want: f64 = 0.75
                     + ws.iter()
-                        .zip(&offs)
+                        .zip(offs)
                         .map(|(&w, &o)| w as f64 * x[o + i] as f64)
                         .sum::<f64>();
                 assert!(
@@ -548,6 +565,52 @@ fn kernels_agree_across_isas() {
             }
         }
         assert_eq!(max_on(isa, &x), max_on(Isa::Portable, &x), "{isa:?} max");
+        // transposes: whole register blocks, ragged edges, leading dimensions past the width
+        for &(rows, cols, lds, ldd) in &[
+            (16usize, 16usize, 16usize, 16usize),
+            (8, 8, 8, 8),
+            (4, 4, 5, 4),
+            (16, 37, 40, 19),
+            (23, 16, 16, 30),
+            (3, 50, 50, 3),
+            (33, 30, 30, 33),
+        ] {
+            let mut got = alloc::vec![f32::NAN; (cols - 1) * ldd + rows];
+            transpose_matrix_on(isa, &x, lds, rows, cols, &mut got, ldd);
+            for r in 0..rows {
+                for c in 0..cols {
+                    assert_eq!(
+                        got[c * ldd + r],
+                        x[r * lds + c],
+                        "{isa:?} transpose {rows}x{cols} at ({r}, {c})"
+                    );
+                }
+            }
+        }
+        // the channel-interleaved depthwise taps: 3 taps over 2 rows of 9 positions
+        let (taps, n, pitch) = (3usize, 9 * DW_BLOCK, 10 * DW_BLOCK);
+        let w: Vec<f32> = (0..taps * DW_BLOCK)
+            .map(|i| 0.01 * i as f32 - 0.2)
+            .collect();
+        let bias: Vec<f32> = (0..DW_BLOCK).map(|i| i as f32 * 0.5).collect();
+        let offs = [0usize, DW_BLOCK, 4 * DW_BLOCK];
+        for rows in [1usize, 2] {
+            let mut out = alloc::vec![f32::NAN; rows * n];
+            dw_rows_on(isa, &w, &bias, &offs, &x, pitch, n, &mut out);
+            for r in 0..rows {
+                for i in 0..n {
+                    let lane = i % DW_BLOCK;
+                    let want = bias[lane]
+                        + (0..taps)
+                            .map(|t| w[t * DW_BLOCK + lane] * x[r * pitch + offs[t] + i])
+                            .sum::<f32>();
+                    assert!(
+                        close(out[r * n + i], want, 1e-5, 1e-4),
+                        "{isa:?} dw_rows row {r} at {i}"
+                    );
+                }
+            }
+        }
         // SGEMM at a few shapes, against the bounds-checked reference
         for &(m, n, k) in &[
             (1usize, 40usize, 33usize),

@@ -85,6 +85,18 @@ impl VF32 for V128 {
         V128(v128_bitselect(a.0, b.0, f32x4_lt(self.0, t.0)))
     }
     #[inline(always)]
+    fn transpose(v: &mut [Self]) {
+        let v: &mut [Self; 4] = v.try_into().expect("4 rows");
+        let t0 = i32x4_shuffle::<0, 4, 1, 5>(v[0].0, v[1].0);
+        let t1 = i32x4_shuffle::<2, 6, 3, 7>(v[0].0, v[1].0);
+        let t2 = i32x4_shuffle::<0, 4, 1, 5>(v[2].0, v[3].0);
+        let t3 = i32x4_shuffle::<2, 6, 3, 7>(v[2].0, v[3].0);
+        v[0].0 = i32x4_shuffle::<0, 1, 4, 5>(t0, t2);
+        v[1].0 = i32x4_shuffle::<2, 3, 6, 7>(t0, t2);
+        v[2].0 = i32x4_shuffle::<0, 1, 4, 5>(t1, t3);
+        v[3].0 = i32x4_shuffle::<2, 3, 6, 7>(t1, t3);
+    }
+    #[inline(always)]
     fn hmax(self) -> f32 {
         let v = self.0;
         let m = |a: f32, b: f32| if a.is_nan() || a >= b { a } else { b };

@@ -123,6 +123,39 @@ impl VF32 for Avx2 {
         }
     }
     #[inline(always)]
+    fn transpose(v: &mut [Self]) {
+        let v: &mut [Self; 8] = v.try_into().expect("8 rows");
+        unsafe {
+            let r: [__m256; 8] = core::array::from_fn(|i| v[i].0);
+            let t: [__m256; 8] = core::array::from_fn(|i| {
+                let (a, b) = (r[i & !1], r[i | 1]);
+                if i % 2 == 0 {
+                    _mm256_unpacklo_ps(a, b)
+                } else {
+                    _mm256_unpackhi_ps(a, b)
+                }
+            });
+            // each 128-bit half k of u[4h + m] holds column 4k + m of rows 4h..4h + 4
+            let u: [__m256; 8] = core::array::from_fn(|i| {
+                let (h, m) = (i / 4, i % 4);
+                let (a, b) = (t[4 * h + m / 2], t[4 * h + 2 + m / 2]);
+                if m % 2 == 0 {
+                    _mm256_shuffle_ps::<0x44>(a, b)
+                } else {
+                    _mm256_shuffle_ps::<0xee>(a, b)
+                }
+            });
+            for (i, o) in v.iter_mut().enumerate() {
+                let (a, b) = (u[i % 4], u[4 + i % 4]);
+                o.0 = if i < 4 {
+                    _mm256_permute2f128_ps::<0x20>(a, b)
+                } else {
+                    _mm256_permute2f128_ps::<0x31>(a, b)
+                };
+            }
+        }
+    }
+    #[inline(always)]
     fn hmax(self) -> f32 {
         let mut b = [0f32; 8];
         self.store(&mut b);
