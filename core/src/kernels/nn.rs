@@ -797,9 +797,15 @@ fn fill_phase_rows<T: Num>(
     if s == 2 {
         let (a, b) = out[base..].split_at_mut(pitch);
         let (d0, d1) = (&mut a[..width], &mut b[..width]);
-        for ((x, y), p) in d0.iter_mut().zip(d1.iter_mut()).zip(tmp.chunks_exact(2)) {
-            *x = p[0];
-            *y = p[1];
+        match (T::as_f32(tmp), T::as_f32_mut(d0), T::as_f32_mut(d1)) {
+            (Some(t), Some(e), Some(o)) => crate::simd::deinterleave2(t, e, o),
+            _ => {
+                let (d0, d1) = (&mut a[..width], &mut b[..width]);
+                for ((x, y), p) in d0.iter_mut().zip(d1.iter_mut()).zip(tmp.chunks_exact(2)) {
+                    *x = p[0];
+                    *y = p[1];
+                }
+            }
         }
     } else {
         for r in 0..s {
@@ -866,7 +872,7 @@ impl Dw2d {
 
 /// Output rows narrower than this take the channel-blocked depthwise kernel
 /// ([`conv_depthwise_blocked`]); wider ones vectorise along the row ([`conv_depthwise`]).
-const DW_BLOCKED_MAX_OW: usize = 32;
+const DW_BLOCKED_MAX_OW: usize = 20;
 
 /// Depthwise convolution of f32 planes with the channels vectorised: each block of
 /// [`simd::DW_BLOCK`] channels of an image is copied once, zero-padded and split into the
@@ -1155,11 +1161,15 @@ fn conv_compute_into<T: Num>(
         return;
     }
     let par = cx.cpu.threads() > 1 && kdim > 0 && n * m * out_plane * kdim >= PAR_CONV_MIN_MACS;
-    if let Some(b) = bias.filter(|_| !par) {
-        for (pi, plane) in y.chunks_mut(out_plane).enumerate() {
-            plane.fill(b[pi % m]);
+    // the bias of one tile (mg rows of nc positions from p0 of one image and group), written
+    // just before the products add to it, while it is in cache
+    let tile_bias = |yg: &mut [T], gi: usize, p0: usize, nc: usize| {
+        if let Some(b) = bias {
+            for r in 0..mg {
+                yg[r * out_plane + p0..r * out_plane + p0 + nc].fill(b[gi * mg + r]);
+            }
         }
-    }
+    };
     // The epilogue of one tile (mg rows of nc positions from p0 of one image and group), while
     // it is in cache: `+ Z` (after the bias and the products, as the unfused Add would), then
     // the activation.
@@ -1177,9 +1187,14 @@ fn conv_compute_into<T: Num>(
     };
     let has_epi = epi.z.is_some() || epi.act.is_some();
     if kdim == 0 {
-        // no products: the bias (filled above) or zero
-        if bias.is_none() {
-            y.fill(T::ZERO);
+        // no products: the bias or zero
+        match bias {
+            Some(b) => {
+                for (pi, plane) in y.chunks_mut(out_plane).enumerate() {
+                    plane.fill(b[pi % m]);
+                }
+            }
+            None => y.fill(T::ZERO),
         }
         if has_epi {
             for ni in 0..n {
@@ -1223,11 +1238,13 @@ fn conv_compute_into<T: Num>(
             let yg = &mut y[yo..yo + mg * out_plane];
             let zg = epi.z.map(|z| &z[yo..yo + mg * out_plane]);
             if pointwise {
-                // X is already the [C/group, positions] matrix; tile the positions.
-                let pt = (COL_BUDGET / cg).clamp(1, out_plane);
+                // X is already the [C/group, positions] matrix; tile the positions (tiles of
+                // C that stay in cache between the bias, the product and the epilogue)
+                let pt = (COL_BUDGET / 2 / cg.max(mg)).max(64).clamp(1, out_plane);
                 let mut p0 = 0;
                 while p0 < out_plane {
                     let nc = pt.min(out_plane - p0);
+                    tile_bias(yg, gi, p0, nc);
                     let gm = Gemm {
                         m: mg,
                         n: nc,
@@ -1251,6 +1268,7 @@ fn conv_compute_into<T: Num>(
             let mut p0 = 0;
             while p0 < out_plane {
                 let nc = tile.min(out_plane - p0);
+                tile_bias(yg, gi, p0, nc);
                 conv_tile_product(
                     cx,
                     xg,

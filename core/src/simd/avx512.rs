@@ -114,6 +114,17 @@ impl VF32 for Avx512 {
         }
     }
     #[inline(always)]
+    fn deinterleave(self, b: Self) -> (Self, Self) {
+        unsafe {
+            let ev = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+            let od = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+            (
+                Avx512(_mm512_permutex2var_ps(self.0, ev, b.0)),
+                Avx512(_mm512_permutex2var_ps(self.0, od, b.0)),
+            )
+        }
+    }
+    #[inline(always)]
     fn transpose(v: &mut [Self]) {
         let v: &mut [Self; 16] = v.try_into().expect("16 rows");
         unsafe {

@@ -355,6 +355,26 @@ pub fn transpose_matrix<V: VF32>(
     }
 }
 
+/// `even[k] = src[2k]`, `odd[k] = src[2k + 1]` for `k < even.len()` (= `odd.len()`;
+/// `src` holds at least twice that).
+#[inline(always)]
+pub fn deinterleave2<V: VF32>(src: &[f32], even: &mut [f32], odd: &mut [f32]) {
+    let l = V::LANES;
+    let n = even.len().min(odd.len());
+    let src = &src[..2 * n];
+    let mut k = 0;
+    while k + l <= n {
+        let (e, o) = V::load(&src[2 * k..]).deinterleave(V::load(&src[2 * k + l..]));
+        e.store(&mut even[k..]);
+        o.store(&mut odd[k..]);
+        k += l;
+    }
+    for k in k..n {
+        even[k] = src[2 * k];
+        odd[k] = src[2 * k + 1];
+    }
+}
+
 /// Channels per block of the channel-interleaved depthwise layout (a whole number of vectors
 /// on every instruction set: 1 x 16, 2 x 8 or 4 x 4 lanes).
 pub const DW_BLOCK: usize = 16;
@@ -667,15 +687,24 @@ fn sgemm_mr<V: VF32, const MR: usize>(g: &Gemm, a: Operand<'_>, b: Operand<'_>, 
     if m == 0 || n == 0 {
         return;
     }
-    scale_c(g, c);
     if k == 0 || g.alpha == 0.0 {
-        return;
+        return scale_c(g, c);
+    }
+    // with beta 0 the blocked paths write C on their first pass over K (no zero-fill first)
+    let overwrite = g.beta == 0.0;
+    if !overwrite {
+        scale_c(g, c);
     }
     let (Operand::Strided(a), Operand::Strided(b)) = (a, b) else {
-        return sgemm_packed::<V, MR>(g, a, b, c);
+        return sgemm_packed::<V, MR>(g, a, b, c, overwrite);
     };
-    if m < SMALL_M && sgemm_few_rows::<V>(g, a, b, c) {
-        return;
+    if m < SMALL_M {
+        if overwrite {
+            scale_c(g, c);
+        }
+        if sgemm_few_rows::<V>(g, a, b, c) {
+            return;
+        }
     }
     let nr = 2 * V::LANES;
     if 2 * n <= nr && m >= 2 * nr {
@@ -696,22 +725,31 @@ fn sgemm_mr<V: VF32, const MR: usize>(g: &Gemm, a: Operand<'_>, b: Operand<'_>, 
         };
         t.fill(0.0);
         if !(gt.m < SMALL_M && sgemm_few_rows::<V>(&gt, b, a, &mut t)) {
-            sgemm_packed::<V, MR>(&gt, Operand::Strided(b), Operand::Strided(a), &mut t);
+            let (b, a) = (Operand::Strided(b), Operand::Strided(a));
+            sgemm_packed::<V, MR>(&gt, b, a, &mut t, false);
         }
         for i in 0..m {
             let row = &mut c[i * g.ldc..i * g.ldc + n];
             for (j, x) in row.iter_mut().enumerate() {
-                *x += t[j * m + i];
+                let v = t[j * m + i];
+                *x = if overwrite { v } else { *x + v };
             }
         }
         return;
     }
-    sgemm_packed::<V, MR>(g, Operand::Strided(a), Operand::Strided(b), c)
+    sgemm_packed::<V, MR>(g, Operand::Strided(a), Operand::Strided(b), c, overwrite)
 }
 
-/// The packed, blocked SGEMM accumulating `alpha*A*B` into C (beta already applied).
+/// The packed, blocked SGEMM accumulating `alpha*A*B` into C (beta already applied), or with
+/// `overwrite` storing it there (C's old values are never read).
 #[inline(always)]
-fn sgemm_packed<V: VF32, const MR: usize>(g: &Gemm, a: Operand<'_>, b: Operand<'_>, c: &mut [f32]) {
+fn sgemm_packed<V: VF32, const MR: usize>(
+    g: &Gemm,
+    a: Operand<'_>,
+    b: Operand<'_>,
+    c: &mut [f32],
+    overwrite: bool,
+) {
     let (m, n, k) = (g.m, g.n, g.k);
     let nr = 2 * V::LANES;
     let kc_max = KC.min(k);
@@ -729,11 +767,12 @@ fn sgemm_packed<V: VF32, const MR: usize>(g: &Gemm, a: Operand<'_>, b: Operand<'
     };
     let mut buf = super::scratch::<f32>(bn + an);
     let (bp, ap) = buf.split_at_mut(bn);
-    sgemm_blocks::<V, MR>(g, a, b, c, bp, ap)
+    sgemm_blocks::<V, MR>(g, a, b, c, bp, ap, overwrite)
 }
 
 /// The blocked loops of [`sgemm_mr`] over packing buffers `bp` (B panels) and `ap` (A panels),
-/// used for the strided operands (a packed one is read in place).
+/// used for the strided operands (a packed one is read in place); with `overwrite` the first
+/// block of K stores into C instead of adding.
 #[inline(always)]
 fn sgemm_blocks<V: VF32, const MR: usize>(
     g: &Gemm,
@@ -742,6 +781,7 @@ fn sgemm_blocks<V: VF32, const MR: usize>(
     c: &mut [f32],
     bp: &mut [f32],
     ap: &mut [f32],
+    overwrite: bool,
 ) {
     let (m, n, k) = (g.m, g.n, g.k);
     let nr = 2 * V::LANES;
@@ -775,6 +815,7 @@ fn sgemm_blocks<V: VF32, const MR: usize>(
                 }
                 _ => &[],
             };
+            let store = overwrite && pc == 0;
             let mut ic = 0;
             while ic < m {
                 let mc = MC.min(m - ic);
@@ -799,7 +840,7 @@ fn sgemm_blocks<V: VF32, const MR: usize>(
                         if rows.is_empty() {
                             let bpanel = &bsrc[pj * bstep..pj * bstep + kc * nr];
                             let brows = bpanel.chunks_exact(nr);
-                            micro::<V, MR>(kc, apanel, brows, c, c0, g.ldc, h, w);
+                            micro::<V, MR>(kc, apanel, brows, c, (c0, g.ldc), (h, w), store);
                         } else {
                             // SAFETY: every row offset plus this block's columns rounded
                             // up to whole panels lies inside `bsrc` (asserted above), and
@@ -807,7 +848,7 @@ fn sgemm_blocks<V: VF32, const MR: usize>(
                             let brows = rows
                                 .iter()
                                 .map(|&o| unsafe { bsrc.get_unchecked(o + j0..o + j0 + nr) });
-                            micro::<V, MR>(kc, apanel, brows, c, c0, g.ldc, h, w);
+                            micro::<V, MR>(kc, apanel, brows, c, (c0, g.ldc), (h, w), store);
                         }
                     }
                 }
@@ -1019,19 +1060,18 @@ fn dot4<V: VF32>(x: &[f32], ys: [&[f32]; 4]) -> [f32; 4] {
     out
 }
 
-/// Accumulates an `h x w` tile (h <= MR, w <= 2 lanes) of `A_panel · B_panel` into C; the
-/// B panel's rows (`2 * LANES` values each) come from `brows`.
+/// Accumulates an `h x w` tile (h <= MR, w <= 2 lanes) of `A_panel · B_panel` into C at
+/// `c0` (rows `ldc` apart), or with `store` writes it there; the B panel's rows
+/// (`2 * LANES` values each) come from `brows`.
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
 fn micro<'b, V: VF32, const MR: usize>(
     kc: usize,
     ap: &[f32],
     brows: impl Iterator<Item = &'b [f32]>,
     c: &mut [f32],
-    c0: usize,
-    ldc: usize,
-    h: usize,
-    w: usize,
+    (c0, ldc): (usize, usize),
+    (h, w): (usize, usize),
+    store: bool,
 ) {
     let l = V::LANES;
     let nr = 2 * l;
@@ -1052,8 +1092,13 @@ fn micro<'b, V: VF32, const MR: usize>(
         for (r, accr) in acc.iter().enumerate().take(h) {
             let o = c0 + r * ldc;
             let row = &mut c[o..o + nr];
-            V::load(row).add(accr[0]).store(row);
-            V::load(&row[l..]).add(accr[1]).store(&mut row[l..]);
+            if store {
+                accr[0].store(row);
+                accr[1].store(&mut row[l..]);
+            } else {
+                V::load(row).add(accr[0]).store(row);
+                V::load(&row[l..]).add(accr[1]).store(&mut row[l..]);
+            }
         }
     } else {
         let mut buf = [0f32; 32];
@@ -1062,7 +1107,7 @@ fn micro<'b, V: VF32, const MR: usize>(
             accr[1].store(&mut buf[l..]);
             let o = c0 + r * ldc;
             for (d, s) in c[o..o + w].iter_mut().zip(&buf) {
-                *d += s;
+                *d = if store { *s } else { *d + s };
             }
         }
     }

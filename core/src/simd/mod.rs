@@ -196,6 +196,9 @@ pub trait VF32: Copy {
     fn copysign(self, sign: Self) -> Self;
     /// Per lane: `a` where `self < t`, else `b` (a NaN in `self` takes `b`).
     fn lt_select(self, t: Self, a: Self, b: Self) -> Self;
+    /// The even and the odd lanes of `self` followed by `b`: `([s0, s2, .., b0, b2, ..],
+    /// [s1, s3, .., b1, b3, ..])`.
+    fn deinterleave(self, b: Self) -> (Self, Self);
     /// Transposes the `LANES x LANES` block held in `v` (`v.len() == LANES`; row `r` is
     /// `v[r]`): afterwards lane `c` of `v[r]` is what lane `r` of `v[c]` was.
     fn transpose(v: &mut [Self]);
@@ -492,6 +495,12 @@ dispatch!(
 dispatch!(
     /// `acc[i] = bias + sum over taps t of ws[t] * src[offs[t] + i]` (direct convolution taps).
     fn conv_taps / conv_taps_on(ws: &[f32], offs: &[usize], src: &[f32], bias: f32, acc: &mut [f32]) => conv_taps
+);
+
+dispatch!(
+    /// `even[k] = src[2k]`, `odd[k] = src[2k + 1]` for `k < even.len()` (the two phases of a
+    /// stride-2 row).
+    fn deinterleave2 / deinterleave2_on(src: &[f32], even: &mut [f32], odd: &mut [f32]) => deinterleave2
 );
 
 dispatch!(

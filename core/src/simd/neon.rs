@@ -110,6 +110,13 @@ impl VF32 for Neon {
         unsafe { Neon(vbslq_f32(vcltq_f32(self.0, t.0), a.0, b.0)) }
     }
     #[inline(always)]
+    fn deinterleave(self, b: Self) -> (Self, Self) {
+        unsafe {
+            let r = vuzpq_f32(self.0, b.0);
+            (Neon(r.0), Neon(r.1))
+        }
+    }
+    #[inline(always)]
     fn transpose(v: &mut [Self]) {
         let v: &mut [Self; 4] = v.try_into().expect("4 rows");
         unsafe {

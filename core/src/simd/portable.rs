@@ -95,6 +95,14 @@ impl VF32 for Portable {
         }))
     }
     #[inline(always)]
+    fn deinterleave(self, b: Self) -> (Self, Self) {
+        let (a, b) = (self.0, b.0);
+        (
+            Portable([a[0], a[2], b[0], b[2]]),
+            Portable([a[1], a[3], b[1], b[3]]),
+        )
+    }
+    #[inline(always)]
     fn transpose(v: &mut [Self]) {
         let v: &mut [Self; 4] = v.try_into().expect("4 rows");
         let r = *v;

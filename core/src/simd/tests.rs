@@ -565,6 +565,18 @@ fn kernels_agree_across_isas() {
             }
         }
         assert_eq!(max_on(isa, &x), max_on(Isa::Portable, &x), "{isa:?} max");
+        // stride-2 phases, at lengths with and without a tail
+        for n in [1usize, 4, 16, 37, 100] {
+            let (mut ev, mut od) = (alloc::vec![f32::NAN; n], alloc::vec![f32::NAN; n]);
+            deinterleave2_on(isa, &x, &mut ev, &mut od);
+            for k in 0..n {
+                assert_eq!(
+                    (ev[k], od[k]),
+                    (x[2 * k], x[2 * k + 1]),
+                    "{isa:?} deinterleave {n} at {k}"
+                );
+            }
+        }
         // transposes: whole register blocks, ragged edges, leading dimensions past the width
         for &(rows, cols, lds, ldd) in &[
             (16usize, 16usize, 16usize, 16usize),

@@ -85,6 +85,13 @@ impl VF32 for V128 {
         V128(v128_bitselect(a.0, b.0, f32x4_lt(self.0, t.0)))
     }
     #[inline(always)]
+    fn deinterleave(self, b: Self) -> (Self, Self) {
+        (
+            V128(i32x4_shuffle::<0, 2, 4, 6>(self.0, b.0)),
+            V128(i32x4_shuffle::<1, 3, 5, 7>(self.0, b.0)),
+        )
+    }
+    #[inline(always)]
     fn transpose(v: &mut [Self]) {
         let v: &mut [Self; 4] = v.try_into().expect("4 rows");
         let t0 = i32x4_shuffle::<0, 4, 1, 5>(v[0].0, v[1].0);

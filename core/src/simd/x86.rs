@@ -123,6 +123,17 @@ impl VF32 for Avx2 {
         }
     }
     #[inline(always)]
+    fn deinterleave(self, b: Self) -> (Self, Self) {
+        unsafe {
+            // per 128-bit half: [a0 a2 b0 b2 | a4 a6 b4 b6], then the 64-bit pieces reordered
+            let ev = _mm256_shuffle_ps::<0x88>(self.0, b.0);
+            let od = _mm256_shuffle_ps::<0xdd>(self.0, b.0);
+            let fix =
+                |v: __m256| _mm256_castpd_ps(_mm256_permute4x64_pd::<0xd8>(_mm256_castps_pd(v)));
+            (Avx2(fix(ev)), Avx2(fix(od)))
+        }
+    }
+    #[inline(always)]
     fn transpose(v: &mut [Self]) {
         let v: &mut [Self; 8] = v.try_into().expect("8 rows");
         unsafe {
