@@ -1344,15 +1344,18 @@ fn conv_implicit<T: Num>(
     // an axis reads phase t % s at phase position (output position + t / s)
     let mut offs = vec![0usize; kdim];
     let mut ko = [0usize; MAX_SPATIAL];
-    for (r, o) in offs.iter_mut().enumerate() {
-        decode(r % kk, &g.k, &mut ko);
+    for t in 0..kk {
+        decode(t, &g.k, &mut ko);
         let (mut phase, mut at) = (0, 0);
         for j in 0..nd {
             let t = ko[j] * g.d[j];
             phase = phase * g.s[j] + t % g.s[j];
             at += t / g.s[j] * pst[j];
         }
-        *o = (r / kk) * cplane + phase * pplane + at;
+        offs[t] = phase * pplane + at;
+    }
+    for r in kk..kdim {
+        offs[r] = offs[r % kk] + (r / kk) * cplane;
     }
     // tiles of the padded positions: whole panels, enough for the threads
     let threads = cx.cpu.threads();
@@ -1372,40 +1375,43 @@ fn conv_implicit<T: Num>(
     let yp = SyncPtr(y.as_mut_ptr());
     let ylen = y.len();
     let prows = pplane / pext[last];
+    // the rows of a channel's phase planes that hold an input row (the others are padding):
+    // (offset in the phases, offset of the input row), the same for every channel; the last
+    // axis's s_last phases are written together
+    let s_last = g.s[last];
+    let mut row_map = Vec::new();
+    let (mut rs, mut co) = ([0usize; MAX_SPATIAL], [0usize; MAX_SPATIAL]);
+    for ph_hi in 0..nph / s_last {
+        decode(ph_hi, &g.s[..last], &mut rs);
+        for pr in 0..prows {
+            decode(pr, &pext[..last], &mut co);
+            let mut src = Some(0);
+            for j in 0..last {
+                let i = (co[j] * g.s[j] + rs[j]) as isize - g.pb[j];
+                src = src.filter(|_| i >= 0 && (i as usize) < g.inp[j]);
+                src = src.map(|o| o + i.max(0) as usize * ist[j]);
+            }
+            if let Some(o) = src {
+                row_map.push((ph_hi * s_last * pplane + pr * pext[last], o));
+            }
+        }
+    }
     let mut tmp = crate::simd::scratch::<T>(pext[last] * g.s[last]);
     for ng in 0..n * group {
         let (ni, gi) = (ng / group, ng % group);
         let xg = &x[(ni * c + gi * cg) * in_plane..(ni * c + (gi + 1) * cg) * in_plane];
-        // the padded, phase-split copy of this image group (every element written)
-        let mut rs = [0usize; MAX_SPATIAL];
-        let mut co = [0usize; MAX_SPATIAL];
-        let s_last = g.s[last];
+        // the padded, phase-split copy of this image group: zeros, then the input rows
+        xp[..cg * cplane].fill(T::ZERO);
+        let (lo, hi, j0) = phase_cols(g.inp[last], g.pb[last], 1, 0, pext[last]);
         for ci in 0..cg {
-            // the phases of the leading axes; the last axis's s_last phases are written together
-            for ph_hi in 0..nph / s_last {
-                decode(ph_hi, &g.s[..last], &mut rs);
-                for pr in 0..prows {
-                    decode(pr, &pext[..last], &mut co);
-                    let dst = ci * cplane + ph_hi * s_last * pplane + pr * pext[last];
-                    // the input row this phase row holds, if it is not padding
-                    let mut src = Some(ci * in_plane);
-                    for j in 0..last {
-                        let i = (co[j] * g.s[j] + rs[j]) as isize - g.pb[j];
-                        src = src.filter(|_| i >= 0 && (i as usize) < g.inp[j]);
-                        src = src.map(|o| o + i.max(0) as usize * ist[j]);
-                    }
-                    match src {
-                        Some(o) => {
-                            let row = &xg[o..o + g.inp[last]];
-                            let (xs, pb) = (&mut xp[..], g.pb[last]);
-                            fill_phase_rows(xs, dst, pplane, pext[last], row, pb, s_last, &mut tmp);
-                        }
-                        None => {
-                            for r in 0..s_last {
-                                xp[dst + r * pplane..][..pext[last]].fill(T::ZERO);
-                            }
-                        }
-                    }
+            for &(dst, src) in &row_map {
+                let (dst, src) = (ci * cplane + dst, ci * in_plane + src);
+                if s_last == 1 {
+                    xp[dst + lo..dst + hi].copy_from_slice(&xg[src + j0..src + j0 + hi - lo]);
+                } else {
+                    let row = &xg[src..src + g.inp[last]];
+                    let (xs, pb) = (&mut xp[..], g.pb[last]);
+                    fill_phase_rows(xs, dst, pplane, pext[last], row, pb, s_last, &mut tmp);
                 }
             }
         }
@@ -1463,41 +1469,49 @@ fn conv_implicit<T: Num>(
                 };
                 let wpg = wpg.filter(|_| crate::simd::panels_pay(mg, nc));
                 cx.cpu.sgemm_ops(&gm, weights_operand(w32, wpg), b, c32);
-                // store the valid positions of each padded row that meets [q0, q0 + nc)
+                // the valid positions of each padded row that meets [q0, q0 + nc): calls
+                // f(range in the tile, offset in y) for each row of C
                 let pw = pext[last];
-                let mut qr = q0 / pw * pw;
-                let mut co = [0usize; MAX_SPATIAL];
-                while qr < q0 + nc {
-                    decode(qr / pw, &pext[..last], &mut co);
-                    let valid = (0..last).all(|j| co[j] < g.out[j]);
-                    let x0 = q0.saturating_sub(qr);
-                    let x1 = (q0 + nc - qr).min(g.out[last]);
-                    if valid && x0 < x1 {
-                        let ybase = (0..last).map(|j| co[j] * ost[j]).sum::<usize>();
-                        for r in 0..mg {
-                            let src = &mut ct[r * nc + qr + x0 - q0..r * nc + qr + x1 - q0];
-                            let o = yo + r * out_plane + ybase + x0;
-                            if let Some(z) = epi.z {
-                                let len = src.len();
-                                src.iter_mut()
-                                    .zip(&z[o..o + len])
-                                    .for_each(|(v, &zv)| *v = v.add(zv));
+                let segments = |f: &mut dyn FnMut(core::ops::Range<usize>, usize)| {
+                    let mut qr = q0 / pw * pw;
+                    let mut co = [0usize; MAX_SPATIAL];
+                    while qr < q0 + nc {
+                        decode(qr / pw, &pext[..last], &mut co);
+                        let valid = (0..last).all(|j| co[j] < g.out[j]);
+                        let x0 = q0.saturating_sub(qr);
+                        let x1 = (q0 + nc - qr).min(g.out[last]);
+                        if valid && x0 < x1 {
+                            let ybase = (0..last).map(|j| co[j] * ost[j]).sum::<usize>();
+                            for r in 0..mg {
+                                let at = r * nc + qr + x0 - q0;
+                                f(at..at + x1 - x0, yo + r * out_plane + ybase + x0);
                             }
-                            if let Some(act) = epi.act {
-                                act(src);
-                            }
-                            debug_assert!(o + src.len() <= ylen);
-                            // SAFETY: positions [q0, q0 + nc) of the padded grid map to
-                            // output positions no other tile has; they lie inside `y`,
-                            // which stays borrowed until `parallel_for_work` returns.
-                            let dst = unsafe {
-                                core::slice::from_raw_parts_mut(yp.get().add(o), src.len())
-                            };
-                            dst.copy_from_slice(src);
                         }
+                        qr += pw;
                     }
-                    qr += pw;
+                };
+                // the epilogue: + Z on the valid positions, then the activation over the
+                // whole tile at once (the dropped positions too: one call, not one a row)
+                if let Some(z) = epi.z {
+                    segments(&mut |at, o| {
+                        let len = at.len();
+                        ct[at]
+                            .iter_mut()
+                            .zip(&z[o..o + len])
+                            .for_each(|(v, &zv)| *v = v.add(zv));
+                    });
                 }
+                if let Some(act) = epi.act {
+                    act(&mut ct);
+                }
+                segments(&mut |at, o| {
+                    debug_assert!(o + at.len() <= ylen);
+                    // SAFETY: positions [q0, q0 + nc) of the padded grid map to output
+                    // positions no other tile has; they lie inside `y`, which stays borrowed
+                    // until `parallel_for_work` returns.
+                    let dst = unsafe { core::slice::from_raw_parts_mut(yp.get().add(o), at.len()) };
+                    dst.copy_from_slice(&ct[at]);
+                });
             });
     }
 }
