@@ -1295,11 +1295,17 @@ fn conv_compute_into<T: Num>(
 fn implicit_fits<T: Num>(g: &Geom, kk: usize) -> bool {
     let last = g.nd() - 1;
     let extra = (g.k[last] - 1) * g.d[last] / g.s[last];
+    // a strided one only where its windows overlap (else im2col copies each input once too)
+    // and it has enough positions to fill panels (else im2col's narrow-product paths win:
+    // silero's STFT as a 256-tap, stride-128 convolution with a handful of positions)
+    let out_plane: usize = g.out.iter().product();
+    let strided = g.s.iter().any(|&s| s > 1);
     T::as_f32(&[]).is_some()
         && kk > 1
         && g.pb.iter().all(|&p| p >= 0)
         && g.out.iter().all(|&o| o > 0)
         && 4 * extra <= g.out[last] + extra
+        && (!strided || (out_plane >= 64 && g.s.iter().zip(&g.k).all(|(s, k)| s <= k)))
 }
 
 /// A convolution as an implicit GEMM (f32): each image group's input is copied once into a

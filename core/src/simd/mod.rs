@@ -311,7 +311,11 @@ pub trait VF32: Copy {
         let y = p.fma(r2, r).add(Self::splat(1.0));
         // n may be 128 at the top of the range: split 2^n into two factors
         let half = n.mul(Self::splat(0.5)).round();
-        y.mul(half.pow2i()).mul(n.sub(half).pow2i())
+        let y = y.mul(half.pow2i()).mul(n.sub(half).pow2i());
+        // below the clamp the result would be subnormal or zero: give zero, so that what
+        // follows (softmax over masked scores, then a product) never meets subnormals, which
+        // cost some CPUs a microcode assist per operation
+        self.lt_select(Self::splat(-87.33), Self::splat(0.0), y)
     }
 }
 

@@ -43,6 +43,15 @@ fn exp_is_accurate_over_the_range() {
     assert!(y[0].is_nan());
     assert!(y[1] > 3.0e38, "saturates: {}", y[1]);
     assert!(y[2] < 1.0e-37);
+    // below the normal range: exactly zero, never a subnormal (softmax over masked scores
+    // feeds a product, where subnormals cost some CPUs an assist per operation)
+    let lows = [-87.5f32, -90.0, -103.0, -1.0e4, f32::NEG_INFINITY, f32::MIN];
+    let mut z = [1f32; 6];
+    exp(&lows, &mut z);
+    let mut zp = [1f32; 6];
+    kernels::exp::<Portable>(&lows, &mut zp);
+    assert_eq!(z, [0.0; 6], "exp below the normal range");
+    assert_eq!(zp, [0.0; 6], "portable exp below the normal range");
 }
 
 #[test]
