@@ -926,8 +926,10 @@ fn conv_depthwise_blocked<T: Num>(
         })
         .collect();
     // the weights and biases in blocks: [block][tap][channel], zero past the last channel
-    let mut wb = vec![0f32; blocks * taps * B];
-    let mut bb = vec![0f32; blocks * B];
+    // (in a pooled scratch buffer: nothing allocated per run)
+    let mut wbb = crate::simd::scratch::<f32>(blocks * taps * B + blocks * B);
+    wbb.fill(0.0);
+    let (wb, bb) = wbb.split_at_mut(blocks * taps * B);
     for ch in 0..c {
         let (blk, lane) = (ch / B, ch % B);
         for t in 0..taps {
