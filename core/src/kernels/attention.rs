@@ -9,7 +9,7 @@ use alloc::vec::Vec;
 
 use half::{bf16, f16};
 
-use super::nn::par_chunks_mut;
+use super::par::par_chunks_mut;
 use super::{bad_type, def, def_in, opt_tensor_in, tensor_in, Float, LATEST};
 use crate::bail;
 use crate::dtype::DataType;

@@ -289,7 +289,7 @@ fn gemm_batches<T: Num>(
     if mn == 0 {
         return;
     }
-    crate::kernels::nn::par_chunks_mut(cx.cpu, out, mn, g.k, &|bi, c| {
+    crate::kernels::par::par_chunks_mut(cx.cpu, out, mn, g.k, &|bi, c| {
         T::gemm(cx, g, &a[a_off[bi]..], &b[b_off[bi]..], c)
     });
 }
@@ -1241,7 +1241,7 @@ fn build_det(_node: &Node) -> Result<Box<dyn Kernel>> {
 mod tests {
     use super::*;
     use crate::ir::AttrValue;
-    use crate::kernels::nn::test_util::{close, i64s, node, run, seq, t32};
+    use crate::kernels::test_util::{close, i64s, node, run, seq, t32};
 
     fn mm(a: Tensor, b: Tensor) -> Tensor {
         run(&node("MatMul", 13, vec![], 1), &[Some(a), Some(b)])

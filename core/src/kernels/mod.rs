@@ -26,6 +26,7 @@ pub mod loss;
 pub mod ml;
 pub mod nn;
 pub mod norm;
+pub(crate) mod par;
 pub mod quant;
 pub mod random;
 pub mod reduce;
@@ -33,6 +34,8 @@ pub mod rnn;
 pub mod sequence;
 pub mod shape;
 pub mod signal;
+#[cfg(test)]
+pub(crate) mod test_util;
 pub mod text;
 pub mod training;
 pub mod types;

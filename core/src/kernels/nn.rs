@@ -8,6 +8,7 @@ use crate::dtype::DataType;
 use crate::error::Result;
 use crate::ir::Node;
 use crate::kernels::linalg::{narrow_f32, widen_f32, Num};
+use crate::kernels::par::{par_chunks_mut, SyncPtr};
 use crate::kernels::types::{FLOATS, INT8, PLAIN};
 use crate::kernels::{
     bad_type, def, def_in, dims_of, opt_tensor_in, out1, tensor_in, Prepacked, LATEST,
@@ -60,56 +61,6 @@ const MAX_SPATIAL: usize = 8;
 /// Elements of one im2col / col2im tile: small enough to stay in a core's L2 cache between
 /// the im2col pass and the GEMM that reads it (512 KiB of f32).
 const COL_BUDGET: usize = 1 << 17;
-
-// ----------------------------------------------------------------------------- parallel helper
-
-/// A raw pointer that may be shared with the tasks of [`par_chunks_mut`].
-struct SyncPtr<T>(*mut T);
-// SAFETY: the pointer is only turned into disjoint `&mut [T]` chunks, one per task index, so
-// sharing it between threads is sound whenever `T` may be sent between them.
-unsafe impl<T: Send> Sync for SyncPtr<T> {}
-impl<T> SyncPtr<T> {
-    #[inline]
-    fn get(&self) -> *mut T {
-        self.0
-    }
-}
-
-/// Calls `f(i, chunk_i)` for the consecutive `chunk`-sized pieces of `data` (the last may be
-/// shorter), in parallel where the backend has threads and the job is worth it: `cost` is the
-/// work per element of `data` (simple operations), for the backend's minimum grain.
-pub(crate) fn par_chunks_mut<T: Send>(
-    cpu: &dyn CpuBackend,
-    data: &mut [T],
-    chunk: usize,
-    cost: usize,
-    f: &(dyn Fn(usize, &mut [T]) + Sync),
-) {
-    if chunk == 0 || data.is_empty() {
-        return;
-    }
-    let len = data.len();
-    let n = len.div_ceil(chunk);
-    if n == 1 || cpu.threads() <= 1 {
-        for (i, c) in data.chunks_mut(chunk).enumerate() {
-            f(i, c);
-        }
-        return;
-    }
-    let base = SyncPtr(data.as_mut_ptr());
-    cpu.parallel_for_work(n, len.saturating_mul(cost.max(1)), &|i| {
-        let start = i * chunk;
-        if start >= len {
-            return;
-        }
-        let end = (start + chunk).min(len);
-        // SAFETY: `parallel_for` runs each index once; the ranges [start, end) of different
-        // indices are disjoint and inside `data`, which stays mutably borrowed (and so
-        // unaliased) until `parallel_for` returns.
-        let s = unsafe { core::slice::from_raw_parts_mut(base.get().add(start), end - start) };
-        f(i, s);
-    });
-}
 
 // ----------------------------------------------------------------------------- attributes
 
@@ -2985,132 +2936,10 @@ fn build_max_unpool(node: &Node) -> Result<Box<dyn Kernel>> {
     ))
 }
 
-/// Helpers shared by the linalg and nn unit tests.
-#[cfg(test)]
-pub(crate) mod test_util {
-    extern crate std;
-
-    use alloc::string::String;
-    use alloc::vec::Vec;
-
-    use crate::error::Result;
-    use crate::ir::{AttrValue, Node};
-    use crate::provider::{CpuBackend, Gemm, KernelCx, Lookup};
-    use crate::tensor::Tensor;
-    use crate::value::Value;
-
-    /// A backend that really runs `parallel_for` on several threads.
-    pub struct ThreadedCpu;
-
-    impl CpuBackend for ThreadedCpu {
-        fn name(&self) -> String {
-            String::from("test-threads")
-        }
-        fn sgemm(&self, g: &Gemm, a: &[f32], b: &[f32], c: &mut [f32]) {
-            // the sequential backend's SGEMM, so the two runs differ only in threading
-            crate::provider::ReferenceCpu.sgemm(g, a, b, c)
-        }
-        fn parallel_for(&self, n: usize, f: &(dyn Fn(usize) + Sync)) {
-            std::thread::scope(|s| {
-                for t in 0..3 {
-                    s.spawn(move || {
-                        let mut i = t;
-                        while i < n {
-                            f(i);
-                            i += 3;
-                        }
-                    });
-                }
-            });
-        }
-        fn threads(&self) -> usize {
-            3
-        }
-    }
-
-    /// `((i*mul + 3) % m - m/2) * scale` for i in 0..n (mirrored in the numpy scripts).
-    pub fn seq(n: usize, mul: usize, m: usize, scale: f32) -> Vec<f32> {
-        (0..n)
-            .map(|i| (((i * mul + 3) % m) as f32 - (m / 2) as f32) * scale)
-            .collect()
-    }
-
-    pub fn t32(shape: &[usize], v: Vec<f32>) -> Tensor {
-        Tensor::from_vec(shape, v).unwrap()
-    }
-
-    pub fn i64s(shape: &[usize], v: Vec<i64>) -> Tensor {
-        Tensor::from_vec(shape, v).unwrap()
-    }
-
-    pub fn node(op: &str, opset: i64, attrs: Vec<(&str, AttrValue)>, n_out: usize) -> Node {
-        Node {
-            name: String::from("n"),
-            op_type: String::from(op),
-            domain: String::new(),
-            opset,
-            inputs: Vec::new(),
-            outputs: (0..n_out).map(Some).collect(),
-            attrs: attrs
-                .into_iter()
-                .map(|(k, v)| (String::from(k), v))
-                .collect(),
-            implicit_inputs: Vec::new(),
-        }
-    }
-
-    pub fn ints(v: &[i64]) -> AttrValue {
-        AttrValue::Ints(v.to_vec())
-    }
-
-    /// Builds the node's kernel through the registry and runs it on both backends, checking
-    /// that the threaded run agrees with the sequential one.
-    pub fn run(node: &Node, inputs: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
-        let reg = crate::kernels::cpu_registry();
-        let Lookup::Found(def) = reg.lookup(node, &[]) else {
-            panic!("no kernel for {}", node.op_type);
-        };
-        let k = (def.build)(node)?;
-        let vals: Vec<Option<Value>> = inputs
-            .iter()
-            .map(|t| t.clone().map(Value::Tensor))
-            .collect();
-        let refs: Vec<Option<&Value>> = vals.iter().map(|v| v.as_ref()).collect();
-        let seq = k.compute(&KernelCx::new(&crate::provider::ReferenceCpu), &refs)?;
-        let par = k.compute(&KernelCx::new(&ThreadedCpu), &refs)?;
-        let unwrap = |v: Vec<Value>| -> Vec<Tensor> {
-            v.into_iter()
-                .map(|v| match v {
-                    Value::Tensor(t) => t,
-                    _ => panic!("not a tensor"),
-                })
-                .collect()
-        };
-        let (seq, par) = (unwrap(seq), unwrap(par));
-        for (a, b) in seq.iter().zip(&par) {
-            assert_eq!(a.shape(), b.shape());
-            if let (Ok(x), Ok(y)) = (a.to_f32_vec(), b.to_f32_vec()) {
-                assert_eq!(x, y, "threaded result differs");
-            }
-        }
-        Ok(seq)
-    }
-
-    pub fn close(got: &[f32], want: &[f32], tol: f32) {
-        assert_eq!(got.len(), want.len(), "length: got {got:?}");
-        for (i, (g, w)) in got.iter().zip(want).enumerate() {
-            assert!(
-                (g - w).abs() <= tol * (1.0 + w.abs()),
-                "element {i}: got {g}, want {w} (got {got:?})"
-            );
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
-    use super::test_util::{close, ints, node, run, seq, t32};
     use crate::ir::AttrValue;
+    use crate::kernels::test_util::{close, ints, node, run, seq, t32};
     use crate::tensor::Tensor;
     use alloc::vec;
     use alloc::vec::Vec;

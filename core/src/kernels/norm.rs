@@ -14,6 +14,7 @@ use crate::arena::OutBuf;
 use crate::dtype::DataType;
 use crate::error::{Error, Result};
 use crate::ir::Node;
+use crate::kernels::par::SyncPtr;
 use crate::kernels::types::{FLOATS, NUMERIC};
 use crate::provider::{Kernel, KernelCx, KernelDef};
 use crate::tensor::{Elem, Tensor};
@@ -270,17 +271,6 @@ fn store_out<R: Real>(dt: DataType, shape: &[usize], ys: OutBuf<R>) -> Result<Te
 
 /// Work (in element operations) below which a kernel stays on the calling thread.
 const PAR_MIN: usize = 1 << 15;
-
-/// A raw pointer that may be shared between the workers of [`par_out`].
-struct SyncPtr<T>(*mut T);
-// SAFETY: `par_out` only derives disjoint sub-slices from the pointer, one per worker task.
-unsafe impl<T: Send> Sync for SyncPtr<T> {}
-impl<T> SyncPtr<T> {
-    #[inline]
-    fn get(&self) -> *mut T {
-        self.0
-    }
-}
 
 /// Splits `out` (a whole number of `unit`-sized pieces) into runs of whole units and calls
 /// `f(first_unit, run)` for each run, in parallel when the backend has threads and `work`
