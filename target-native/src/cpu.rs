@@ -83,7 +83,9 @@ impl NativeCpu {
         };
         if m >= 16 * t {
             // row blocks: disjoint rows of C
-            let rows = unit(&a, m.div_ceil(t).div_ceil(8) * 8);
+            // whole micro-kernel panels per block
+            let mr = nxrt_core::simd::gemm_tile().0;
+            let rows = unit(&a, m.div_ceil(t).div_ceil(mr) * mr);
             let blocks = m.div_ceil(rows);
             let (cp, clen) = (CPtr(c.as_mut_ptr()), c.len());
             self.pool.run_work(blocks, m * n * k, &|q| {

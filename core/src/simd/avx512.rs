@@ -29,7 +29,7 @@ pub struct Avx512(__m512);
 // and stores go through slices of at least 16 floats, and these loads/stores need no alignment.
 impl VF32 for Avx512 {
     const LANES: usize = 16;
-    const GEMM_MR: usize = 8;
+    const GEMM_MR: usize = 12;
     #[inline(always)]
     fn splat(v: f32) -> Self {
         Avx512(unsafe { _mm512_set1_ps(v) })

@@ -666,7 +666,12 @@ pub fn sgemm<V: VF32>(g: &Gemm, a: &[f32], b: &[f32], c: &mut [f32]) {
 /// The micro-kernel's tile on this vector type: (rows of A's panels, columns of B's panels).
 #[inline(always)]
 pub fn gemm_tile<V: VF32>() -> (usize, usize) {
-    (if V::GEMM_MR >= 8 { 8 } else { 4 }, 2 * V::LANES)
+    let mr = match V::GEMM_MR {
+        12.. => 12,
+        8..=11 => 8,
+        _ => 4,
+    };
+    (mr, 2 * V::LANES)
 }
 
 /// [`sgemm`] over operands either of which may come packed ([`Operand::Panels`], in the
@@ -674,7 +679,9 @@ pub fn gemm_tile<V: VF32>() -> (usize, usize) {
 /// operands with `gemm_fits` and packed ones with `Operand::panels_fit`.
 #[inline(always)]
 pub fn sgemm_ops<V: VF32>(g: &Gemm, a: Operand<'_>, b: Operand<'_>, c: &mut [f32]) {
-    if V::GEMM_MR >= 8 {
+    if V::GEMM_MR >= 12 {
+        sgemm_mr::<V, 12>(g, a, b, c)
+    } else if V::GEMM_MR >= 8 {
         sgemm_mr::<V, 8>(g, a, b, c)
     } else {
         sgemm_mr::<V, 4>(g, a, b, c)
@@ -754,7 +761,7 @@ fn sgemm_packed<V: VF32, const MR: usize>(
     let nr = 2 * V::LANES;
     let kc_max = KC.min(k);
     let nc_max = NC.min(n).div_ceil(nr) * nr;
-    let mc_max = MC.min(m).div_ceil(MR) * MR;
+    let mc_max = MC.div_ceil(MR).min(m.div_ceil(MR)) * MR;
     let bn = if matches!(b, Operand::Strided(_)) {
         kc_max * nc_max
     } else {
@@ -818,7 +825,8 @@ fn sgemm_blocks<V: VF32, const MR: usize>(
             let store = overwrite && pc == 0;
             let mut ic = 0;
             while ic < m {
-                let mc = MC.min(m - ic);
+                // whole panels per block (packed A is addressed by panel)
+                let mc = (MC.div_ceil(MR) * MR).min(m - ic);
                 let mpanels = mc.div_ceil(MR);
                 let (asrc, astep): (&[f32], usize) = match a {
                     Operand::Panels { data, .. } => (&data[(ic / MR * k + pc) * MR..], k * MR),

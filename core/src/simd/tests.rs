@@ -253,6 +253,8 @@ fn packed_and_row_operands_give_the_strided_product_on_every_isa() {
             (9, 33, 7),
             (70, 100, 300),
             (8, 64, 257),
+            // several M blocks whatever the panel height (MC rounds up to whole panels)
+            (150, 40, 20),
         ] {
             let a = data(m * k, 11);
             // B's rows as overlapping windows: row p starts at 3 * p, so B has k rows of n
