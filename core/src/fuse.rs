@@ -14,11 +14,17 @@
 //!   spelled out as `x * Clip(x + 3, 0, 6) / 6`, which PaddlePaddle's exporter writes) becomes
 //!   the epilogue the kernel applies to each output tile while it is still in cache.
 //!
+//! - **GELU spelled out** (`x * 0.5 * (1 + Erf(x / sqrt 2))`, as PyTorch exports the erf GELU
+//!   of BERT-family encoders, in any of its usual operand orders and groupings) into one
+//!   `Gelu` node (ONNX opset 20): one pass with a vector `1 + erf` instead of five.
+//!
 //! A fusion applies only where it cannot change what the graph computes or exposes: float32
 //! tensors; an intermediate read by exactly one node, not a graph output and not read by a
 //! subgraph; constants known at load. The fused kernel applies the same vector activations as
 //! the standalone element-wise kernels, so results are bit-identical except for the folded
-//! BatchNormalization (one rounding of `w * s` instead of a separate multiply).
+//! BatchNormalization (one rounding of `w * s` instead of a separate multiply) and the fused
+//! GELU (its `1 + erf` is computed without the cancellation of adding 1 to a rounded erf near
+//! -1: within a few ulp of the five-node chain, closer to the exact value).
 
 use alloc::string::{String, ToString};
 use alloc::sync::Arc;
@@ -51,7 +57,7 @@ pub fn fuse_graph(g: &mut Graph) -> Result<usize> {
             }
         }
     }
-    Ok(n + conv_bn(g)? + conv_affine(g)? + conv_add(g) + conv_act(g)?)
+    Ok(n + conv_bn(g)? + conv_affine(g)? + conv_add(g) + conv_act(g)? + gelu(g))
 }
 
 /// Readers of each value: nodes (inputs and subgraph captures) and graph outputs.
@@ -604,4 +610,125 @@ fn conv_act(g: &mut Graph) -> Result<usize> {
     }
     remove_nodes(g, &drop);
     Ok(count)
+}
+
+// ---------------------------------------------------------------- GELU
+
+/// Whether `v` is a float32 scalar constant within `1e-4` (relative) of `want`.
+fn const_near(g: &Graph, v: Option<ValueId>, want: f32) -> bool {
+    scalar_const(g, v).is_some_and(|c| (c - want).abs() <= 1e-4 * want.abs())
+}
+
+/// A two-input node's other operand: the one that is not `v`.
+fn other_input(n: &Node, v: ValueId) -> Option<Option<ValueId>> {
+    match n.inputs.as_slice() {
+        [Some(a), b] if *a == v => Some(*b),
+        [a, Some(b)] if *b == v => Some(*a),
+        _ => None,
+    }
+}
+
+/// The sole reader of `v` if it is the two-input op `op`, with its other operand.
+fn binary_reader(
+    g: &Graph,
+    readers: &[usize],
+    v: ValueId,
+    op: &str,
+) -> Option<(usize, Option<ValueId>)> {
+    let i = sole_reader(g, readers, v)?;
+    let n = &g.nodes[i];
+    if !is_op(n, op) || n.inputs.len() != 2 {
+        return None;
+    }
+    Some((i, other_input(n, v)?))
+}
+
+/// The erf GELU spelled out around an `Erf` node at `ei`: `d = x / sqrt2` (or `x * 1/sqrt2`),
+/// `e = Erf(d)`, `a = e + 1`, then either `(x * a) * 0.5`, `(x * 0.5) * a` or `x * (a * 0.5)`
+/// (operands in either order). Every intermediate is read only inside the chain. Returns `x`,
+/// the chain's nodes (the last one writes the result) and the result.
+fn gelu_parts(g: &Graph, readers: &[usize], ei: usize) -> Option<(ValueId, Vec<usize>, ValueId)> {
+    let erf = &g.nodes[ei];
+    if !is_op(erf, "Erf") {
+        return None;
+    }
+    let d = erf.inputs.first().copied().flatten()?;
+    let e = out0(erf)?;
+    // the scaling of x: the only producer of d
+    let di = g.nodes.iter().position(|n| out0(n) == Some(d))?;
+    let dn = &g.nodes[di];
+    if readers[d] != 1 || dn.inputs.len() != 2 {
+        return None;
+    }
+    let x = dn.inputs[0]?;
+    let scaled = (is_op(dn, "Div") && const_near(g, dn.inputs[1], core::f32::consts::SQRT_2))
+        || (is_op(dn, "Mul") && const_near(g, dn.inputs[1], core::f32::consts::FRAC_1_SQRT_2));
+    if !scaled || !is_f32(g, x) {
+        return None;
+    }
+    let (ai, one) = binary_reader(g, readers, e, "Add")?;
+    let a = out0(&g.nodes[ai])?;
+    if !const_near(g, one, 1.0) {
+        return None;
+    }
+    let (mi, other) = binary_reader(g, readers, a, "Mul")?;
+    let m = out0(&g.nodes[mi])?;
+    let tail = if other == Some(x) {
+        // (x * a) * 0.5
+        let (li, half) = binary_reader(g, readers, m, "Mul")?;
+        const_near(g, half, 0.5).then_some(vec![mi, li])
+    } else if const_near(g, other, 0.5) {
+        // x * (a * 0.5)
+        let (li, xx) = binary_reader(g, readers, m, "Mul")?;
+        (xx == Some(x)).then_some(vec![mi, li])
+    } else {
+        // (x * 0.5) * a: `other` is x * 0.5, read only here
+        let h = other?;
+        let hi = g.nodes.iter().position(|n| out0(n) == Some(h))?;
+        let hn = &g.nodes[hi];
+        let half = other_input(hn, x)?;
+        (readers[h] == 1 && is_op(hn, "Mul") && const_near(g, half, 0.5)).then_some(vec![hi, mi])
+    }?;
+    let last = *tail.last()?;
+    let y = out0(&g.nodes[last])?;
+    let mut nodes = vec![di, ei, ai];
+    nodes.extend(tail);
+    // the result must be the last of the chain in graph order (it replaces that node)
+    if nodes.iter().any(|&i| i > last) || !is_f32(g, y) {
+        return None;
+    }
+    Some((x, nodes, y))
+}
+
+fn gelu(g: &mut Graph) -> usize {
+    let mut count = 0;
+    let readers = reader_counts(g);
+    let mut drop = vec![false; g.nodes.len()];
+    for ei in 0..g.nodes.len() {
+        let Some((x, nodes, y)) = gelu_parts(g, &readers, ei) else {
+            continue;
+        };
+        if nodes.iter().any(|&i| drop[i]) {
+            continue;
+        }
+        let last = *nodes.last().expect("a chain of five nodes");
+        let fused = Node {
+            name: alloc::format!("{}/Gelu", g.nodes[ei].name),
+            op_type: "Gelu".to_string(),
+            domain: String::new(),
+            opset: 20,
+            inputs: vec![Some(x)],
+            outputs: vec![Some(y)],
+            attrs: Vec::new(),
+            implicit_inputs: Vec::new(),
+        };
+        for &i in &nodes {
+            drop[i] = true;
+        }
+        drop[last] = false;
+        g.nodes[last] = fused;
+        count += nodes.len() - 1;
+    }
+    remove_nodes(g, &drop);
+    count
 }

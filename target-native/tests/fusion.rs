@@ -1,5 +1,6 @@
 //! The CPU fusions (`nxrt_core::fuse`, on at the default `OptLevel::All`): Conv +
-//! BatchNormalization folding and Conv + residual Add + activation as one `FusedConv`. Each
+//! BatchNormalization folding, Conv + residual Add + activation as one `FusedConv`, and the
+//! spelled-out erf GELU as one `Gelu`. Each
 //! fused graph is run against the same model at `OptLevel::Basic` (no fusions), on every
 //! convolution path (depthwise, pointwise, im2col) and at 1 and 2 threads.
 
@@ -430,4 +431,106 @@ fn weights_packed_at_load_are_reported_and_can_be_turned_off() {
         assert_eq!(none, 0, "nothing packed when turned off");
         assert_eq!(packed, plain, "group {} k {}", cs.group, cs.k);
     }
+}
+
+/// `y = GELU(x)` spelled out as exporters write it, `variant` choosing the grouping:
+/// 0: `(x * (1 + erf(x / sqrt2))) * 0.5`; 1: `(x * 0.5) * (1 + erf(x * 1/sqrt2))`;
+/// 2: `x * ((erf(x / sqrt2) + 1) * 0.5)`. With `tap` the Erf output is also a graph output.
+fn spelled_gelu(variant: usize, tap: bool, sqrt2: f32) -> Vec<u8> {
+    let mut nodes = vec![];
+    if variant == 1 {
+        nodes.push(node("Mul", &["x", "isq"], &["d"]));
+    } else {
+        nodes.push(node("Div", &["x", "sq"], &["d"]));
+    }
+    nodes.push(node("Erf", &["d"], &["e"]));
+    match variant {
+        0 => {
+            nodes.push(node("Add", &["e", "one"], &["a"]));
+            nodes.push(node("Mul", &["x", "a"], &["m"]));
+            nodes.push(node("Mul", &["m", "half"], &["y"]));
+        }
+        1 => {
+            nodes.push(node("Mul", &["x", "half"], &["h"]));
+            nodes.push(node("Add", &["one", "e"], &["a"]));
+            nodes.push(node("Mul", &["h", "a"], &["y"]));
+        }
+        _ => {
+            nodes.push(node("Add", &["e", "one"], &["a"]));
+            nodes.push(node("Mul", &["half", "a"], &["m"]));
+            nodes.push(node("Mul", &["m", "x"], &["y"]));
+        }
+    }
+    let mut outputs = vec![vi("y", 1, &["n", "64"])];
+    if tap {
+        outputs.push(vi("e", 1, &["n", "64"]));
+    }
+    model(GraphProto {
+        name: "gelu".into(),
+        node: nodes,
+        input: vec![vi("x", 1, &["n", "64"])],
+        output: outputs,
+        initializer: vec![
+            f32s("sq", &[], &[sqrt2]),
+            f32s("isq", &[], &[1.0 / sqrt2]),
+            f32s("one", &[], &[1.0]),
+            f32s("half", &[], &[0.5]),
+        ],
+        ..Default::default()
+    })
+}
+
+/// Runs `bytes` on x = 3 rows of 64 values over [-6, 6) (where erf saturates and where it
+/// does not): y and the ops left.
+fn run_gelu(bytes: &[u8], level: OptLevel, threads: usize) -> (Vec<f32>, Vec<String>) {
+    let s = Session::builder()
+        .optimization(level)
+        .threads(threads)
+        .load_bytes(bytes)
+        .unwrap();
+    let xs: Vec<f32> = data(192, 3).iter().map(|v| v * 6.0).collect();
+    let x = Tensor::from_vec(&[3, 64], xs).unwrap();
+    let out = s.run(vec![("x", x)]).unwrap();
+    let y = values(out["y"].as_tensor().unwrap());
+    let ops = s
+        .core()
+        .graph()
+        .nodes
+        .iter()
+        .map(|n| n.op_type.clone())
+        .collect();
+    (y, ops)
+}
+
+#[test]
+fn gelu_spelled_out_fuses_into_one_node_within_a_few_ulp() {
+    for variant in 0..3 {
+        let bytes = spelled_gelu(variant, false, std::f32::consts::SQRT_2);
+        for threads in [1, 2] {
+            let (want, plain_ops) = run_gelu(&bytes, OptLevel::Basic, threads);
+            let (got, ops) = run_gelu(&bytes, OptLevel::All, threads);
+            assert_eq!(plain_ops.len(), 5, "{plain_ops:?}");
+            assert_eq!(ops, ["Gelu"], "variant {variant}: the chain is one node");
+            let xs: Vec<f32> = data(192, 3).iter().map(|v| v * 6.0).collect();
+            for (i, ((a, b), x)) in got.iter().zip(&want).zip(&xs).enumerate() {
+                // the chain's 1 + erf has an absolute error of an ulp of 1 (it cancels near
+                // erf = -1), so the chain is exact only to an ulp of x / 2
+                let tol = 4.0 * f32::EPSILON * (b.abs() + 0.5 * x.abs());
+                assert!(
+                    (a - b).abs() <= tol,
+                    "variant {variant}: at {i}: {a} vs {b}"
+                );
+            }
+        }
+    }
+    // an intermediate read outside the chain, or a constant that is not 1/sqrt 2's
+    // reciprocal, leaves the chain as it is
+    let (_, ops) = run_gelu(
+        &spelled_gelu(0, true, std::f32::consts::SQRT_2),
+        OptLevel::All,
+        1,
+    );
+    assert!(ops.iter().any(|o| o == "Erf"), "{ops:?}");
+    let (_, ops) = run_gelu(&spelled_gelu(0, false, 1.5), OptLevel::All, 1);
+    assert!(ops.iter().any(|o| o == "Erf"), "{ops:?}");
 }
