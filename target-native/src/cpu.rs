@@ -84,7 +84,7 @@ impl NativeCpu {
         if m >= 16 * t {
             // row blocks: disjoint rows of C
             // whole micro-kernel panels per block
-            let mr = nxrt_core::simd::gemm_tile().0;
+            let mr = nxrt_core::simd::gemm_mr_for(m);
             let rows = unit(&a, m.div_ceil(t).div_ceil(mr) * mr);
             let blocks = m.div_ceil(rows);
             let (cp, clen) = (CPtr(c.as_mut_ptr()), c.len());

@@ -572,7 +572,7 @@ fn conv_tile_product<T: Num>(
             data: &bp,
             panel: nr,
         };
-        cx.cpu.sgemm_ops(&gm, weights_operand(w, wpg), b, c);
+        cx.cpu.sgemm_ops(&gm, weights_operand(w, wpg, gm.m), b, c);
         return;
     }
     // a few rows or a narrow C (a strided 1-D convolution with a few output positions): the
@@ -591,16 +591,16 @@ fn conv_tile_product<T: Num>(
 /// Group `gi`'s rows of convolution weights packed by [`pack_conv_weights`] (`mg` rows of
 /// `kdim` per group, each group starting on a panel of its own).
 fn packed_group(wp: Option<&[f32]>, gi: usize, mg: usize, kdim: usize) -> Option<&[f32]> {
-    let (mr, _) = crate::simd::gemm_tile();
+    let mr = crate::simd::gemm_mr_for(mg);
     wp.map(|p| &p[gi * mg.div_ceil(mr) * mr * kdim..])
 }
 
 /// The A operand of a group's product: its packed panels when there are some, else W's rows.
-fn weights_operand<'a>(w: &'a [f32], wpg: Option<&'a [f32]>) -> Operand<'a> {
+fn weights_operand<'a>(w: &'a [f32], wpg: Option<&'a [f32]>, mg: usize) -> Operand<'a> {
     match wpg {
         Some(data) => Operand::Panels {
             data,
-            panel: crate::simd::gemm_tile().0,
+            panel: crate::simd::gemm_mr_for(mg),
         },
         None => Operand::Strided(w),
     }
@@ -618,9 +618,12 @@ fn pointwise_gemm<T: Num>(
 ) {
     let wpg = wpg.filter(|_| crate::simd::panels_pay(gm.m, gm.n));
     if let (Some(wpg), Some(b), Some(c)) = (wpg, T::as_f32(b), T::as_f32_mut(c)) {
-        return cx
-            .cpu
-            .sgemm_ops(gm, weights_operand(&[], Some(wpg)), Operand::Strided(b), c);
+        return cx.cpu.sgemm_ops(
+            gm,
+            weights_operand(&[], Some(wpg), gm.m),
+            Operand::Strided(b),
+            c,
+        );
     }
     T::gemm(cx, gm, wg, b, c)
 }
@@ -1286,7 +1289,8 @@ fn conv_implicit<T: Num>(
     let kdim = cg * kk;
     let in_plane: usize = g.inp.iter().product();
     let out_plane: usize = g.out.iter().product();
-    let (mr, nr) = crate::simd::gemm_tile();
+    let (_, nr) = crate::simd::gemm_tile();
+    let mr = crate::simd::gemm_mr_for(mg);
     // a phase plane (output extent + (k - 1) * d / s), its strides and positions; the stride's
     // phases of one channel, one after the other
     let pext: Vec<usize> = (0..nd)
@@ -1427,7 +1431,7 @@ fn conv_implicit<T: Num>(
                     offs: &offs,
                 };
                 let wpg = wpg.filter(|_| crate::simd::panels_pay(mg, nc));
-                cx.cpu.sgemm_ops(&gm, weights_operand(w32, wpg), b, c32);
+                cx.cpu.sgemm_ops(&gm, weights_operand(w32, wpg, mg), b, c32);
                 // the valid positions of each padded row that meets [q0, q0 + nc): calls
                 // f(range in the tile, offset in y) for each row of C
                 let pw = pext[last];
@@ -1675,7 +1679,7 @@ fn pack_conv_weights(w: &Tensor, group: usize) -> Option<Prepacked> {
         if (cg == 1 && group == m) || kdim == 0 || mg == 0 {
             return None;
         }
-        let (mr, _) = crate::simd::gemm_tile();
+        let mr = crate::simd::gemm_mr_for(mg);
         let mut data = Vec::with_capacity(group * mg.div_ceil(mr) * mr * kdim);
         for gi in 0..group {
             let wg = &wv[gi * mg * kdim..(gi + 1) * mg * kdim];

@@ -487,6 +487,17 @@ dispatch!(
 );
 
 dispatch!(
+    /// The height of A's panels the SGEMM takes for an `m`-row product on this machine (what
+    /// weights packed at load for that product should use).
+    fn gemm_mr_for / gemm_mr_for_on(m: usize) -> usize => gemm_mr_for
+);
+
+dispatch!(
+    /// Whether this machine's SGEMM has a micro-kernel for A panels `panel` rows high.
+    fn gemm_panel_ok / gemm_panel_ok_on(panel: usize) -> bool => gemm_panel_ok
+);
+
+dispatch!(
     /// `out[i] = a[i] op b[i % b.len()]` (b repeats; `b.len()` divides `a.len()`).
     fn binary_repeat / binary_repeat_on(op: BinOp, a: &[f32], b: &[f32], out: &mut [f32]) => binary_repeat
 );
@@ -587,6 +598,11 @@ pub fn panels_pay(m: usize, n: usize) -> bool {
 /// product, on this machine's panel sizes.
 pub fn sgemm_ops_fit(g: &Gemm, a: &Operand<'_>, b: &Operand<'_>, c_len: usize) -> bool {
     let (mr, nr) = gemm_tile();
+    // a packed A may have any panel height the micro-kernels take
+    let a_panel = match a {
+        Operand::Panels { panel, .. } if gemm_panel_ok(*panel) => *panel,
+        _ => mr,
+    };
     let (m, n, k) = (g.m, g.n, g.k);
     let strided_len = |o: &Operand<'_>| match o {
         Operand::Strided(d) => d.len(),
@@ -602,7 +618,7 @@ pub fn sgemm_ops_fit(g: &Gemm, a: &Operand<'_>, b: &Operand<'_>, c_len: usize) -
     }
     !matches!(a, Operand::Rows { .. })
         && gemm::gemm_fits(&gs, strided_len(a), strided_len(b), c_len)
-        && a.panels_fit(m, k, mr)
+        && a.panels_fit(m, k, a_panel)
         && b.panels_fit(n, k, nr)
 }
 

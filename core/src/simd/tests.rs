@@ -247,15 +247,26 @@ fn packed_and_row_operands_give_the_strided_product_on_every_isa() {
     // one buffer (the implicit-GEMM layout: row p of B is data[offs[p]..]), on each ISA this
     // machine has, across the blocking edges (k > KC, m > MC, n not a multiple of a panel)
     for isa in available_isas() {
-        let (mr, nr) = gemm_tile_on(isa);
-        for &(m, n, k) in &[
-            (1usize, 5usize, 3usize),
-            (9, 33, 7),
-            (70, 100, 300),
-            (8, 64, 257),
-            // several M blocks whatever the panel height (MC rounds up to whole panels)
-            (150, 40, 20),
-        ] {
+        let (top, nr) = gemm_tile_on(isa);
+        // every A panel height this ISA's micro-kernels take (the widest, and a narrower one
+        // for products it would pad)
+        let heights = [4usize, 8, 12]
+            .into_iter()
+            .filter(|&p| gemm_panel_ok_on(isa, p));
+        assert!(heights.clone().any(|p| p == top));
+        for (mr, &(m, n, k)) in heights.flat_map(|mr| {
+            [
+                (1usize, 5usize, 3usize),
+                (9, 33, 7),
+                (70, 100, 300),
+                (8, 64, 257),
+                // several M blocks whatever the panel height (MC rounds up to whole panels)
+                (150, 40, 20),
+            ]
+            .iter()
+            .map(move |c| (mr, c))
+            .collect::<Vec<_>>()
+        }) {
             let a = data(m * k, 11);
             // B's rows as overlapping windows: row p starts at 3 * p, so B has k rows of n
             let offs: Vec<usize> = (0..k).map(|p| 3 * p).collect();
@@ -321,7 +332,7 @@ fn packed_and_row_operands_give_the_strided_product_on_every_isa() {
                     let mut got = c0.clone();
                     if alpha == 1.0 {
                         sgemm_ops_unchecked_on(isa, &g, oa, ob, &mut got);
-                    } else if gemm_tile() == (mr, nr) {
+                    } else if gemm_tile().1 == nr && gemm_panel_ok(mr) {
                         // the checked entry (it unpacks a packed A for alpha) runs on the
                         // dispatched ISA, whose panels these are
                         assert!(sgemm_ops_checked(&g, oa, ob, &mut got), "{what}");
