@@ -659,6 +659,7 @@ const NC: usize = 2048;
 /// panels with alpha folded in, and an `MR x NR` register-blocked micro-kernel (MR =
 /// `V::GEMM_MR`).
 #[inline(always)]
+#[cfg_attr(not(test), allow(dead_code))]
 pub fn sgemm<V: VF32>(g: &Gemm, a: &[f32], b: &[f32], c: &mut [f32]) {
     sgemm_ops::<V>(g, Operand::Strided(a), Operand::Strided(b), c)
 }
@@ -674,17 +675,23 @@ pub fn gemm_tile<V: VF32>() -> (usize, usize) {
     (mr, 2 * V::LANES)
 }
 
-/// The height of A's panels for an `m`-row product: the widest tile ([`gemm_tile`]) unless a
-/// narrower one pads much less (on AVX-512, 12 rows against 8: 16 or 40 rows run as two or
-/// five 8-row panels rather than 12 + 4 or 36 + 4; the 12-row tile does about 15% more work
-/// per cycle, so it wins from 1.15x the padded rows down).
+/// The height of A's panels for an `m`-row product: of the heights this vector type has, the
+/// one with the least work counting the padded rows, each row weighted by its tile's cost (on
+/// AVX-512 the 12-row tile does about 10% more per cycle than the 8-row one, which does about
+/// a third more than the 4-row one): 16, 32 or 64 rows run as 8-row panels rather than padding
+/// to 24, 36 or 72, and a product of one to four rows on the 4-row tile.
 #[inline(always)]
 pub fn gemm_mr_for<V: VF32>(m: usize) -> usize {
     let top = gemm_tile::<V>().0;
-    if top == 12 && m.div_ceil(8) * 8 * 23 < m.div_ceil(12) * 12 * 20 {
-        return 8;
+    let cost = |mr: usize, weight: usize| m.div_ceil(mr) * mr * weight;
+    let mut best = (cost(4, 30), 4);
+    if top >= 8 {
+        best = best.min((cost(8, 22), 8));
     }
-    top
+    if top >= 12 {
+        best = best.min((cost(12, 20), 12));
+    }
+    best.1
 }
 
 /// Whether A panels `panel` rows high have a micro-kernel on this vector type.
@@ -697,17 +704,54 @@ pub fn gemm_panel_ok<V: VF32>(panel: usize) -> bool {
 /// layout of [`gemm_tile`], A in panels of a height [`gemm_panel_ok`] accepts; a packed A
 /// needs `alpha = 1`). The caller has checked strided operands with `gemm_fits` and packed
 /// ones with `Operand::panels_fit`.
+///
+/// Each panel height is its own entry below ([`sgemm_ops_12`], ...), dispatched as a function of
+/// its own: with all three inlined into one function, the register allocator spilled the 8-row
+/// tile's accumulators to the stack on every step of K (2.4x slower).
 #[inline(always)]
+#[cfg_attr(not(test), allow(dead_code))]
 pub fn sgemm_ops<V: VF32>(g: &Gemm, a: Operand<'_>, b: Operand<'_>, c: &mut [f32]) {
-    let mr = match a {
-        Operand::Panels { panel, .. } => panel,
-        _ => gemm_mr_for::<V>(g.m),
-    };
-    match mr {
-        12 if V::GEMM_MR >= 12 => sgemm_mr::<V, 12>(g, a, b, c),
-        8 if V::GEMM_MR >= 8 => sgemm_mr::<V, 8>(g, a, b, c),
-        _ => sgemm_mr::<V, 4>(g, a, b, c),
+    match sgemm_panel_height::<V>(g, &a) {
+        12 => sgemm_ops_12::<V>(g, a, b, c),
+        8 => sgemm_ops_8::<V>(g, a, b, c),
+        _ => sgemm_ops_4::<V>(g, a, b, c),
     }
+}
+
+/// The A panel height [`sgemm_ops`] runs a product with: a packed A's own, else
+/// [`gemm_mr_for`]'s.
+#[inline(always)]
+pub fn sgemm_panel_height<V: VF32>(g: &Gemm, a: &Operand<'_>) -> usize {
+    match a {
+        Operand::Panels { panel, .. } => *panel,
+        _ => gemm_mr_for::<V>(g.m),
+    }
+}
+
+/// [`sgemm_ops`] on 12-row A panels (8-row ones where the vector type has no 12-row tile).
+#[inline(always)]
+pub fn sgemm_ops_12<V: VF32>(g: &Gemm, a: Operand<'_>, b: Operand<'_>, c: &mut [f32]) {
+    if V::GEMM_MR >= 12 {
+        sgemm_mr::<V, 12>(g, a, b, c)
+    } else {
+        sgemm_ops_8::<V>(g, a, b, c)
+    }
+}
+
+/// [`sgemm_ops`] on 8-row A panels (4-row ones where the vector type has no 8-row tile).
+#[inline(always)]
+pub fn sgemm_ops_8<V: VF32>(g: &Gemm, a: Operand<'_>, b: Operand<'_>, c: &mut [f32]) {
+    if V::GEMM_MR >= 8 {
+        sgemm_mr::<V, 8>(g, a, b, c)
+    } else {
+        sgemm_ops_4::<V>(g, a, b, c)
+    }
+}
+
+/// [`sgemm_ops`] on 4-row A panels.
+#[inline(always)]
+pub fn sgemm_ops_4<V: VF32>(g: &Gemm, a: Operand<'_>, b: Operand<'_>, c: &mut [f32]) {
+    sgemm_mr::<V, 4>(g, a, b, c)
 }
 
 #[inline(always)]

@@ -467,17 +467,54 @@ macro_rules! dispatch {
     };
 }
 
+/// `C = alpha*A*B + beta*C` with a packed, register-blocked micro-kernel (see [`Gemm`]).
+/// Operand strides must be non-negative and in bounds (the caller checks; see
+/// [`sgemm_checked`]).
+#[inline]
+pub fn sgemm_unchecked(g: &Gemm, a: &[f32], b: &[f32], c: &mut [f32]) {
+    sgemm_ops_unchecked(g, Operand::Strided(a), Operand::Strided(b), c)
+}
+
+#[doc(hidden)]
+pub fn sgemm_unchecked_on(isa: Isa, g: &Gemm, a: &[f32], b: &[f32], c: &mut [f32]) {
+    sgemm_ops_unchecked_on(isa, g, Operand::Strided(a), Operand::Strided(b), c)
+}
+
+/// [`sgemm_unchecked`] with operands that may come packed (see [`Operand`]): checked by the
+/// caller ([`sgemm_ops_checked`] checks).
+#[inline]
+pub fn sgemm_ops_unchecked(g: &Gemm, a: Operand<'_>, b: Operand<'_>, c: &mut [f32]) {
+    sgemm_ops_unchecked_on(isa(), g, a, b, c)
+}
+
+#[doc(hidden)]
+pub fn sgemm_ops_unchecked_on(isa: Isa, g: &Gemm, a: Operand<'_>, b: Operand<'_>, c: &mut [f32]) {
+    match sgemm_panel_height_on(isa, g, &a) {
+        12 => sgemm_mr12_on(isa, g, a, b, c),
+        8 => sgemm_mr8_on(isa, g, a, b, c),
+        _ => sgemm_mr4_on(isa, g, a, b, c),
+    }
+}
+
 dispatch!(
-    /// `C = alpha*A*B + beta*C` with a packed, register-blocked micro-kernel (see [`Gemm`]).
-    /// Operand strides must be non-negative and in bounds (the caller checks; see
-    /// [`sgemm_checked`]).
-    fn sgemm_unchecked / sgemm_unchecked_on(g: &Gemm, a: &[f32], b: &[f32], c: &mut [f32]) => sgemm
+    /// The A panel height the SGEMM runs `g` with (a packed A's own, else [`gemm_mr_for`]'s).
+    fn sgemm_panel_height / sgemm_panel_height_on(g: &Gemm, a: &Operand<'_>) -> usize => sgemm_panel_height
 );
 
 dispatch!(
-    /// [`sgemm_unchecked`] with operands that may come packed (see [`Operand`]): checked by
-    /// the caller ([`sgemm_ops_checked`] checks).
-    fn sgemm_ops_unchecked / sgemm_ops_unchecked_on(g: &Gemm, a: Operand<'_>, b: Operand<'_>, c: &mut [f32]) => sgemm_ops
+    /// The SGEMM on 12-row A panels (each height is a function of its own: see
+    /// `kernels::sgemm_ops`).
+    fn sgemm_mr12 / sgemm_mr12_on(g: &Gemm, a: Operand<'_>, b: Operand<'_>, c: &mut [f32]) => sgemm_ops_12
+);
+
+dispatch!(
+    /// The SGEMM on 8-row A panels.
+    fn sgemm_mr8 / sgemm_mr8_on(g: &Gemm, a: Operand<'_>, b: Operand<'_>, c: &mut [f32]) => sgemm_ops_8
+);
+
+dispatch!(
+    /// The SGEMM on 4-row A panels.
+    fn sgemm_mr4 / sgemm_mr4_on(g: &Gemm, a: Operand<'_>, b: Operand<'_>, c: &mut [f32]) => sgemm_ops_4
 );
 
 dispatch!(
