@@ -10,7 +10,11 @@ With --base BIN, a second nxrt binary (the base of a change) is timed in the sam
 right after the first (ORT, nxrt, base per round), and the table adds its time and the
 change/base ratio.
 
-usage: bench_vs_ort.py [--threads 1] [--reps 5] [--runs 10] [--only a,b] [--dir DIR] [--nxrt target/release/nxrt] [--base BIN]
+Between one runtime's timing and the next the script idles --settle seconds (0.3): ONNX
+Runtime's workers spin after a run, and at 2 threads on 2 cores the runtime timed right after
+it would otherwise share the cores with them (nxrt's small models measured up to 1.5x slower).
+
+usage: bench_vs_ort.py [--threads 1] [--settle 0.3] [--reps 5] [--runs 10] [--only a,b] [--dir DIR] [--nxrt target/release/nxrt] [--base BIN]
 Run with the corpus venv's python ($NXRT_CACHE/corpus-venv/bin/python), which has onnxruntime.
 """
 import argparse, json, math, os, statistics, subprocess, sys, time
@@ -47,6 +51,8 @@ def nxrt_median(binary, model, inputs, threads, warmup, runs):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--settle", type=float, default=0.3,
+                    help="seconds of idle between one runtime's timing and the next's")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--runs", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=3)
@@ -80,8 +86,12 @@ def main():
         try:
             for _ in range(a.reps):
                 o_t.append(ort_median(sess, feed, a.warmup, a.runs))
+                # ORT's idle workers spin for a while after a run; let them stop before the
+                # next runtime is timed, or whichever runs right after ORT shares the cores
+                time.sleep(a.settle)
                 n_t.append(nxrt_median(a.nxrt, model, inputs, a.threads, a.warmup, a.runs))
                 if a.base:
+                    time.sleep(a.settle)
                     b_t.append(nxrt_median(a.base, model, inputs, a.threads, a.warmup, a.runs))
         except RuntimeError as e:
             print(f"| {m} | {case} | {statistics.median(o_t) if o_t else float('nan'):.3f} | error: {str(e)[:80]} | |")
