@@ -675,19 +675,20 @@ pub fn gemm_tile<V: VF32>() -> (usize, usize) {
     (mr, 2 * V::LANES)
 }
 
-/// The height of A's panels for an `m`-row product: of the heights this vector type has, the
-/// one with the least work counting the padded rows, each row weighted by its tile's cost (on
-/// AVX-512 the 12-row tile does about 10% more per cycle than the 8-row one, which does about
-/// a third more than the 4-row one): 16, 32 or 64 rows run as 8-row panels rather than padding
-/// to 24, 36 or 72, and a product of one to four rows on the 4-row tile.
+/// The height of A's panels for an `m`-row product: the vector type's widest tile, except that
+/// on AVX-512 the 8-row tile replaces the 12-row one where 12 would pad much more (rows weighted
+/// by each tile's cost: the 12-row tile does about 10% more per cycle), so 16, 32 or 64 rows
+/// run as 8-row panels rather than padding to 24, 36 or 72.
 #[inline(always)]
 pub fn gemm_mr_for<V: VF32>(m: usize) -> usize {
     let top = gemm_tile::<V>().0;
     let cost = |mr: usize, weight: usize| m.div_ceil(mr) * mr * weight;
-    let mut best = (cost(4, 30), 4);
-    if top >= 8 {
-        best = best.min((cost(8, 22), 8));
+    if top < 8 {
+        return top;
     }
+    // (the 4-row tile is never taken where an 8-row one exists: one-row products such as the
+    // recurrent steps of LSTM/GRU measured 5% slower on it)
+    let mut best = (cost(8, 22), 8);
     if top >= 12 {
         best = best.min((cost(12, 20), 12));
     }
