@@ -2824,20 +2824,9 @@ mod tests {
     use crate::provider::ReferenceCpu;
     use alloc::string::ToString;
 
+    /// A node with no outputs declared.
     fn node(op: &str, opset: i64, attrs: Vec<(&str, AttrValue)>) -> Node {
-        Node {
-            name: String::from("n"),
-            op_type: String::from(op),
-            domain: String::new(),
-            opset,
-            inputs: Vec::new(),
-            outputs: Vec::new(),
-            attrs: attrs
-                .into_iter()
-                .map(|(k, v)| (String::from(k), v))
-                .collect(),
-            implicit_inputs: Vec::new(),
-        }
+        crate::kernels::test_util::node(op, opset, attrs, 0)
     }
 
     fn build(op: &str, opset: i64, attrs: Vec<(&str, AttrValue)>) -> Result<Box<dyn Kernel>> {

@@ -774,21 +774,7 @@ mod tests {
         Some(Value::Tensor(Tensor::from_vec(shape, v).unwrap()))
     }
 
-    fn node(op: &str, opset: i64, attrs: Vec<(&str, AttrValue)>, n_out: usize) -> Node {
-        Node {
-            name: String::from("n"),
-            op_type: String::from(op),
-            domain: String::new(),
-            opset,
-            inputs: Vec::new(),
-            outputs: (0..n_out).map(Some).collect(),
-            attrs: attrs
-                .into_iter()
-                .map(|(k, v)| (String::from(k), v))
-                .collect(),
-            implicit_inputs: Vec::new(),
-        }
-    }
+    use crate::kernels::test_util::node;
 
     fn s(v: &str) -> AttrValue {
         AttrValue::String(v.as_bytes().to_vec())

@@ -626,7 +626,6 @@ mod tests {
     use super::*;
     use crate::ir::AttrValue;
     use crate::provider::ReferenceCpu;
-    use alloc::string::String;
 
     /// `sin(i * 0.7 + seed) * scale` in f64, rounded to f32 (same in the Python generator).
     fn det(n: usize, seed: f64, scale: f64) -> Vec<f32> {
@@ -635,20 +634,9 @@ mod tests {
             .collect()
     }
 
+    /// A node with one output.
     fn node(op: &str, opset: i64, attrs: Vec<(&str, AttrValue)>) -> Node {
-        Node {
-            name: String::from("n"),
-            op_type: String::from(op),
-            domain: String::new(),
-            opset,
-            inputs: Vec::new(),
-            outputs: vec![Some(0)],
-            attrs: attrs
-                .into_iter()
-                .map(|(k, v)| (String::from(k), v))
-                .collect(),
-            implicit_inputs: Vec::new(),
-        }
+        crate::kernels::test_util::node(op, opset, attrs, 1)
     }
 
     fn t<T: crate::tensor::Elem>(shape: &[usize], v: Vec<T>) -> Option<Value> {
