@@ -218,14 +218,17 @@ fn run(bytes: &[u8], level: OptLevel, threads: usize, cs: Case) -> (Vec<Tensor>,
     if let Some(t) = out.get("tap") {
         tensors.push(t.as_tensor().unwrap().clone());
     }
-    let ops = s
-        .core()
+    (tensors, op_types(&s))
+}
+
+/// The op of each node of the session's optimised graph, in order.
+fn op_types(s: &Session) -> Vec<String> {
+    s.core()
         .graph()
         .nodes
         .iter()
         .map(|n| n.op_type.clone())
-        .collect();
-    (tensors, ops)
+        .collect()
 }
 
 fn values(t: &Tensor) -> Vec<f32> {
@@ -492,14 +495,7 @@ fn run_gelu(bytes: &[u8], level: OptLevel, threads: usize) -> (Vec<f32>, Vec<Str
     let x = Tensor::from_vec(&[3, 64], xs).unwrap();
     let out = s.run(vec![("x", x)]).unwrap();
     let y = values(out["y"].as_tensor().unwrap());
-    let ops = s
-        .core()
-        .graph()
-        .nodes
-        .iter()
-        .map(|n| n.op_type.clone())
-        .collect();
-    (y, ops)
+    (y, op_types(&s))
 }
 
 #[test]
