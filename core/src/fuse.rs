@@ -614,9 +614,14 @@ fn conv_act(g: &mut Graph) -> Result<usize> {
 
 // ---------------------------------------------------------------- GELU
 
-/// Whether `v` is a float32 scalar constant within `1e-4` (relative) of `want`.
-fn const_near(g: &Graph, v: Option<ValueId>, want: f32) -> bool {
-    scalar_const(g, v).is_some_and(|c| (c - want).abs() <= 1e-4 * want.abs())
+/// Whether `v` is a float32 one-element constant within `1e-4` (relative) of `want` whose rank
+/// is at most `x`'s (0 when `x`'s rank is unknown), so that broadcasting it leaves `x`'s shape.
+fn const_near(g: &Graph, v: Option<ValueId>, want: f32, x: ValueId) -> bool {
+    let x_rank = g.values[x].ty.tensor_shape().map_or(0, |s| s.len());
+    let rank_ok = v
+        .and_then(|v| const_of(g, v))
+        .is_some_and(|t| t.shape().len() <= x_rank);
+    rank_ok && scalar_const(g, v).is_some_and(|c| (c - want).abs() <= 1e-4 * want.abs())
 }
 
 /// A two-input node's other operand: the one that is not `v`.
@@ -661,14 +666,14 @@ fn gelu_parts(g: &Graph, readers: &[usize], ei: usize) -> Option<(ValueId, Vec<u
         return None;
     }
     let x = dn.inputs[0]?;
-    let scaled = (is_op(dn, "Div") && const_near(g, dn.inputs[1], core::f32::consts::SQRT_2))
-        || (is_op(dn, "Mul") && const_near(g, dn.inputs[1], core::f32::consts::FRAC_1_SQRT_2));
+    let scaled = (is_op(dn, "Div") && const_near(g, dn.inputs[1], core::f32::consts::SQRT_2, x))
+        || (is_op(dn, "Mul") && const_near(g, dn.inputs[1], core::f32::consts::FRAC_1_SQRT_2, x));
     if !scaled || !is_f32(g, x) {
         return None;
     }
     let (ai, one) = binary_reader(g, readers, e, "Add")?;
     let a = out0(&g.nodes[ai])?;
-    if !const_near(g, one, 1.0) {
+    if !const_near(g, one, 1.0, x) {
         return None;
     }
     let (mi, other) = binary_reader(g, readers, a, "Mul")?;
@@ -676,8 +681,8 @@ fn gelu_parts(g: &Graph, readers: &[usize], ei: usize) -> Option<(ValueId, Vec<u
     let tail = if other == Some(x) {
         // (x * a) * 0.5
         let (li, half) = binary_reader(g, readers, m, "Mul")?;
-        const_near(g, half, 0.5).then_some(vec![mi, li])
-    } else if const_near(g, other, 0.5) {
+        const_near(g, half, 0.5, x).then_some(vec![mi, li])
+    } else if const_near(g, other, 0.5, x) {
         // x * (a * 0.5)
         let (li, xx) = binary_reader(g, readers, m, "Mul")?;
         (xx == Some(x)).then_some(vec![mi, li])
@@ -687,7 +692,7 @@ fn gelu_parts(g: &Graph, readers: &[usize], ei: usize) -> Option<(ValueId, Vec<u
         let hi = g.nodes.iter().position(|n| out0(n) == Some(h))?;
         let hn = &g.nodes[hi];
         let half = other_input(hn, x)?;
-        (readers[h] == 1 && is_op(hn, "Mul") && const_near(g, half, 0.5)).then_some(vec![hi, mi])
+        (readers[h] == 1 && is_op(hn, "Mul") && const_near(g, half, 0.5, x)).then_some(vec![hi, mi])
     }?;
     let last = *tail.last()?;
     let y = out0(&g.nodes[last])?;

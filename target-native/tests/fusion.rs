@@ -529,4 +529,20 @@ fn gelu_spelled_out_fuses_into_one_node_within_a_few_ulp() {
     assert!(ops.iter().any(|o| o == "Erf"), "{ops:?}");
     let (_, ops) = run_gelu(&spelled_gelu(0, false, 1.5), OptLevel::All, 1);
     assert!(ops.iter().any(|o| o == "Erf"), "{ops:?}");
+    // a one-element constant of higher rank than x broadcasts the result to its rank: the
+    // chain computes a [1, 3, 64] result, which a Gelu of x could not
+    let mut m =
+        ModelProto::decode(spelled_gelu(0, false, std::f32::consts::SQRT_2).as_slice()).unwrap();
+    let g = m.graph.as_mut().unwrap();
+    g.initializer
+        .iter_mut()
+        .find(|t| t.name == "half")
+        .unwrap()
+        .dims = vec![1, 1, 1];
+    g.output[0] = vi("y", 1, &["1", "n", "64"]);
+    let bytes = m.encode_to_vec();
+    let (want, _) = run_gelu(&bytes, OptLevel::Basic, 1);
+    let (got, ops) = run_gelu(&bytes, OptLevel::All, 1);
+    assert!(ops.iter().any(|o| o == "Erf"), "{ops:?}");
+    assert_eq!(got, want);
 }

@@ -656,8 +656,8 @@ const MC: usize = 64;
 const NC: usize = 2048;
 
 /// `C = alpha*A*B + beta*C`: B packed in `KC x NR` panels (NR = 2 vectors), A in `MR x KC`
-/// panels with alpha folded in, and an `MR x NR` register-blocked micro-kernel (MR =
-/// `V::GEMM_MR`).
+/// panels with alpha folded in, and an `MR x NR` register-blocked micro-kernel (MR per product:
+/// [`gemm_mr_for`]).
 #[inline(always)]
 #[cfg_attr(not(test), allow(dead_code))]
 pub fn sgemm<V: VF32>(g: &Gemm, a: &[f32], b: &[f32], c: &mut [f32]) {
