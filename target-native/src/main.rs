@@ -61,6 +61,9 @@ struct Common {
     /// With --phase-profile: also write the spans as Chrome-trace JSON (opens in Perfetto).
     #[arg(long, value_name = "FILE")]
     trace: Option<PathBuf>,
+    /// With --phase-profile: how many of the slowest nodes the table lists (0 = all).
+    #[arg(long, default_value_t = 15, value_name = "N")]
+    profile_nodes: usize,
 }
 
 #[derive(Args)]
@@ -124,6 +127,7 @@ fn main() -> ExitCode {
                 optimization: "all".into(),
                 phase_profile: false,
                 trace: None,
+                profile_nodes: 15,
             },
             output_dir: None,
             memory_report: false,
@@ -178,7 +182,12 @@ fn report_profile(session: &Session, c: &Common) -> Result<(), Error> {
     let Some(p) = session.phase_profile() else {
         return Ok(());
     };
-    eprint!("{}", p.table(15));
+    let top = if c.profile_nodes == 0 {
+        usize::MAX
+    } else {
+        c.profile_nodes
+    };
+    eprint!("{}", p.table(top));
     if let Some(path) = &c.trace {
         std::fs::write(path, p.chrome_trace())
             .map_err(|e| Error::Io(format!("{}: {e}", path.display())))?;

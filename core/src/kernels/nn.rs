@@ -746,20 +746,23 @@ fn fill_phase_rows<T: Num>(
     if s == 1 {
         return fill_padded_row(&mut out[base..base + width], src, pad);
     }
+    if s == 2 {
+        let (a, b) = out[base..].split_at_mut(pitch);
+        let (d0, d1) = (&mut a[..width], &mut b[..width]);
+        if let (Some(x), Some(e), Some(o)) = (T::as_f32(src), T::as_f32_mut(d0), T::as_f32_mut(d1))
+        {
+            // f32: both phases straight from the row, no padded copy in between
+            return crate::simd::phases2(x, pad, e, o);
+        }
+    }
     let tmp = &mut tmp[..width * s];
     fill_padded_row(tmp, src, pad);
     if s == 2 {
         let (a, b) = out[base..].split_at_mut(pitch);
         let (d0, d1) = (&mut a[..width], &mut b[..width]);
-        match (T::as_f32(tmp), T::as_f32_mut(d0), T::as_f32_mut(d1)) {
-            (Some(t), Some(e), Some(o)) => crate::simd::deinterleave2(t, e, o),
-            _ => {
-                let (d0, d1) = (&mut a[..width], &mut b[..width]);
-                for ((x, y), p) in d0.iter_mut().zip(d1.iter_mut()).zip(tmp.chunks_exact(2)) {
-                    *x = p[0];
-                    *y = p[1];
-                }
-            }
+        for ((x, y), p) in d0.iter_mut().zip(d1.iter_mut()).zip(tmp.chunks_exact(2)) {
+            *x = p[0];
+            *y = p[1];
         }
     } else {
         for r in 0..s {
@@ -2768,6 +2771,15 @@ fn global_pool(cx: &KernelCx<'_>, x: &Tensor, kind: PoolKind) -> Result<Vec<Valu
             for (j, o) in out.iter_mut().enumerate() {
                 let pi = ci * 64 + j;
                 let xp = &x[pi * plane..(pi + 1) * plane];
+                // f32 planes: the SIMD layer's sum (several partial sums, no f64 chain) and max
+                if let (Some(xf), PoolKind::Avg { .. } | PoolKind::Max) = (T::as_f32(xp), kind) {
+                    *o = T::from_f64(match kind {
+                        PoolKind::Max if !xf.is_empty() => crate::simd::max(xf) as f64,
+                        PoolKind::Max => 0.0,
+                        _ => crate::simd::sum(xf) as f64 / plane.max(1) as f64,
+                    });
+                    continue;
+                }
                 *o = match kind {
                     PoolKind::Max => {
                         let mut it = xp.iter().copied();

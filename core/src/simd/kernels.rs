@@ -355,23 +355,67 @@ pub fn transpose_matrix<V: VF32>(
     }
 }
 
-/// `even[k] = src[2k]`, `odd[k] = src[2k + 1]` for `k < even.len()` (= `odd.len()`;
-/// `src` holds at least twice that).
+/// The two stride-2 phases of a zero-padded row, written straight from the row: `ph0[q] =
+/// src[2q - pad]` and `ph1[q] = src[2q + 1 - pad]`, zero where that index is outside `src`
+/// (no padded copy in between: the rows of a strided convolution are split this way once per
+/// row, so what is not a vector here shows in the conv's time).
 #[inline(always)]
-pub fn deinterleave2<V: VF32>(src: &[f32], even: &mut [f32], odd: &mut [f32]) {
+pub fn phases2<V: VF32>(src: &[f32], pad: isize, ph0: &mut [f32], ph1: &mut [f32]) {
+    phase2_one::<V>(src, pad, ph0);
+    phase2_one::<V>(src, pad - 1, ph1);
+}
+
+/// `out[q] = src[2q - pad]`, zero outside `src`.
+#[inline(always)]
+fn phase2_one<V: VF32>(src: &[f32], pad: isize, out: &mut [f32]) {
     let l = V::LANES;
-    let n = even.len().min(odd.len());
-    let src = &src[..2 * n];
-    let mut k = 0;
-    while k + l <= n {
-        let (e, o) = V::load(&src[2 * k..]).deinterleave(V::load(&src[2 * k + l..]));
-        e.store(&mut even[k..]);
-        o.store(&mut odd[k..]);
-        k += l;
+    // q in lo..hi read src[j0 + 2 (q - lo)]; the rest is padding
+    let lo = (pad.max(0) as usize).div_ceil(2).min(out.len());
+    let hi = ((src.len() as isize + pad).max(0) as usize)
+        .div_ceil(2)
+        .clamp(lo, out.len());
+    // the padding: short runs at either end, stored as whole vectors before the values are
+    // written over them (a `fill` here is a libc call per row)
+    let z = V::splat(0.0);
+    let len = out.len();
+    if len >= l && lo <= l && len - hi <= l {
+        z.store(&mut out[..l]);
+        z.store(&mut out[len - l..]);
+    } else {
+        out[..lo].fill(0.0);
+        out[hi..].fill(0.0);
     }
-    for k in k..n {
-        even[k] = src[2 * k];
-        odd[k] = src[2 * k + 1];
+    if hi == lo {
+        return;
+    }
+    let j0 = (2 * lo as isize - pad) as usize;
+    let mut q = lo;
+    while q + l <= hi && j0 + 2 * (q - lo) + 2 * l <= src.len() {
+        let j = j0 + 2 * (q - lo);
+        let (e, _) = V::load(&src[j..]).deinterleave(V::load(&src[j + l..]));
+        e.store(&mut out[q..]);
+        q += l;
+    }
+    if q < hi && hi - lo >= l {
+        // the last vector overlaps the one before; where its second load would pass the end
+        // of the row, it loads one value earlier and takes the odd lanes instead
+        let ql = hi - l;
+        let j = j0 + 2 * (ql - lo);
+        let v = if j + 2 * l <= src.len() {
+            Some(V::load(&src[j..]).deinterleave(V::load(&src[j + l..])).0)
+        } else if j >= 1 {
+            let (a, b) = (V::load(&src[j - 1..]), V::load(&src[j - 1 + l..]));
+            Some(a.deinterleave(b).1)
+        } else {
+            None
+        };
+        if let Some(v) = v {
+            v.store(&mut out[ql..]);
+            return;
+        }
+    }
+    for (k, o) in out[q..hi].iter_mut().enumerate() {
+        *o = src[j0 + 2 * (q - lo + k)];
     }
 }
 

@@ -550,9 +550,9 @@ dispatch!(
 );
 
 dispatch!(
-    /// `even[k] = src[2k]`, `odd[k] = src[2k + 1]` for `k < even.len()` (the two phases of a
-    /// stride-2 row).
-    fn deinterleave2 / deinterleave2_on(src: &[f32], even: &mut [f32], odd: &mut [f32]) => deinterleave2
+    /// The two phases of a zero-padded stride-2 row: `ph0[q] = src[2q - pad]`, `ph1[q] =
+    /// src[2q + 1 - pad]`, zero outside `src`.
+    fn phases2 / phases2_on(src: &[f32], pad: isize, ph0: &mut [f32], ph1: &mut [f32]) => phases2
 );
 
 dispatch!(

@@ -587,16 +587,27 @@ fn kernels_agree_across_isas() {
             }
         }
         assert_eq!(max_on(isa, &x), max_on(Isa::Portable, &x), "{isa:?} max");
-        // stride-2 phases, at lengths with and without a tail
-        for n in [1usize, 4, 16, 37, 100] {
-            let (mut ev, mut od) = (alloc::vec![f32::NAN; n], alloc::vec![f32::NAN; n]);
-            deinterleave2_on(isa, &x, &mut ev, &mut od);
-            for k in 0..n {
-                assert_eq!(
-                    (ev[k], od[k]),
-                    (x[2 * k], x[2 * k + 1]),
-                    "{isa:?} deinterleave {n} at {k}"
-                );
+        // stride-2 phases of zero-padded rows: pads 0..3, rows with and without a vector
+        // tail, phases shorter and longer than the row covers
+        for n in [1usize, 4, 16, 31, 33, 37, 100] {
+            for pad in [0isize, 1, 2, 3] {
+                for width in [1usize, n / 2, n.div_ceil(2) + 2, n + 5] {
+                    let src = &x[..n];
+                    let mut ph = [alloc::vec![f32::NAN; width], alloc::vec![f32::NAN; width]];
+                    let [p0, p1] = &mut ph;
+                    phases2_on(isa, src, pad, p0, p1);
+                    for (r, p) in ph.iter().enumerate() {
+                        for (q, &got) in p.iter().enumerate() {
+                            let j = 2 * q as isize + r as isize - pad;
+                            let want = if (0..n as isize).contains(&j) {
+                                src[j as usize]
+                            } else {
+                                0.0
+                            };
+                            assert_eq!(got, want, "{isa:?} phases2 n={n} pad={pad} r={r} q={q}");
+                        }
+                    }
+                }
             }
         }
         // transposes: whole register blocks, ragged edges, leading dimensions past the width
