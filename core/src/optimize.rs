@@ -1,6 +1,8 @@
 //! Graph optimisation at load: constant folding (including the Shape -> Gather -> Concat ->
 //! Reshape arithmetic exporters emit, once shapes are known) and dead-node removal.
 
+use alloc::collections::BTreeMap;
+use alloc::string::String;
 use alloc::sync::Arc;
 use alloc::vec;
 use alloc::vec::Vec;
@@ -33,27 +35,65 @@ const FOLD_GROWTH_LIMIT: usize = 1 << 20;
 /// Folds every node whose inputs are all constant, using the host provider's kernels, and
 /// `Shape`/`Size` of values whose shapes inference fully knows. Removes nodes nothing reads.
 ///
-/// Subgraphs (If branches, Loop and Scan bodies) are folded first, recursively: exporters often
-/// put a branch's weights in `Constant` nodes, which would otherwise build their tensors again
-/// on every run.
+/// Subgraphs (If branches, Loop and Scan bodies) are folded too, after their parent: a value a
+/// subgraph captures from its parent that is constant there (an initializer, or folded) is a
+/// constant of the subgraph, so what a branch computes from its parent's weights (silero_vad
+/// slices and concatenates its LSTM's weights inside a nested If) is folded once at load, not
+/// copied on every run, and the kernels reading it see initializers they can prepack.
 pub fn fold_constants(g: &mut Graph, cpu: &dyn ExecutionProvider) -> Result<usize> {
-    let mut sub_count = 0;
+    fold_scoped(g, cpu, None)
+}
+
+/// [`fold_constants`] of `g`, whose parent's constants (by name) are `parent`.
+fn fold_scoped(
+    g: &mut Graph,
+    cpu: &dyn ExecutionProvider,
+    parent: Option<&BTreeMap<String, Value>>,
+) -> Result<usize> {
+    if let Some(outer) = parent {
+        // a captured constant becomes one of this graph's own
+        let mut kept = Vec::with_capacity(g.captures.len());
+        for (name, local) in core::mem::take(&mut g.captures) {
+            match outer.get(&name) {
+                Some(v) => {
+                    g.values[local].ty = v.type_info();
+                    g.initializers.push((local, v.clone()));
+                }
+                None => kept.push((name, local)),
+            }
+        }
+        g.captures = kept;
+    }
+    let mut count = fold_graph(g, cpu)?;
+    let has_subgraphs = g.nodes.iter().any(|n| {
+        n.attrs
+            .iter()
+            .any(|(_, a)| matches!(a, AttrValue::Graph(_) | AttrValue::Graphs(_)))
+    });
+    if !has_subgraphs {
+        return Ok(count);
+    }
+    let consts: BTreeMap<String, Value> = g
+        .initializers
+        .iter()
+        .map(|(id, v)| (g.values[*id].name.clone(), v.clone()))
+        .collect();
     for node in g.nodes.iter_mut() {
         for (_, a) in node.attrs.iter_mut() {
             match a {
                 AttrValue::Graph(sub) => {
-                    sub_count += fold_constants(Arc::make_mut(sub), cpu)?;
+                    count += fold_scoped(Arc::make_mut(sub), cpu, Some(&consts))?;
                 }
                 AttrValue::Graphs(subs) => {
                     for sub in subs.iter_mut() {
-                        sub_count += fold_constants(Arc::make_mut(sub), cpu)?;
+                        count += fold_scoped(Arc::make_mut(sub), cpu, Some(&consts))?;
                     }
                 }
                 _ => {}
             }
         }
     }
-    Ok(sub_count + fold_graph(g, cpu)?)
+    Ok(count)
 }
 
 /// [`fold_constants`] of one graph (not its subgraphs).

@@ -299,3 +299,118 @@ fn planned_if_branches_match_eager_and_keep_captured_values() {
     assert_eq!(before, after, "a held output changed under later runs");
     assert_eq!(before, run(&eager, true, &x1)[0]);
 }
+
+/// What a branch computes from its parent's constants is folded at load, through every level
+/// of nesting: an If inside an If slices and concatenates an outer initializer (as silero_vad
+/// does with its LSTM's weights); after loading no Slice or Concat is left in any branch, and
+/// the results equal an unoptimised session's.
+#[test]
+fn branches_fold_what_they_compute_from_outer_constants() {
+    // w[2,3]; rotated = Concat(w[:, 1:], w[:, :1], axis 1); y = rotated + x (then), x (else)
+    let slice = |lo: i64, hi: i64, out: &str| {
+        node(
+            "Slice",
+            &["w", &format!("lo{lo}"), &format!("hi{hi}"), "ax1"],
+            &[out],
+        )
+    };
+    let inner_then = GraphProto {
+        name: "inner_then".into(),
+        node: vec![
+            slice(1, 3, "tail"),
+            slice(0, 1, "head"),
+            {
+                let mut c = node("Concat", &["tail", "head"], &["rot"]);
+                c.attribute = vec![AttributeProto {
+                    name: "axis".into(),
+                    r#type: attr_type::INT,
+                    i: 1,
+                    ..Default::default()
+                }];
+                c
+            },
+            node("Add", &["rot", "x"], &["inner_y"]),
+        ],
+        initializer: vec![
+            i64s("lo1", &[1]),
+            i64s("hi3", &[3]),
+            i64s("lo0", &[0]),
+            i64s("hi1", &[1]),
+            i64s("ax1", &[1]),
+        ],
+        output: vec![vi("inner_y", 1, &["2", "3"])],
+        ..Default::default()
+    };
+    let pass = |name: &str| GraphProto {
+        name: name.into(),
+        node: vec![node("Identity", &["x"], &[&format!("{name}_y")])],
+        output: vec![vi(&format!("{name}_y"), 1, &["2", "3"])],
+        ..Default::default()
+    };
+    let mut inner = if_node(inner_then, pass("inner_else"));
+    inner.output = vec!["outer_y".into()];
+    let outer_then = GraphProto {
+        name: "outer_then".into(),
+        node: vec![inner],
+        output: vec![vi("outer_y", 1, &["2", "3"])],
+        ..Default::default()
+    };
+    let w: Vec<f32> = (1..=6).map(|v| v as f32).collect();
+    let bytes = model(
+        GraphProto {
+            name: "nested".into(),
+            node: vec![if_node(outer_then, pass("outer_else"))],
+            initializer: vec![common::f32s("w", &[2, 3], &w)],
+            input: vec![vi("cond", 9, &[]), vi("x", 1, &["2", "3"])],
+            output: vec![vi("y", 1, &["2", "3"])],
+            ..Default::default()
+        },
+        vec![],
+    );
+    let folded = Session::builder().load_bytes(&bytes).unwrap();
+    let plain = Session::builder()
+        .optimization(OptLevel::None)
+        .load_bytes(&bytes)
+        .unwrap();
+    let mut ops = Vec::new();
+    folded
+        .core()
+        .graph()
+        .walk_nodes(&mut |n, _| ops.push(n.op_type.clone()));
+    assert_eq!(
+        ops,
+        ["If", "If", "Add", "Identity", "Identity"],
+        "branch constants are folded"
+    );
+    let mut plain_ops = Vec::new();
+    plain
+        .core()
+        .graph()
+        .walk_nodes(&mut |n, _| plain_ops.push(n.op_type.clone()));
+    assert!(plain_ops.iter().any(|o| o == "Slice"), "{plain_ops:?}");
+    let x: Vec<f32> = (0..6).map(|v| v as f32 * 10.0).collect();
+    for c in [true, false] {
+        let run = |s: &Session| {
+            let x = Tensor::from_vec(&[2, 3], x.clone()).unwrap();
+            let o = s.run([("cond", Tensor::scalar(c)), ("x", x)]).unwrap();
+            o["y"]
+                .as_tensor()
+                .unwrap()
+                .as_slice::<f32>()
+                .unwrap()
+                .to_vec()
+        };
+        let want: Vec<f32> = if c {
+            // rows [2, 3, 1] and [5, 6, 4] plus x
+            [2.0, 3.0, 1.0, 5.0, 6.0, 4.0]
+                .iter()
+                .zip(&x)
+                .map(|(r, x)| r + x)
+                .collect()
+        } else {
+            x.clone()
+        };
+        assert_eq!(run(&folded), want, "cond {c}");
+        assert_eq!(run(&plain), want, "cond {c}, unoptimised");
+    }
+}
