@@ -585,6 +585,17 @@ fn conv_tile_product<T: Num>(
         &mut col[..kdim * nc]
     };
     im2col(cx.cpu, xg, g, p0, nc, col, T::ZERO);
+    if let (Some(w), Some(wp), Some(b), Some(c)) =
+        (T::as_f32(wg), wpg, T::as_f32(col), T::as_f32_mut(c))
+    {
+        // weights packed at load: the SGEMM's narrow product streams them as they are
+        return cx.cpu.sgemm_ops(
+            &gm,
+            weights_operand(w, Some(wp), mg),
+            Operand::Strided(b),
+            c,
+        );
+    }
     T::gemm(cx, &gm, wg, col, c);
 }
 

@@ -813,6 +813,14 @@ fn sgemm_mr<V: VF32, const MR: usize>(g: &Gemm, a: Operand<'_>, b: Operand<'_>, 
     if !overwrite {
         scale_c(g, c);
     }
+    let nr = 2 * V::LANES;
+    if let (Operand::Panels { data, panel }, Operand::Strided(bs)) = (&a, &b) {
+        if 2 * n <= nr && *panel == MR && g.alpha == 1.0 && g.b_cs == 1 {
+            // narrow C from packed weights (a strided 1-D convolution with a few output
+            // positions): most of each NR-wide tile would be padding
+            return sgemm_narrow_panels::<V, MR>(g, data, bs, c, overwrite);
+        }
+    }
     let (Operand::Strided(a), Operand::Strided(b)) = (a, b) else {
         return sgemm_packed::<V, MR>(g, a, b, c, overwrite);
     };
@@ -824,7 +832,6 @@ fn sgemm_mr<V: VF32, const MR: usize>(g: &Gemm, a: Operand<'_>, b: Operand<'_>, 
             return;
         }
     }
-    let nr = 2 * V::LANES;
     if 2 * n <= nr && m >= 2 * nr {
         // Narrow C (a strided 1-D conv, a few output positions): most of each NR-wide tile
         // would be padding, so compute C^T = B^T A^T (n rows, m columns) and add it in.
@@ -856,6 +863,105 @@ fn sgemm_mr<V: VF32, const MR: usize>(g: &Gemm, a: Operand<'_>, b: Operand<'_>, 
         return;
     }
     sgemm_packed::<V, MR>(g, Operand::Strided(a), Operand::Strided(b), c, overwrite)
+}
+
+/// `C (+)= A B` for a narrow C (a few columns, B's rows contiguous) with A packed in `MR`-row
+/// panels: each panel's `MR` values at one step of K are contiguous, so they are the vector
+/// operand, loaded once per step and multiplied by each column's broadcast `B[k][j]`; a block
+/// of C (the panel's rows by up to 8 columns) stays in registers over the whole of K and is
+/// stored transposed at the end. No B packing and no padded columns: the weights stream
+/// through once (oww's melspectrogram: 257 x 8 x 512 twice per run; silero's STFT and
+/// encoder convolutions). C was already scaled by beta (or is overwritten when `overwrite`).
+#[inline(always)]
+fn sgemm_narrow_panels<V: VF32, const MR: usize>(
+    g: &Gemm,
+    ap: &[f32],
+    b: &[f32],
+    c: &mut [f32],
+    overwrite: bool,
+) {
+    let (m, n, k) = (g.m, g.n, g.k);
+    assert!(
+        MR.div_ceil(V::LANES) <= NARROW_VMAX && ap.len() >= m.div_ceil(MR) * MR * k,
+        "narrow: A's panels"
+    );
+    assert!(
+        g.b_rs >= 0 && g.b_cs == 1,
+        "narrow: B's rows are contiguous"
+    );
+    assert!((k - 1) * g.b_rs as usize + n <= b.len(), "narrow: B");
+    let wide = MR.div_ceil(V::LANES) > 1;
+    for (p, panel) in ap.chunks_exact(MR * k).take(m.div_ceil(MR)).enumerate() {
+        let mut j0 = 0;
+        while j0 < n {
+            // the widest block of columns that fits (fewer when a panel takes several vectors)
+            j0 += match n - j0 {
+                8.. if !wide => narrow_block::<V, MR, 8>(g, panel, b, c, p * MR, j0, overwrite),
+                4.. => narrow_block::<V, MR, 4>(g, panel, b, c, p * MR, j0, overwrite),
+                2.. => narrow_block::<V, MR, 2>(g, panel, b, c, p * MR, j0, overwrite),
+                _ => narrow_block::<V, MR, 1>(g, panel, b, c, p * MR, j0, overwrite),
+            };
+        }
+    }
+}
+
+/// Vectors of one panel's rows at most (12 rows on 4 lanes).
+const NARROW_VMAX: usize = 3;
+
+/// One block of [`sgemm_narrow_panels`]: rows `i0..i0 + MR` (of C; the panel's) by columns
+/// `j0..j0 + NB`. Returns `NB`.
+#[inline(always)]
+fn narrow_block<V: VF32, const MR: usize, const NB: usize>(
+    g: &Gemm,
+    panel: &[f32],
+    b: &[f32],
+    c: &mut [f32],
+    i0: usize,
+    j0: usize,
+    overwrite: bool,
+) -> usize {
+    let k = g.k;
+    let l = V::LANES;
+    let vp = MR.div_ceil(l);
+    let b_rs = g.b_rs as usize;
+    // the last steps of K read their MR values from a copy where whole vectors would pass
+    // the end of the panel (MR = 12 on 16 lanes)
+    let mut last = [0.0f32; NARROW_VMAX * 16];
+    let mut acc = [[V::splat(0.0); NARROW_VMAX]; NB];
+    let bk = &b[j0..];
+    for kk in 0..k {
+        let src: &[f32] = if kk * MR + vp * l <= panel.len() {
+            &panel[kk * MR..]
+        } else {
+            last[..MR].copy_from_slice(&panel[kk * MR..(kk + 1) * MR]);
+            &last
+        };
+        let mut w = [V::splat(0.0); NARROW_VMAX];
+        for (v, wv) in w.iter_mut().enumerate().take(vp) {
+            *wv = V::load(&src[v * l..]);
+        }
+        // SAFETY: j0 + NB <= n, so kk * b_rs + jj < (k - 1) * b_rs + n - j0 <= bk.len()
+        // (asserted by the caller)
+        let br = unsafe { bk.get_unchecked(kk * b_rs..) };
+        for (jj, a) in acc.iter_mut().enumerate() {
+            let bv = V::splat(unsafe { *br.get_unchecked(jj) });
+            for v in 0..vp {
+                a[v] = w[v].fma(bv, a[v]);
+            }
+        }
+    }
+    let rows = MR.min(g.m - i0);
+    let mut out = [0.0f32; NARROW_VMAX * 16];
+    for (jj, a) in acc.iter().enumerate() {
+        for v in 0..vp {
+            a[v].store(&mut out[v * l..]);
+        }
+        for (r, &val) in out[..rows].iter().enumerate() {
+            let x = &mut c[(i0 + r) * g.ldc + j0 + jj];
+            *x = if overwrite { val } else { *x + val };
+        }
+    }
+    NB
 }
 
 /// The packed, blocked SGEMM accumulating `alpha*A*B` into C (beta already applied), or with

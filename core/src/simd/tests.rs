@@ -262,6 +262,13 @@ fn packed_and_row_operands_give_the_strided_product_on_every_isa() {
                 (8, 64, 257),
                 // several M blocks whatever the panel height (MC rounds up to whole panels)
                 (150, 40, 20),
+                // narrow C from packed A (the narrow product: blocks of 8, 4, 2 and 1
+                // columns, ragged last panels, one step of K)
+                (13, 8, 40),
+                (40, 16, 5),
+                (100, 3, 64),
+                (12, 1, 1),
+                (30, 15, 2),
             ]
             .iter()
             .map(move |c| (mr, c))
