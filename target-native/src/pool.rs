@@ -4,9 +4,10 @@
 //! Why not rayon's pool: a rayon pool of `t` workers leaves the calling thread blocked beside
 //! them, so a 2-thread session keeps three threads busy on two cores, and every parallel step
 //! pays two cross-thread wake-ups (caller to worker, worker back to caller). Here the caller
-//! starts on the work at once and the helpers join as they wake; work is claimed in chunks from
-//! one counter, so a helper that wakes late only takes what is left, and the caller never waits
-//! for more than the chunk a helper is in. After a job, helpers spin for a short while (a model's
+//! starts on the work at once and the helpers join as they wake; each worker claims chunks of
+//! its own home range of the tasks (the same tasks on the same core from one job to the next),
+//! then of the others', so a helper that wakes late only takes what is left, and the caller
+//! never waits for more than the chunk a helper is in. After a job, helpers spin for a short while (a model's
 //! next parallel step usually follows within microseconds) and then sleep on a condition
 //! variable, so an idle session costs no CPU.
 //!
@@ -53,8 +54,9 @@ struct Shared {
     epoch: AtomicU64,
     /// The open job; written only by the thread holding `busy`, while no helper is inside a job.
     job: UnsafeCell<Job>,
-    /// The next unclaimed index of the open job.
-    next: AtomicUsize,
+    /// Per worker: the next unclaimed index of its home range of the open job (each on a
+    /// cache line of its own).
+    cursors: Vec<Cursor>,
     /// Helpers inside the current job.
     active: AtomicUsize,
     /// A helper's task panicked during the current job.
@@ -98,7 +100,7 @@ impl Pool {
                 n: 0,
                 chunk: 1,
             }),
-            next: AtomicUsize::new(0),
+            cursors: (0..threads).map(|_| Cursor::default()).collect(),
             active: AtomicUsize::new(0),
             panicked: AtomicBool::new(false),
             busy: AtomicBool::new(false),
@@ -112,7 +114,7 @@ impl Pool {
             let sh = shared.clone();
             let h = std::thread::Builder::new()
                 .name(format!("nxrt-cpu-{i}"))
-                .spawn(move || helper(&sh));
+                .spawn(move || helper(&sh, i));
             match h {
                 Ok(h) => helpers.push(h),
                 Err(e) => {
@@ -182,7 +184,9 @@ impl Pool {
                 chunk,
             };
         }
-        sh.next.store(0, SeqCst);
+        for (w, c) in sh.cursors.iter().enumerate() {
+            c.0.store(home(n, self.threads, w).start, SeqCst);
+        }
         sh.panicked.store(false, SeqCst);
         let open = sh.epoch.fetch_add(1, SeqCst) + 1;
         debug_assert!(!open.is_multiple_of(2));
@@ -210,7 +214,7 @@ impl Pool {
         }
         let close = Close(sh);
         IN_JOB.with(|c| c.set(true));
-        claim_and_run(sh, f, n, chunk);
+        claim_and_run(sh, f, n, chunk, 0);
         drop(close);
         if sh.panicked.load(SeqCst) {
             resume_unwind(Box::new("a task of a parallel kernel panicked"));
@@ -218,20 +222,41 @@ impl Pool {
     }
 }
 
-/// Claims chunks of `0..n` from the shared counter and runs them.
-fn claim_and_run(sh: &Shared, f: &(dyn Fn(usize) + Sync), n: usize, chunk: usize) {
-    loop {
-        let s = sh.next.fetch_add(chunk, SeqCst);
-        if s >= n {
-            return;
-        }
-        for i in s..(s + chunk).min(n) {
-            f(i);
+/// A worker's claim counter, alone on its cache line.
+#[derive(Default)]
+#[repr(align(64))]
+struct Cursor(AtomicUsize);
+
+/// Worker `w`'s home range of a job of `n` tasks over `t` workers: contiguous, in order
+/// (worker 0, the caller, first).
+fn home(n: usize, t: usize, w: usize) -> std::ops::Range<usize> {
+    n * w / t..n * (w + 1) / t
+}
+
+/// Runs chunks of worker `w`'s home range, then steals what is left of the others' (a late
+/// helper's range is taken chunk by chunk by the workers that are there). Home ranges keep
+/// the same tasks on the same worker from one job to the next: a layer's tile of outputs is
+/// written on the core whose caches hold the previous layer's tile at the same positions
+/// (dynamic claiming from one counter moved tiles between cores at random, and the copies
+/// out of each tile then paid for cache lines held by the other core).
+fn claim_and_run(sh: &Shared, f: &(dyn Fn(usize) + Sync), n: usize, chunk: usize, w: usize) {
+    let t = sh.cursors.len();
+    for k in 0..t {
+        let v = (w + k) % t;
+        let end = home(n, t, v).end;
+        loop {
+            let s = sh.cursors[v].0.fetch_add(chunk, SeqCst);
+            if s >= end {
+                break;
+            }
+            for i in s..(s + chunk).min(end) {
+                f(i);
+            }
         }
     }
 }
 
-fn helper(sh: &Shared) {
+fn helper(sh: &Shared, w: usize) {
     IN_JOB.with(|c| c.set(true));
     let mut seen = 0u64;
     loop {
@@ -245,9 +270,12 @@ fn helper(sh: &Shared) {
             // so the caller has not closed the job and the closure is alive until we leave.
             let job = unsafe { *sh.job.get() };
             let f = unsafe { &*job.f };
-            if catch_unwind(AssertUnwindSafe(|| claim_and_run(sh, f, job.n, job.chunk))).is_err() {
+            let run = || claim_and_run(sh, f, job.n, job.chunk, w);
+            if catch_unwind(AssertUnwindSafe(run)).is_err() {
                 // stop the others claiming more of this job; the caller re-raises
-                sh.next.store(usize::MAX / 2, SeqCst);
+                for c in &sh.cursors {
+                    c.0.store(usize::MAX / 2, SeqCst);
+                }
                 sh.panicked.store(true, SeqCst);
             }
         }
