@@ -61,6 +61,15 @@ impl VF32 for Avx512 {
         Avx512(unsafe { _mm512_div_ps(self.0, o.0) })
     }
     #[inline(always)]
+    fn recip(self) -> Self {
+        unsafe {
+            // a 14-bit estimate, then r + r (1 - x r)
+            let r = _mm512_rcp14_ps(self.0);
+            let e = _mm512_fnmadd_ps(self.0, r, _mm512_set1_ps(1.0));
+            Avx512(_mm512_fmadd_ps(r, e, r))
+        }
+    }
+    #[inline(always)]
     fn fma(self, b: Self, c: Self) -> Self {
         Avx512(unsafe { _mm512_fmadd_ps(self.0, b.0, c.0) })
     }

@@ -203,6 +203,15 @@ pub trait VF32: Copy {
     /// `v[r]`): afterwards lane `c` of `v[r]` is what lane `r` of `v[c]` was.
     fn transpose(v: &mut [Self]);
 
+    /// `1 / self` for finite `self` to within about an ulp: the hardware's reciprocal
+    /// estimate refined by one Newton step where the ISA has one (a vector division takes
+    /// ten or more cycles per vector), else a division. Callers keep `self` finite and
+    /// nonzero (an infinity gives NaN on the estimate's path).
+    #[inline(always)]
+    fn recip(self) -> Self {
+        Self::splat(1.0).div(self)
+    }
+
     /// `1 / (1 + e^-x)`; NaN propagates.
     #[inline(always)]
     fn sigmoid(self) -> Self {
@@ -227,10 +236,13 @@ pub trait VF32: Copy {
         p = p.fma(x2, Self::splat(1.333_333_4e-1)); // 2/15
         p = p.fma(x2, Self::splat(-3.333_333_4e-1)); // -1/3
         let small = p.mul(x2).fma(self, self);
-        // large |x|
+        // large |x| (from |x| = 10 on, tanh rounds to 1: the clamp keeps e finite)
         let one = Self::splat(1.0);
-        let e = ax.add(ax).exp();
-        let large = one.sub(Self::splat(2.0).div(one.add(e))).copysign(self);
+        let ac = ax.min(Self::splat(10.0));
+        let e = ac.add(ac).exp();
+        let large = one
+            .sub(Self::splat(2.0).mul(one.add(e).recip()))
+            .copysign(self);
         ax.lt_select(Self::splat(0.5), small, large)
     }
 

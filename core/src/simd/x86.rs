@@ -64,6 +64,15 @@ impl VF32 for Avx2 {
         Avx2(unsafe { _mm256_div_ps(self.0, o.0) })
     }
     #[inline(always)]
+    fn recip(self) -> Self {
+        unsafe {
+            // a 12-bit estimate, then r + r (1 - x r)
+            let r = _mm256_rcp_ps(self.0);
+            let e = _mm256_fnmadd_ps(self.0, r, _mm256_set1_ps(1.0));
+            Avx2(_mm256_fmadd_ps(r, e, r))
+        }
+    }
+    #[inline(always)]
     fn fma(self, b: Self, c: Self) -> Self {
         Avx2(unsafe { _mm256_fmadd_ps(self.0, b.0, c.0) })
     }
