@@ -652,9 +652,18 @@ fn binary_reader(
 /// `e = Erf(d)`, `a = e + 1`, then either `(x * a) * 0.5`, `(x * 0.5) * a` or `x * (a * 0.5)`
 /// (operands in either order). Every intermediate is read only inside the chain. Returns `x`,
 /// the chain's nodes (the last one writes the result) and the result.
-fn gelu_parts(g: &Graph, readers: &[usize], ei: usize) -> Option<(ValueId, Vec<usize>, ValueId)> {
+///
+/// The tanh approximation the same way around a `Tanh` node: its input is `sqrt(2/pi) * (x +
+/// 0.044715 x^3)`, the cube spelled any way [`monomial`] reads (`x * x * x * c`, `Pow(x, 3)`,
+/// in any grouping). Returns also whether it is the tanh form.
+fn gelu_parts(
+    g: &Graph,
+    readers: &[usize],
+    ei: usize,
+) -> Option<(ValueId, Vec<usize>, ValueId, bool)> {
     let erf = &g.nodes[ei];
-    if !is_op(erf, "Erf") {
+    let tanh = is_op(erf, "Tanh");
+    if !is_op(erf, "Erf") && !tanh {
         return None;
     }
     let d = erf.inputs.first().copied().flatten()?;
@@ -665,10 +674,47 @@ fn gelu_parts(g: &Graph, readers: &[usize], ei: usize) -> Option<(ValueId, Vec<u
     if readers[d] != 1 || dn.inputs.len() != 2 {
         return None;
     }
-    let x = dn.inputs[0]?;
-    let scaled = (is_op(dn, "Div") && const_near(g, dn.inputs[1], core::f32::consts::SQRT_2, x))
-        || (is_op(dn, "Mul") && const_near(g, dn.inputs[1], core::f32::consts::FRAC_1_SQRT_2, x));
-    if !scaled || !is_f32(g, x) {
+    let mut head = vec![di, ei];
+    let x = if tanh {
+        // sqrt(2/pi) * (x + 0.044715 x^3), operands in either order
+        const K: f32 = 0.797_884_6; // sqrt(2 / pi)
+        let (k, s) = match dn.inputs.as_slice() {
+            [a, Some(b)] if scalar_const(g, *a).is_some() => (*a, *b),
+            [Some(a), b] => (*b, *a),
+            _ => return None,
+        };
+        let si = g.nodes.iter().position(|n| out0(n) == Some(s))?;
+        let sn = &g.nodes[si];
+        if !is_op(dn, "Mul") || !is_op(sn, "Add") || readers[s] != 1 || sn.inputs.len() != 2 {
+            return None;
+        }
+        // x is the Add operand whose partner is 0.044715 x^3
+        let [Some(p), Some(q)] = sn.inputs[..] else {
+            return None;
+        };
+        let (x, cube) = [(p, q), (q, p)].into_iter().find_map(|(x, c)| {
+            let (coef, pow, nodes) = monomial(g, readers, c, x, 0)?;
+            let ok = pow == 3 && (coef - 0.044_715).abs() <= 1e-4 * 0.044_715;
+            ok.then_some((x, nodes))
+        })?;
+        if !const_near(g, k, K, x) {
+            return None;
+        }
+        head.extend(cube);
+        head.push(si);
+        x
+    } else {
+        let x = dn.inputs[0]?;
+        let scaled = (is_op(dn, "Div")
+            && const_near(g, dn.inputs[1], core::f32::consts::SQRT_2, x))
+            || (is_op(dn, "Mul")
+                && const_near(g, dn.inputs[1], core::f32::consts::FRAC_1_SQRT_2, x));
+        if !scaled {
+            return None;
+        }
+        x
+    };
+    if !is_f32(g, x) {
         return None;
     }
     let (ai, one) = binary_reader(g, readers, e, "Add")?;
@@ -696,13 +742,57 @@ fn gelu_parts(g: &Graph, readers: &[usize], ei: usize) -> Option<(ValueId, Vec<u
     }?;
     let last = *tail.last()?;
     let y = out0(&g.nodes[last])?;
-    let mut nodes = vec![di, ei, ai];
+    let mut nodes = head;
+    nodes.push(ai);
     nodes.extend(tail);
     // the result must be the last of the chain in graph order (it replaces that node)
     if nodes.iter().any(|&i| i > last) || !is_f32(g, y) {
         return None;
     }
-    Some((x, nodes, y))
+    Some((x, nodes, y, tanh))
+}
+
+/// `v` as `coef * x^pow` when it is computed from `x` and one-element constants (of rank at most
+/// x's) by `Mul`, `Div` by a constant and `Pow` by a small integer constant only, each
+/// intermediate read once: `(coef, pow, the nodes)`.
+fn monomial(
+    g: &Graph,
+    readers: &[usize],
+    v: ValueId,
+    x: ValueId,
+    depth: usize,
+) -> Option<(f32, u32, Vec<usize>)> {
+    if v == x {
+        return Some((1.0, 1, Vec::new()));
+    }
+    if let Some(c) = scalar_const(g, Some(v)) {
+        return const_near(g, Some(v), c, x).then_some((c, 0, Vec::new()));
+    }
+    if depth > 6 || readers[v] != 1 {
+        return None;
+    }
+    let ni = g.nodes.iter().position(|n| out0(n) == Some(v))?;
+    let n = &g.nodes[ni];
+    let [Some(a), Some(b)] = n.inputs[..] else {
+        return None;
+    };
+    let (ca, pa, mut na) = monomial(g, readers, a, x, depth + 1)?;
+    let (coef, pow, nb) = if is_op(n, "Mul") {
+        let (cb, pb, nb) = monomial(g, readers, b, x, depth + 1)?;
+        (ca * cb, pa + pb, nb)
+    } else if is_op(n, "Div") {
+        let c = scalar_const(g, Some(b)).filter(|&c| c != 0.0 && const_near(g, Some(b), c, x))?;
+        (ca / c, pa, Vec::new())
+    } else if is_op(n, "Pow") {
+        let e = scalar_const(g, Some(b)).filter(|&e| [1.0, 2.0, 3.0, 4.0].contains(&e))?;
+        let e = e as u32;
+        ((0..e).fold(1.0, |p, _| p * ca), pa * e, Vec::new())
+    } else {
+        return None;
+    };
+    na.extend(nb);
+    na.push(ni);
+    Some((coef, pow, na))
 }
 
 fn gelu(g: &mut Graph) -> usize {
@@ -710,7 +800,7 @@ fn gelu(g: &mut Graph) -> usize {
     let readers = reader_counts(g);
     let mut drop = vec![false; g.nodes.len()];
     for ei in 0..g.nodes.len() {
-        let Some((x, nodes, y)) = gelu_parts(g, &readers, ei) else {
+        let Some((x, nodes, y, tanh)) = gelu_parts(g, &readers, ei) else {
             continue;
         };
         if nodes.iter().any(|&i| drop[i]) {
@@ -724,7 +814,14 @@ fn gelu(g: &mut Graph) -> usize {
             opset: 20,
             inputs: vec![Some(x)],
             outputs: vec![Some(y)],
-            attrs: Vec::new(),
+            attrs: if tanh {
+                vec![(
+                    "approximate".to_string(),
+                    AttrValue::String(b"tanh".to_vec()),
+                )]
+            } else {
+                Vec::new()
+            },
             implicit_inputs: Vec::new(),
         };
         for &i in &nodes {

@@ -671,7 +671,14 @@ pub fn infer_node(node: &Node, ins: &[TypeInfo], cin: &[Option<&Tensor>]) -> Vec
 }
 
 fn conv_shape(node: &Node, x: &Option<Vec<Dim>>, w: Option<Vec<Dim>>) -> Option<Vec<Dim>> {
-    let x = x.as_ref()?;
+    let Some(x) = x.as_ref() else {
+        // X's shape unknown: a Conv's output still has W's rank and W's first dimension as
+        // its channels (later ops, and the fusions that need a rank, keep knowing it)
+        let w = w.filter(|w| node.op_type == "Conv" && w.len() >= 3)?;
+        let mut out = vec![Dim::Unknown; w.len()];
+        out[1] = w[0].clone();
+        return Some(out);
+    };
     if x.len() < 3 {
         return None;
     }

@@ -546,3 +546,60 @@ fn gelu_spelled_out_fuses_into_one_node_within_a_few_ulp() {
     assert!(ops.iter().any(|o| o == "Erf"), "{ops:?}");
     assert_eq!(got, want);
 }
+
+/// The tanh GELU spelled out: `0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 x^3)))`, the cube
+/// as `x * (x * (0.044715 * x))` (jax's spelling) or as `Pow(x, 3) * 0.044715` (PyTorch's),
+/// with `coef` in place of 0.044715.
+fn spelled_gelu_tanh(pow: bool, coef: f32) -> Vec<u8> {
+    let mut nodes = vec![];
+    if pow {
+        nodes.push(node("Pow", &["x", "three"], &["p3"]));
+        nodes.push(node("Mul", &["p3", "c"], &["cube"]));
+    } else {
+        nodes.push(node("Mul", &["c", "x"], &["c1"]));
+        nodes.push(node("Mul", &["x", "c1"], &["c2"]));
+        nodes.push(node("Mul", &["x", "c2"], &["cube"]));
+    }
+    nodes.push(node("Add", &["x", "cube"], &["inner"]));
+    nodes.push(node("Mul", &["k", "inner"], &["arg"]));
+    nodes.push(node("Tanh", &["arg"], &["t"]));
+    nodes.push(node("Add", &["one", "t"], &["a"]));
+    nodes.push(node("Mul", &["half", "a"], &["m"]));
+    nodes.push(node("Mul", &["x", "m"], &["y"]));
+    model(GraphProto {
+        name: "gelu_tanh".into(),
+        node: nodes,
+        input: vec![vi("x", 1, &["n", "64"])],
+        output: vec![vi("y", 1, &["n", "64"])],
+        initializer: vec![
+            f32s("c", &[], &[coef]),
+            f32s("three", &[], &[3.0]),
+            f32s("k", &[], &[(2.0 / std::f32::consts::PI).sqrt()]),
+            f32s("one", &[1, 1], &[1.0]),
+            f32s("half", &[], &[0.5]),
+        ],
+        ..Default::default()
+    })
+}
+
+#[test]
+fn tanh_gelu_spelled_out_fuses_into_one_node() {
+    for pow in [false, true] {
+        let bytes = spelled_gelu_tanh(pow, 0.044715);
+        for threads in [1, 2] {
+            let (want, plain_ops) = run_gelu(&bytes, OptLevel::Basic, threads);
+            let (got, ops) = run_gelu(&bytes, OptLevel::All, threads);
+            assert!(plain_ops.iter().any(|o| o == "Tanh"), "{plain_ops:?}");
+            assert_eq!(ops, ["Gelu"], "pow {pow}: the chain is one node");
+            for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+                // the chain's 1 + tanh cancels near tanh = -1 (an ulp of 1 times x / 2)
+                let xs: Vec<f32> = data(192, 3).iter().map(|v| v * 6.0).collect();
+                let tol = 8.0 * f32::EPSILON * (b.abs() + 0.5 * xs[i].abs());
+                assert!((a - b).abs() <= tol, "pow {pow}: at {i}: {a} vs {b}");
+            }
+        }
+    }
+    // another coefficient is another function: left as it is
+    let (_, ops) = run_gelu(&spelled_gelu_tanh(false, 0.05), OptLevel::All, 1);
+    assert!(ops.iter().any(|o| o == "Tanh"), "{ops:?}");
+}
