@@ -609,7 +609,8 @@ fn max_lanes<V: VF32>(x: &[f32]) -> f32 {
 
 #[inline(always)]
 pub fn max<V: VF32>(x: &[f32]) -> f32 {
-    if x.iter().any(|v| v.is_nan()) {
+    // a fold, not `any`: no early exit, so it compiles to vector compares
+    if x.iter().fold(false, |n, v| n | v.is_nan()) {
         return f32::NAN;
     }
     max_lanes::<V>(x)
