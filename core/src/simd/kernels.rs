@@ -814,14 +814,6 @@ fn sgemm_mr<V: VF32, const MR: usize>(g: &Gemm, a: Operand<'_>, b: Operand<'_>, 
     if !overwrite {
         scale_c(g, c);
     }
-    let nr = 2 * V::LANES;
-    if let (Operand::Panels { data, panel }, Operand::Strided(bs)) = (&a, &b) {
-        if 2 * n <= nr && *panel == MR && g.alpha == 1.0 && g.b_cs == 1 {
-            // narrow C from packed weights (a strided 1-D convolution with a few output
-            // positions): most of each NR-wide tile would be padding
-            return sgemm_narrow_panels::<V, MR>(g, data, bs, c, overwrite);
-        }
-    }
     let (Operand::Strided(a), Operand::Strided(b)) = (a, b) else {
         return sgemm_packed::<V, MR>(g, a, b, c, overwrite);
     };
@@ -833,6 +825,7 @@ fn sgemm_mr<V: VF32, const MR: usize>(g: &Gemm, a: Operand<'_>, b: Operand<'_>, 
             return;
         }
     }
+    let nr = 2 * V::LANES;
     if 2 * n <= nr && m >= 2 * nr {
         // Narrow C (a strided 1-D conv, a few output positions): most of each NR-wide tile
         // would be padding, so compute C^T = B^T A^T (n rows, m columns) and add it in.
@@ -864,6 +857,43 @@ fn sgemm_mr<V: VF32, const MR: usize>(g: &Gemm, a: Operand<'_>, b: Operand<'_>, 
         return;
     }
     sgemm_packed::<V, MR>(g, Operand::Strided(a), Operand::Strided(b), c, overwrite)
+}
+
+/// Whether [`sgemm_narrow`] takes a product: A packed in panels of a height the vector type
+/// has, B strided with contiguous rows, alpha 1, and C of 2 to half a tile's columns (one
+/// column, a GEMV, keeps the SGEMM's streaming path).
+#[inline(always)]
+pub fn sgemm_narrow_fits<V: VF32>(g: &Gemm, a: &Operand<'_>, b: &Operand<'_>) -> bool {
+    let nr = 2 * V::LANES;
+    matches!((a, b), (Operand::Panels { panel, .. }, Operand::Strided(_))
+        if gemm_panel_ok::<V>(*panel) && MR_NARROW.contains(panel))
+        && (2..=nr / 2).contains(&g.n)
+        && g.alpha == 1.0
+        && g.b_cs == 1
+        && g.b_rs >= 0
+        && g.k > 0
+}
+
+/// The panel heights [`sgemm_narrow`] is instantiated for.
+const MR_NARROW: [usize; 3] = [4, 8, 12];
+
+/// `C = A B + beta C` by [`sgemm_narrow_panels`] (see [`sgemm_narrow_fits`]; a dispatched
+/// function of its own, so that it never shares a function, and its register allocation, with
+/// the blocked SGEMM's micro-kernels).
+#[inline(always)]
+pub fn sgemm_narrow<V: VF32>(g: &Gemm, a: Operand<'_>, b: Operand<'_>, c: &mut [f32]) {
+    let (Operand::Panels { data, panel }, Operand::Strided(bs)) = (a, b) else {
+        panic!("sgemm_narrow: A packed, B strided");
+    };
+    let overwrite = g.beta == 0.0;
+    if !overwrite {
+        scale_c(g, c);
+    }
+    match panel {
+        12 => sgemm_narrow_panels::<V, 12>(g, data, bs, c, overwrite),
+        8 => sgemm_narrow_panels::<V, 8>(g, data, bs, c, overwrite),
+        _ => sgemm_narrow_panels::<V, 4>(g, data, bs, c, overwrite),
+    }
 }
 
 /// `C (+)= A B` for a narrow C (a few columns, B's rows contiguous) with A packed in `MR`-row
@@ -928,9 +958,12 @@ fn narrow_block<V: VF32, const MR: usize, const NB: usize>(
     // the last steps of K read their MR values from a copy where whole vectors would pass
     // the end of the panel (MR = 12 on 16 lanes)
     let mut last = [0.0f32; NARROW_VMAX * 16];
-    let mut acc = [[V::splat(0.0); NARROW_VMAX]; NB];
+    // fewer than 8 independent sums cannot cover the FMA latency: then even and odd steps of
+    // K go to two sets of sums, added at the end
+    let mut acc = [[[V::splat(0.0); NARROW_VMAX]; NB]; 2];
     let bk = &b[j0..];
     for kk in 0..k {
+        let acc = &mut acc[if NB * vp < 8 { kk & 1 } else { 0 }];
         let src: &[f32] = if kk * MR + vp * l <= panel.len() {
             &panel[kk * MR..]
         } else {
@@ -953,9 +986,10 @@ fn narrow_block<V: VF32, const MR: usize, const NB: usize>(
     }
     let rows = MR.min(g.m - i0);
     let mut out = [0.0f32; NARROW_VMAX * 16];
+    let [acc, odd] = acc;
     for (jj, a) in acc.iter().enumerate() {
         for v in 0..vp {
-            a[v].store(&mut out[v * l..]);
+            a[v].add(odd[jj][v]).store(&mut out[v * l..]);
         }
         for (r, &val) in out[..rows].iter().enumerate() {
             let x = &mut c[(i0 + r) * g.ldc + j0 + jj];

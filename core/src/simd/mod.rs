@@ -501,12 +501,25 @@ pub fn sgemm_ops_unchecked(g: &Gemm, a: Operand<'_>, b: Operand<'_>, c: &mut [f3
 
 #[doc(hidden)]
 pub fn sgemm_ops_unchecked_on(isa: Isa, g: &Gemm, a: Operand<'_>, b: Operand<'_>, c: &mut [f32]) {
+    if sgemm_narrow_fits_on(isa, g, &a, &b) {
+        return sgemm_narrow_on(isa, g, a, b, c);
+    }
     match sgemm_panel_height_on(isa, g, &a) {
         12 => sgemm_mr12_on(isa, g, a, b, c),
         8 => sgemm_mr8_on(isa, g, a, b, c),
         _ => sgemm_mr4_on(isa, g, a, b, c),
     }
 }
+
+dispatch!(
+    /// Whether the narrow product (packed A, a C of a few columns) takes `g`.
+    fn sgemm_narrow_fits / sgemm_narrow_fits_on(g: &Gemm, a: &Operand<'_>, b: &Operand<'_>) -> bool => sgemm_narrow_fits
+);
+
+dispatch!(
+    /// The narrow product: C's few columns from A's packed panels, B's values broadcast.
+    fn sgemm_narrow / sgemm_narrow_on(g: &Gemm, a: Operand<'_>, b: Operand<'_>, c: &mut [f32]) => sgemm_narrow
+);
 
 dispatch!(
     /// The A panel height the SGEMM runs `g` with (a packed A's own, else [`gemm_mr_for`]'s).
