@@ -7,9 +7,9 @@
 //! starts on the work at once and the helpers join as they wake; each worker claims chunks of
 //! its own home range of the tasks (the same tasks on the same core from one job to the next),
 //! then of the others', so a helper that wakes late only takes what is left, and the caller
-//! never waits for more than the chunk a helper is in. After a job, helpers spin for a short while (a model's
-//! next parallel step usually follows within microseconds) and then sleep on a condition
-//! variable, so an idle session costs no CPU.
+//! never waits for more than the chunk a helper is in. After a job, helpers spin for a short
+//! while (a model's next parallel step usually follows within microseconds) and then sleep on a
+//! condition variable, so an idle session costs no CPU.
 //!
 //! A job started from inside a job (a parallel GEMM inside a parallel convolution task), or
 //! while another thread's job holds the pool (two concurrent runs of one session), runs on its
@@ -235,10 +235,11 @@ fn home(n: usize, t: usize, w: usize) -> std::ops::Range<usize> {
 
 /// Runs chunks of worker `w`'s home range, then steals what is left of the others' (a late
 /// helper's range is taken chunk by chunk by the workers that are there). Home ranges keep
-/// the same tasks on the same worker from one job to the next: a layer's tile of outputs is
-/// written on the core whose caches hold the previous layer's tile at the same positions
-/// (dynamic claiming from one counter moved tiles between cores at random, and the copies
-/// out of each tile then paid for cache lines held by the other core).
+/// the same tasks on the same worker from one job to the next, so a layer's tile of outputs
+/// tends to be written on the core that wrote the previous layer's tile at the same positions
+/// (one shared counter handed tiles to whichever core came first). Measured effect: small
+/// (mobilenet at 2 threads about 0.97x); it did not cure the slow 2-thread splits of small
+/// convolutions, whose cause is still open.
 fn claim_and_run(sh: &Shared, f: &(dyn Fn(usize) + Sync), n: usize, chunk: usize, w: usize) {
     let t = sh.cursors.len();
     for k in 0..t {

@@ -591,9 +591,10 @@ fn tanh_gelu_spelled_out_fuses_into_one_node() {
             let (got, ops) = run_gelu(&bytes, OptLevel::All, threads);
             assert!(plain_ops.iter().any(|o| o == "Tanh"), "{plain_ops:?}");
             assert_eq!(ops, ["Gelu"], "pow {pow}: the chain is one node");
+            // the x values run_gelu feeds
+            let xs: Vec<f32> = data(192, 3).iter().map(|v| v * 6.0).collect();
             for (i, (a, b)) in got.iter().zip(&want).enumerate() {
                 // the chain's 1 + tanh cancels near tanh = -1 (an ulp of 1 times x / 2)
-                let xs: Vec<f32> = data(192, 3).iter().map(|v| v * 6.0).collect();
                 let tol = 8.0 * f32::EPSILON * (b.abs() + 0.5 * xs[i].abs());
                 assert!((a - b).abs() <= tol, "pow {pow}: at {i}: {a} vs {b}");
             }

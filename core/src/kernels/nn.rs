@@ -585,10 +585,16 @@ fn conv_tile_product<T: Num>(
         &mut col[..kdim * nc]
     };
     im2col(cx.cpu, xg, g, p0, nc, col, T::ZERO);
-    if let (Some(w), Some(wp), Some(b), Some(c)) =
-        (T::as_f32(wg), wpg, T::as_f32(col), T::as_f32_mut(c))
-    {
-        // weights packed at load: the SGEMM's narrow product streams them as they are
+    let (_, nr) = crate::simd::gemm_tile();
+    if let (Some(w), Some(wp), Some(b), Some(c), true) = (
+        T::as_f32(wg),
+        wpg,
+        T::as_f32(col),
+        T::as_f32_mut(c),
+        (2..=nr / 2).contains(&nc),
+    ) {
+        // a narrow C from weights packed at load: the SGEMM's narrow product streams them as
+        // they are (a few rows, or one column, keep the strided paths below)
         return cx.cpu.sgemm_ops(
             &gm,
             weights_operand(w, Some(wp), mg),
