@@ -440,10 +440,9 @@ fn pack_matrix_b(b: &Tensor, trans: bool) -> Option<Prepacked> {
 }
 
 /// `C = alpha A·B + beta C`, B from its packed panels (`bp`) when f32 has them and the
-/// product's shape makes them pay (`simd::panels_pay`: a product of one to three rows reads B
-/// where it is, at memory speed).
+/// product's shape makes them pay (`simd::b_panels_pay`).
 fn gemm_b<T: Num>(cx: &KernelCx<'_>, g: &Gemm, a: &[T], b: &[T], bp: Option<&[f32]>, c: &mut [T]) {
-    let pays = crate::simd::panels_pay(g.m, g.n);
+    let pays = crate::simd::b_panels_pay(g.m, g.n);
     if let (Some(bp), true, Some(a32), Some(c32)) = (bp, pays, T::as_f32(a), T::as_f32_mut(c)) {
         let panel = crate::simd::gemm_tile().1;
         let b = Operand::Panels { data: bp, panel };

@@ -530,7 +530,7 @@ pub(crate) struct Prepacked {
     /// Address and length of the source tensor's elements.
     key: (usize, usize),
     shape: Vec<usize>,
-    pub data: Vec<f32>,
+    data: crate::simd::AlignedF32,
 }
 
 impl Prepacked {
@@ -550,7 +550,7 @@ impl Prepacked {
         Some(Prepacked {
             key: (v.as_ptr() as usize, v.len()),
             shape: w.shape().to_vec(),
-            data: pack(v, w.shape())?,
+            data: crate::simd::AlignedF32::from_slice(&pack(v, w.shape())?),
         })
     }
 
@@ -566,7 +566,7 @@ impl Prepacked {
         }
         match w.as_slice::<f32>().ok()? {
             alloc::borrow::Cow::Borrowed(v) if (v.as_ptr() as usize, v.len()) == self.key => {
-                Some(self.data.as_slice())
+                Some(&self.data)
             }
             _ => None,
         }

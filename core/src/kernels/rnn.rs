@@ -10,13 +10,14 @@ use alloc::string::String;
 use alloc::vec;
 use alloc::vec::Vec;
 
-use super::{def, opt_tensor_in, tensor_in, Float, LATEST};
+use super::{def, opt_tensor_in, tensor_in, Float, Prepacked, LATEST};
 use crate::dtype::DataType;
 use crate::error::Result;
 use crate::ir::Node;
 use crate::kernels::types::FLOATS;
 use crate::provider::{Gemm, Kernel, KernelCx, KernelDef};
 use crate::simd;
+use crate::simd::gemm::Operand;
 use crate::tensor::Tensor;
 use crate::value::Value;
 use crate::{bail, unsupported};
@@ -303,9 +304,116 @@ fn build_rnn(node: &Node) -> Result<Box<dyn Kernel>> {
 
 fn build(node: &Node, cell: Cell) -> Result<Box<dyn Kernel>> {
     let cfg = parse_cfg(node, cell)?;
-    Ok(Box::new(
-        move |cx: &KernelCx<'_>, inputs: &[Option<&Value>]| run(&cfg, cx, inputs),
-    ))
+    Ok(Box::new(RnnKernel {
+        cfg,
+        w: None,
+        r: None,
+    }))
+}
+
+/// A recurrent node, with W and R packed at load into the SGEMM's B panels when they are
+/// constant f32 (the step's `H·R^T` then streams packed weights instead of taking dot
+/// products down R's rows, and the input projection skips packing W on every run).
+struct RnnKernel {
+    cfg: Cfg,
+    w: Option<PackedWeights>,
+    r: Option<PackedWeights>,
+}
+
+/// W or R (`[dirs, rows, k]`) packed per direction and per block of rows (`parts`: the GRU
+/// without `linear_before_reset` multiplies by z/r's rows and h's rows separately), as the
+/// SGEMM's B panels of width `panel` (B = the block's transpose).
+struct PackedWeights {
+    src: Prepacked,
+    panel: usize,
+    /// Start of each (direction, part) in `src.data`, direction-major.
+    offs: Vec<usize>,
+}
+
+impl PackedWeights {
+    fn new(t: &Tensor, parts: &[(usize, usize)]) -> Option<PackedWeights> {
+        let panel = simd::gemm_tile().1;
+        let mut offs = Vec::new();
+        let src = Prepacked::new(t, |v, s| {
+            let [nd, rows, k] = *s else { return None };
+            if nd * rows * k == 0 || parts.iter().any(|&(r0, nr)| r0 + nr > rows) {
+                return None;
+            }
+            let mut data = Vec::new();
+            for d in 0..nd {
+                for &(r0, nr) in parts {
+                    offs.push(data.len());
+                    let blk = &v[(d * rows + r0) * k..(d * rows + r0 + nr) * k];
+                    data.extend(simd::gemm::pack_b(k, nr, blk, 1, k as isize, panel));
+                }
+            }
+            Some(data)
+        })?;
+        Some(PackedWeights { src, panel, offs })
+    }
+
+    /// Panels of (direction `d`, part `p`) when `t` is the tensor packed and this machine's
+    /// SGEMM still takes panels of that width.
+    fn get(&self, t: &Tensor, d: usize, p: usize, nparts: usize) -> Option<&[f32]> {
+        if simd::gemm_tile().1 != self.panel {
+            return None;
+        }
+        let data = self.src.for_tensor(t)?;
+        Some(&data[*self.offs.get(d * nparts + p)?..])
+    }
+}
+
+/// The row blocks R is multiplied by separately.
+fn r_parts(cfg: &Cfg, hidden: usize) -> Vec<(usize, usize)> {
+    let gh = cfg.cell.gates() * hidden;
+    if cfg.cell == Cell::Gru && !cfg.linear_before_reset {
+        vec![(0, 2 * hidden), (2 * hidden, hidden)]
+    } else {
+        vec![(0, gh)]
+    }
+}
+
+impl Kernel for RnnKernel {
+    fn compute(&self, cx: &KernelCx<'_>, inputs: &[Option<&Value>]) -> Result<Vec<Value>> {
+        let packed = Packed {
+            w: weights_in(inputs, 1, &self.w),
+            r: weights_in(inputs, 2, &self.r),
+        };
+        run(&self.cfg, cx, inputs, &packed)
+    }
+
+    fn prepare(&mut self, consts: &[Option<&Tensor>]) -> usize {
+        let g = self.cfg.cell.gates();
+        if let Some(Some(w)) = consts.get(1) {
+            if w.rank() == 3 {
+                self.w = PackedWeights::new(w, &[(0, w.shape()[1])]);
+            }
+        }
+        if let Some(Some(r)) = consts.get(2) {
+            if r.rank() == 3 && r.shape()[1] == g * r.shape()[2] {
+                self.r = PackedWeights::new(r, &r_parts(&self.cfg, r.shape()[2]));
+            }
+        }
+        self.w.as_ref().map_or(0, |p| p.src.bytes()) + self.r.as_ref().map_or(0, |p| p.src.bytes())
+    }
+}
+
+/// Input `i` with the packed copy of it the kernel holds, if both exist.
+fn weights_in<'a>(
+    inputs: &[Option<&'a Value>],
+    i: usize,
+    pk: &'a Option<PackedWeights>,
+) -> Option<(&'a Tensor, &'a PackedWeights)> {
+    match (inputs.get(i), pk) {
+        (Some(Some(Value::Tensor(t))), Some(pk)) => Some((t, pk)),
+        _ => None,
+    }
+}
+
+/// The packed weights a run may use (each checked against the tensor it is given).
+struct Packed<'a> {
+    w: Option<(&'a Tensor, &'a PackedWeights)>,
+    r: Option<(&'a Tensor, &'a PackedWeights)>,
 }
 
 // ----------------------------------------------------------------------------- driver
@@ -350,6 +458,9 @@ struct DirIn<'a> {
     r: &'a [f32],
     b: Option<&'a [f32]>,
     p: Option<&'a [f32]>,
+    /// W and R (each of its parts, see [`r_parts`]) packed at load, when they were.
+    wp: Option<&'a [f32]>,
+    rp: [Option<&'a [f32]>; 2],
     acts: &'a [Act],
     reverse: bool,
 }
@@ -363,7 +474,12 @@ struct Dims<'a> {
     lens: &'a [usize],
 }
 
-fn run(cfg: &Cfg, cx: &KernelCx<'_>, inputs: &[Option<&Value>]) -> Result<Vec<Value>> {
+fn run(
+    cfg: &Cfg,
+    cx: &KernelCx<'_>,
+    inputs: &[Option<&Value>],
+    packed: &Packed<'_>,
+) -> Result<Vec<Value>> {
     let op = cfg.cell.name();
     let x_t = tensor_in(inputs, 0)?;
     let dt = x_t.dtype();
@@ -467,6 +583,13 @@ fn run(cfg: &Cfg, cx: &KernelCx<'_>, inputs: &[Option<&Value>]) -> Result<Vec<Va
             r: &r[d * gh * hidden..(d + 1) * gh * hidden],
             b: b.as_ref().map(|b| &b[d * 2 * gh..(d + 1) * 2 * gh]),
             p: p.as_ref().map(|p| &p[d * 3 * hidden..(d + 1) * 3 * hidden]),
+            wp: packed.w.and_then(|(t, pk)| pk.get(t, d, 0, 1)),
+            rp: core::array::from_fn(|i| {
+                let np = r_parts(cfg, hidden).len();
+                packed
+                    .r
+                    .and_then(|(t, pk)| (i < np).then(|| pk.get(t, d, i, np)).flatten())
+            }),
             acts: &cfg.acts[d * per_dir_acts..(d + 1) * per_dir_acts],
             reverse: cfg.dir == Direction::Reverse || d == 1,
         };
@@ -534,8 +657,19 @@ fn run(cfg: &Cfg, cx: &KernelCx<'_>, inputs: &[Option<&Value>]) -> Result<Vec<Va
     Ok(outs)
 }
 
-/// `c[m×n] = a[m×k] · w^T` where `w` is n×k row-major (ldc = n), through the backend GEMM.
-fn gemm_wt(cx: &KernelCx<'_>, m: usize, n: usize, k: usize, a: &[f32], w: &[f32], c: &mut [f32]) {
+/// `c[m×n] = a[m×k] · w^T` where `w` is n×k row-major (ldc = n), through the backend GEMM;
+/// `wp`: w^T already in the SGEMM's B panels.
+#[allow(clippy::too_many_arguments)]
+fn gemm_wt(
+    cx: &KernelCx<'_>,
+    m: usize,
+    n: usize,
+    k: usize,
+    a: &[f32],
+    w: &[f32],
+    wp: Option<&[f32]>,
+    c: &mut [f32],
+) {
     let g = Gemm {
         m,
         n,
@@ -548,6 +682,11 @@ fn gemm_wt(cx: &KernelCx<'_>, m: usize, n: usize, k: usize, a: &[f32], w: &[f32]
         alpha: 1.0,
         beta: 0.0,
     };
+    if let Some(bp) = wp {
+        let panel = simd::gemm_tile().1;
+        let b = Operand::Panels { data: bp, panel };
+        return cx.cpu.sgemm_ops(&g, Operand::Strided(a), b, c);
+    }
     cx.cpu.sgemm(&g, a, w, c);
 }
 
@@ -580,7 +719,7 @@ fn run_direction(
     }
     // input projection of every (t, b) row, biases folded in
     let mut xw = vec![0f32; seq * batch * gh];
-    gemm_wt(cx, seq * batch, gh, dm.input, din.x, din.w, &mut xw);
+    gemm_wt(cx, seq * batch, gh, dm.input, din.x, din.w, din.wp, &mut xw);
     // recurrent bias that stays outside the fold (GRU with linear_before_reset: Rbh)
     let mut rbh: Option<&[f32]> = None;
     if let Some(b) = din.b {
@@ -614,7 +753,7 @@ fn run_direction(
         Cell::Rnn => {
             let f = acts[0];
             for s in 0..max_len {
-                gemm_wt(cx, batch, hs, hs, h, din.r, &mut hr);
+                gemm_wt(cx, batch, hs, hs, h, din.r, din.rp[0], &mut hr);
                 for b in 0..batch {
                     let Some(t) = time_of(s, b) else { continue };
                     let xr = &xw[(t * batch + b) * hs..][..hs];
@@ -637,7 +776,7 @@ fn run_direction(
             let mut gate = vec![0f32; gh];
             let mut tc = vec![0f32; hs];
             for s in 0..max_len {
-                gemm_wt(cx, batch, gh, hs, h, din.r, &mut hr);
+                gemm_wt(cx, batch, gh, hs, h, din.r, din.rp[0], &mut hr);
                 for b in 0..batch {
                     let Some(t) = time_of(s, b) else { continue };
                     let xr = &xw[(t * batch + b) * gh..][..gh];
@@ -686,7 +825,7 @@ fn run_direction(
             let mut gate = vec![0f32; gh];
             if lbr {
                 for s in 0..max_len {
-                    gemm_wt(cx, batch, gh, hs, h, din.r, &mut hr);
+                    gemm_wt(cx, batch, gh, hs, h, din.r, din.rp[0], &mut hr);
                     for b in 0..batch {
                         let Some(t) = time_of(s, b) else { continue };
                         let xr = &xw[(t * batch + b) * gh..][..gh];
@@ -721,7 +860,7 @@ fn run_direction(
                 let r_zr = &din.r[..2 * hs * hs];
                 let r_h = &din.r[2 * hs * hs..];
                 for s in 0..max_len {
-                    gemm_wt(cx, batch, 2 * hs, hs, h, r_zr, &mut zr);
+                    gemm_wt(cx, batch, 2 * hs, hs, h, r_zr, din.rp[0], &mut zr);
                     for b in 0..batch {
                         let Some(t) = time_of(s, b) else { continue };
                         let xr = &xw[(t * batch + b) * gh..][..gh];
@@ -734,7 +873,7 @@ fn run_direction(
                             rh[b * hs + j] = zb[hs + j] * h[b * hs + j];
                         }
                     }
-                    gemm_wt(cx, batch, hs, hs, &rh, r_h, &mut hn);
+                    gemm_wt(cx, batch, hs, hs, &rh, r_h, din.rp[1], &mut hn);
                     for b in 0..batch {
                         let Some(t) = time_of(s, b) else { continue };
                         let xr = &xw[(t * batch + b) * gh..][..gh];
@@ -793,6 +932,83 @@ mod tests {
             .into_iter()
             .map(|v| v.into_tensor().unwrap().to_f32_vec().unwrap())
             .collect()
+    }
+
+    /// Runs `n` with W and R (inputs 1 and 2) prepared at load, returning the outputs and the
+    /// bytes `prepare` reported.
+    fn run_prepared(
+        n: &Node,
+        prep: &[Option<Value>],
+        inputs: &[Option<Value>],
+    ) -> (Vec<Vec<f32>>, usize) {
+        let mut k = (KERNELS.iter().find(|d| d.op == n.op_type).unwrap().build)(n).unwrap();
+        let consts: Vec<Option<&Tensor>> = prep
+            .iter()
+            .enumerate()
+            .map(|(i, v)| match v {
+                Some(Value::Tensor(t)) if i == 1 || i == 2 => Some(t),
+                _ => None,
+            })
+            .collect();
+        let bytes = k.prepare(&consts);
+        let cx = KernelCx::new(&ReferenceCpu);
+        let refs: Vec<Option<&Value>> = inputs.iter().map(|v| v.as_ref()).collect();
+        let outs = k
+            .compute(&cx, &refs)
+            .unwrap()
+            .into_iter()
+            .map(|v| v.into_tensor().unwrap().to_f32_vec().unwrap())
+            .collect();
+        (outs, bytes)
+    }
+
+    #[test]
+    fn weights_packed_at_load_give_what_unpacked_weights_give() {
+        // every cell (GRU both ways round the reset), both directions, one row per step (the
+        // few-row product over packed R) and five (the blocked SGEMM), a hidden size that is
+        // not a whole panel; then a prepared kernel given other weights must use those
+        type Case = (&'static str, Vec<(&'static str, AttrValue)>, usize, usize);
+        let cases: [Case; 4] = [
+            ("LSTM", vec![], 4, 1),
+            ("GRU", vec![("direction", s("bidirectional"))], 3, 2),
+            (
+                "GRU",
+                vec![("linear_before_reset", AttrValue::Int(1))],
+                3,
+                1,
+            ),
+            ("RNN", vec![("direction", s("reverse"))], 1, 1),
+        ];
+        let (seq, input, hidden) = (4, 7, 20);
+        for (op, attrs, gates, nd) in cases {
+            let mut attrs = attrs;
+            attrs.push(("hidden_size", AttrValue::Int(hidden as i64)));
+            let n = node(op, 14, attrs, 2);
+            let gh = gates * hidden;
+            for batch in [1usize, 5] {
+                let ins = vec![
+                    t(&[seq, batch, input], det(seq * batch * input, 0.1, 1.0)),
+                    t(&[nd, gh, input], det(nd * gh * input, 0.2, 0.3)),
+                    t(&[nd, gh, hidden], det(nd * gh * hidden, 0.3, 0.3)),
+                    t(&[nd, 2 * gh], det(nd * 2 * gh, 0.4, 0.5)),
+                ];
+                let want = run_node(&n, &ins);
+                let (got, bytes) = run_prepared(&n, &ins, &ins);
+                assert!(bytes > 0, "{op}: nothing packed");
+                for (g, w) in got.iter().zip(&want) {
+                    close(g, w);
+                }
+                // other W and R than those prepared
+                let mut other = ins.clone();
+                other[1] = t(&[nd, gh, input], det(nd * gh * input, 0.6, 0.3));
+                other[2] = t(&[nd, gh, hidden], det(nd * gh * hidden, 0.7, 0.3));
+                let want = run_node(&n, &other);
+                let (got, _) = run_prepared(&n, &ins, &other);
+                for (g, w) in got.iter().zip(&want) {
+                    close(g, w);
+                }
+            }
+        }
     }
 
     fn close(got: &[f32], want: &[f32]) {

@@ -1294,6 +1294,183 @@ fn sgemm_few_rows<V: VF32>(g: &Gemm, a: &[f32], b: &[f32], c: &mut [f32]) -> boo
     false
 }
 
+/// `C (+)= alpha*A*B` for a few rows of A (fewer than [`SMALL_M`]) from B's packed panels
+/// (weights packed at load): A's rows (alpha folded in) interleaved in a small buffer, then one
+/// panel at a time, read front to back as one stream (panels side by side would be streams a
+/// power of two apart when K is one, all in the same L1 sets), with `U` sets of sums over K
+/// for enough independent multiply-adds. A GEMV at memory speed, none of a packed A's padding.
+/// Taken (by `sgemm_ops`) for a strided A of 1 to 3 rows with B packed; a function of its
+/// own, since inlined into the blocked SGEMM it changes that function's register allocation.
+#[inline(always)]
+pub fn sgemm_few_panels<V: VF32>(g: &Gemm, a: &[f32], bp: &[f32], c: &mut [f32]) {
+    let (m, n, k) = (g.m, g.n, g.k);
+    if m == 0 || n == 0 {
+        return;
+    }
+    if k == 0 || g.alpha == 0.0 {
+        return scale_c(g, c);
+    }
+    let store = g.beta == 0.0;
+    if !store {
+        scale_c(g, c);
+    }
+    debug_assert!(m < SMALL_M);
+    few_rows_panels::<V>(g, a, bp, c, store)
+}
+
+/// Whether [`sgemm_few_panels`] takes a product of `m` rows.
+pub const fn few_panels_fit(m: usize) -> bool {
+    m < SMALL_M
+}
+
+#[inline(always)]
+fn few_rows_panels<V: VF32>(g: &Gemm, a: &[f32], bp: &[f32], c: &mut [f32], store: bool) {
+    match g.m {
+        1 => few_rows_panels_r::<V, 1, 4>(g, a, bp, c, store),
+        2 => few_rows_panels_r::<V, 2, 2>(g, a, bp, c, store),
+        _ => few_rows_panels_r::<V, 3, 2>(g, a, bp, c, store),
+    }
+}
+
+#[inline(always)]
+fn few_rows_panels_r<V: VF32, const R: usize, const NP: usize>(
+    g: &Gemm,
+    a: &[f32],
+    bp: &[f32],
+    c: &mut [f32],
+    store: bool,
+) {
+    let (m, n, k) = (g.m, g.n, g.k);
+    debug_assert!(m <= R);
+    let nr = 2 * V::LANES;
+    // A's rows as [p][r] (rows past m are zero)
+    let mut at = super::scratch::<f32>(k * R);
+    for p in 0..k {
+        for r in 0..R {
+            at[p * R + r] = if r < m {
+                g.alpha * a[r * g.a_rs as usize + p * g.a_cs as usize]
+            } else {
+                0.0
+            };
+        }
+    }
+    let at = &at[..k * R];
+    let npan = n.div_ceil(nr);
+    let mut pj = 0;
+    while pj < npan {
+        let (bp, j0) = (&bp[pj * k * nr..], pj * nr);
+        if pj + NP <= npan {
+            let sums = panels_sums::<V, R, NP>(at, bp, k);
+            put_sums::<V, R, NP>(g, &sums, j0, c, store);
+            pj += NP;
+        } else {
+            let sums = panel_sums_unrolled::<V, R>(at, bp, k);
+            put_sums::<V, R, 1>(g, &[sums], j0, c, store);
+            pj += 1;
+        }
+    }
+}
+
+/// Sums over K of `R` rows times `NP` panels side by side (one broadcast of A feeds `2 NP`
+/// multiply-adds), as `[panel][row][half]`.
+#[inline(always)]
+fn panels_sums<V: VF32, const R: usize, const NP: usize>(
+    at: &[f32],
+    bp: &[f32],
+    k: usize,
+) -> [[[V; 2]; R]; NP] {
+    let l = V::LANES;
+    let nr = 2 * l;
+    let pans: [&[f32]; NP] = core::array::from_fn(|q| &bp[q * k * nr..(q + 1) * k * nr]);
+    let z = V::splat(0.0);
+    let mut acc = [[[z; 2]; R]; NP];
+    for (p, ap) in at.chunks_exact(R).enumerate().take(k) {
+        let mut bv = [[z; 2]; NP];
+        for q in 0..NP {
+            let row = &pans[q][p * nr..p * nr + nr];
+            bv[q] = [V::load(row), V::load(&row[l..])];
+        }
+        for r in 0..R {
+            let av = V::splat(ap[r]);
+            for q in 0..NP {
+                acc[q][r][0] = av.fma(bv[q][0], acc[q][r][0]);
+                acc[q][r][1] = av.fma(bv[q][1], acc[q][r][1]);
+            }
+        }
+    }
+    acc
+}
+
+/// Sums over K of `R` rows times one panel, K unrolled four times (four independent sets of
+/// sums, added at the end), as `[row][half]`.
+#[inline(always)]
+fn panel_sums_unrolled<V: VF32, const R: usize>(at: &[f32], bp: &[f32], k: usize) -> [[V; 2]; R] {
+    let l = V::LANES;
+    let nr = 2 * l;
+    let pan = &bp[..k * nr];
+    let z = V::splat(0.0);
+    let mut acc = [[[z; 2]; R]; 4];
+    let k4 = k / 4 * 4;
+    for (ap, rows) in at[..k4 * R]
+        .chunks_exact(4 * R)
+        .zip(pan[..k4 * nr].chunks_exact(4 * nr))
+    {
+        for (u, accu) in acc.iter_mut().enumerate() {
+            let b0 = V::load(&rows[u * nr..]);
+            let b1 = V::load(&rows[u * nr + l..]);
+            for (r, accr) in accu.iter_mut().enumerate() {
+                let av = V::splat(ap[u * R + r]);
+                accr[0] = av.fma(b0, accr[0]);
+                accr[1] = av.fma(b1, accr[1]);
+            }
+        }
+    }
+    for p in k4..k {
+        let b0 = V::load(&pan[p * nr..]);
+        let b1 = V::load(&pan[p * nr + l..]);
+        for (r, accr) in acc[0].iter_mut().enumerate() {
+            let av = V::splat(at[p * R + r]);
+            accr[0] = av.fma(b0, accr[0]);
+            accr[1] = av.fma(b1, accr[1]);
+        }
+    }
+    let mut out = acc[0];
+    for accu in &acc[1..] {
+        for r in 0..R {
+            out[r][0] = out[r][0].add(accu[r][0]);
+            out[r][1] = out[r][1].add(accu[r][1]);
+        }
+    }
+    out
+}
+
+/// Writes (or with `store` false adds) the first `m` rows of `NP` panels' sums into C from
+/// column `j0` on.
+#[inline(always)]
+fn put_sums<V: VF32, const R: usize, const NP: usize>(
+    g: &Gemm,
+    sums: &[[[V; 2]; R]; NP],
+    j0: usize,
+    c: &mut [f32],
+    store: bool,
+) {
+    let l = V::LANES;
+    let nr = 2 * l;
+    let mut buf = [0f32; 32];
+    for (q, sq) in sums.iter().enumerate() {
+        let j = j0 + q * nr;
+        let w = nr.min(g.n - j);
+        for (r, s) in sq.iter().enumerate().take(g.m) {
+            let o = r * g.ldc + j;
+            s[0].store(&mut buf[..]);
+            s[1].store(&mut buf[l..]);
+            for (d, v) in c[o..o + w].iter_mut().zip(&buf) {
+                *d = if store { *v } else { *d + v };
+            }
+        }
+    }
+}
+
 /// Four dot products of `x` with `ys[q]` (all of `x`'s length), sharing the loads of `x`.
 #[inline(always)]
 fn dot4<V: VF32>(x: &[f32], ys: [&[f32]; 4]) -> [f32; 4] {
@@ -1348,25 +1525,28 @@ fn micro<'b, V: VF32, const MR: usize>(
             accr[1] = a.fma(b1, accr[1]);
         }
     }
-    if w == nr {
-        for (r, accr) in acc.iter().enumerate().take(h) {
-            let o = c0 + r * ldc;
+    // the sums leave the registers through a tile on the stack, by constant indices only:
+    // read at a run-time row (`r < h`), the accumulator array itself would live in memory and
+    // LLVM then stores it on every step of K (measured: 2x slower, depending on unrelated code)
+    let mut tile = [[0f32; 32]; MR];
+    for r in 0..MR {
+        acc[r][0].store(&mut tile[r][..]);
+        acc[r][1].store(&mut tile[r][l..]);
+    }
+    for (r, t) in tile.iter().enumerate().take(h) {
+        let o = c0 + r * ldc;
+        if w == nr {
             let row = &mut c[o..o + nr];
+            let (t0, t1) = (V::load(&t[..]), V::load(&t[l..]));
             if store {
-                accr[0].store(row);
-                accr[1].store(&mut row[l..]);
+                t0.store(row);
+                t1.store(&mut row[l..]);
             } else {
-                V::load(row).add(accr[0]).store(row);
-                V::load(&row[l..]).add(accr[1]).store(&mut row[l..]);
+                V::load(row).add(t0).store(row);
+                V::load(&row[l..]).add(t1).store(&mut row[l..]);
             }
-        }
-    } else {
-        let mut buf = [0f32; 32];
-        for (r, accr) in acc.iter().enumerate().take(h) {
-            accr[0].store(&mut buf[..]);
-            accr[1].store(&mut buf[l..]);
-            let o = c0 + r * ldc;
-            for (d, s) in c[o..o + w].iter_mut().zip(&buf) {
+        } else {
+            for (d, s) in c[o..o + w].iter_mut().zip(t) {
                 *d = if store { *s } else { *d + s };
             }
         }

@@ -348,18 +348,55 @@ pub struct Scratch<T: bytemuck::Pod = f32> {
     _t: core::marker::PhantomData<T>,
 }
 
+/// Words from the start of `buf` to its first cache-line (64-byte) boundary: a scratch slice
+/// starts there, so a vector load never straddles two lines because of where the allocator
+/// put the buffer (a 64-byte load across lines costs two).
+fn line_skip(buf: &[u64]) -> usize {
+    (64 - buf.as_ptr() as usize % 64) % 64 / 8
+}
+
 impl<T: bytemuck::Pod> core::ops::Deref for Scratch<T> {
     type Target = [T];
     fn deref(&self) -> &[T] {
-        let bytes: &[u8] = bytemuck::cast_slice(&self.buf[..]);
+        let bytes: &[u8] = bytemuck::cast_slice(&self.buf[line_skip(&self.buf)..]);
         &bytemuck::cast_slice(bytes)[..self.len]
     }
 }
 
 impl<T: bytemuck::Pod> core::ops::DerefMut for Scratch<T> {
     fn deref_mut(&mut self) -> &mut [T] {
-        let bytes: &mut [u8] = bytemuck::cast_slice_mut(&mut self.buf[..]);
+        let skip = line_skip(&self.buf);
+        let bytes: &mut [u8] = bytemuck::cast_slice_mut(&mut self.buf[skip..]);
         &mut bytemuck::cast_slice_mut(bytes)[..self.len]
+    }
+}
+
+/// f32s that start on a cache-line (64-byte) boundary (weights packed at load: the SGEMM
+/// streams them with full-line vector loads).
+pub struct AlignedF32 {
+    buf: alloc::vec::Vec<f32>,
+    skip: usize,
+    len: usize,
+}
+
+impl AlignedF32 {
+    /// A line-aligned copy of `v`.
+    pub fn from_slice(v: &[f32]) -> AlignedF32 {
+        let mut buf = alloc::vec![0f32; v.len() + 16];
+        let skip = (64 - buf.as_ptr() as usize % 64) % 64 / 4;
+        buf[skip..skip + v.len()].copy_from_slice(v);
+        AlignedF32 {
+            buf,
+            skip,
+            len: v.len(),
+        }
+    }
+}
+
+impl core::ops::Deref for AlignedF32 {
+    type Target = [f32];
+    fn deref(&self) -> &[f32] {
+        &self.buf[self.skip..self.skip + self.len]
     }
 }
 
@@ -404,7 +441,8 @@ pub fn scratch<T: bytemuck::Pod>(len: usize) -> Scratch<T> {
         size > 0 && 8 % size == 0,
         "scratch elements are 1, 2, 4 or 8 bytes"
     );
-    let words = (len * size).div_ceil(8);
+    // room to start the slice on a cache line (see `line_skip`)
+    let words = (len * size).div_ceil(8) + 8;
     // the smallest buffer that fits; else the largest, to grow (a pool that stays busy means
     // a fresh buffer, never a long wait: see Drop)
     let taken = try_lock_briefly().and_then(|mut pool| {
@@ -504,6 +542,11 @@ pub fn sgemm_ops_unchecked_on(isa: Isa, g: &Gemm, a: Operand<'_>, b: Operand<'_>
     if sgemm_narrow_fits_on(isa, g, &a, &b) {
         return sgemm_narrow_on(isa, g, a, b, c);
     }
+    if let (Operand::Strided(a), Operand::Panels { data, .. }) = (a, b) {
+        if kernels::few_panels_fit(g.m) {
+            return sgemm_few_panels_on(isa, g, a, data, c);
+        }
+    }
     match sgemm_panel_height_on(isa, g, &a) {
         12 => sgemm_mr12_on(isa, g, a, b, c),
         8 => sgemm_mr8_on(isa, g, a, b, c),
@@ -519,6 +562,12 @@ dispatch!(
 dispatch!(
     /// The narrow product: C's few columns from A's packed panels, B's values broadcast.
     fn sgemm_narrow / sgemm_narrow_on(g: &Gemm, a: Operand<'_>, b: Operand<'_>, c: &mut [f32]) => sgemm_narrow
+);
+
+dispatch!(
+    /// The product of a few rows of a strided A with B's packed panels (a GEMV over weights
+    /// packed at load).
+    fn sgemm_few_panels / sgemm_few_panels_on(g: &Gemm, a: &[f32], b: &[f32], c: &mut [f32]) => sgemm_few_panels
 );
 
 dispatch!(
@@ -653,6 +702,14 @@ pub fn sgemm_checked(g: &Gemm, a: &[f32], b: &[f32], c: &mut [f32]) -> bool {
 /// product) beat panels that would be mostly padding.
 pub fn panels_pay(m: usize, n: usize) -> bool {
     m >= 4 && 2 * n > gemm_tile().1
+}
+
+/// Whether an `m x n` product with a strided A should read B from panels packed at load: for
+/// every C wider than half a panel (a product of one to three rows streams the panels through
+/// the few-row product, as fast as B's own rows and 2-3x faster than a transposed B's).
+pub fn b_panels_pay(m: usize, n: usize) -> bool {
+    let _ = m;
+    2 * n > gemm_tile().1
 }
 
 /// Whether operands (strided ones through `g`'s strides, packed ones as

@@ -269,6 +269,12 @@ fn packed_and_row_operands_give_the_strided_product_on_every_isa() {
                 (100, 3, 64),
                 (12, 1, 1),
                 (30, 15, 2),
+                // one to three rows against packed B (the few-row product: groups of
+                // panels, a ragged last group and panel, K not a multiple of its unroll)
+                (1, 300, 37),
+                (2, 70, 9),
+                (3, 129, 64),
+                (1, 33, 1),
             ]
             .iter()
             .map(move |c| (mr, c))
