@@ -955,38 +955,28 @@ fn narrow_block<V: VF32, const MR: usize, const NB: usize>(
     let l = V::LANES;
     let vp = MR.div_ceil(l);
     let b_rs = g.b_rs as usize;
-    // the last steps of K read their MR values from a copy where whole vectors would pass
-    // the end of the panel (MR = 12 on 16 lanes)
     let mut last = [0.0f32; NARROW_VMAX * 16];
     // fewer than 8 independent sums cannot cover the FMA latency: then even and odd steps of
-    // K go to two sets of sums, added at the end
-    let mut acc = [[[V::splat(0.0); NARROW_VMAX]; NB]; 2];
+    // K go to two sets of sums, added at the end (each set by a constant index: chosen at run
+    // time, the sums would live in memory)
+    let z = V::splat(0.0);
+    let mut acc = [[z; NARROW_VMAX]; NB];
+    let mut odd = [[z; NARROW_VMAX]; NB];
     let bk = &b[j0..];
-    for kk in 0..k {
-        let acc = &mut acc[if NB * vp < 8 { kk & 1 } else { 0 }];
-        let src: &[f32] = if kk * MR + vp * l <= panel.len() {
-            &panel[kk * MR..]
-        } else {
-            last[..MR].copy_from_slice(&panel[kk * MR..(kk + 1) * MR]);
-            &last
-        };
-        let mut w = [V::splat(0.0); NARROW_VMAX];
-        for (v, wv) in w.iter_mut().enumerate().take(vp) {
-            *wv = V::load(&src[v * l..]);
+    let mut kk = 0;
+    if NB * vp < 8 {
+        while kk + 2 <= k {
+            narrow_step::<V, MR, NB>(panel, bk, b_rs, kk, &mut acc, &mut last);
+            narrow_step::<V, MR, NB>(panel, bk, b_rs, kk + 1, &mut odd, &mut last);
+            kk += 2;
         }
-        // SAFETY: j0 + NB <= n, so kk * b_rs + jj < (k - 1) * b_rs + n - j0 <= bk.len()
-        // (asserted by the caller)
-        let br = unsafe { bk.get_unchecked(kk * b_rs..) };
-        for (jj, a) in acc.iter_mut().enumerate() {
-            let bv = V::splat(unsafe { *br.get_unchecked(jj) });
-            for v in 0..vp {
-                a[v] = w[v].fma(bv, a[v]);
-            }
-        }
+    }
+    while kk < k {
+        narrow_step::<V, MR, NB>(panel, bk, b_rs, kk, &mut acc, &mut last);
+        kk += 1;
     }
     let rows = MR.min(g.m - i0);
     let mut out = [0.0f32; NARROW_VMAX * 16];
-    let [acc, odd] = acc;
     for (jj, a) in acc.iter().enumerate() {
         for v in 0..vp {
             a[v].add(odd[jj][v]).store(&mut out[v * l..]);
@@ -997,6 +987,42 @@ fn narrow_block<V: VF32, const MR: usize, const NB: usize>(
         }
     }
     NB
+}
+
+/// Step `kk` of K of [`narrow_block`]: the panel's `MR` values times each column's broadcast
+/// `B[kk][j0 + jj]` (`bk` is B from column `j0`), into `acc`.
+#[inline(always)]
+fn narrow_step<V: VF32, const MR: usize, const NB: usize>(
+    panel: &[f32],
+    bk: &[f32],
+    b_rs: usize,
+    kk: usize,
+    acc: &mut [[V; NARROW_VMAX]; NB],
+    last: &mut [f32; NARROW_VMAX * 16],
+) {
+    let l = V::LANES;
+    let vp = MR.div_ceil(l);
+    // the last steps of K read their MR values from a copy where whole vectors would pass
+    // the end of the panel (MR = 12 on 16 lanes)
+    let src: &[f32] = if kk * MR + vp * l <= panel.len() {
+        &panel[kk * MR..]
+    } else {
+        last[..MR].copy_from_slice(&panel[kk * MR..(kk + 1) * MR]);
+        &last[..]
+    };
+    let mut w = [V::splat(0.0); NARROW_VMAX];
+    for (v, wv) in w.iter_mut().enumerate().take(vp) {
+        *wv = V::load(&src[v * l..]);
+    }
+    // SAFETY: j0 + NB <= n, so kk * b_rs + jj < (k - 1) * b_rs + n - j0 <= bk.len()
+    // (asserted by the caller)
+    let br = unsafe { bk.get_unchecked(kk * b_rs..) };
+    for (jj, a) in acc.iter_mut().enumerate() {
+        let bv = V::splat(unsafe { *br.get_unchecked(jj) });
+        for v in 0..vp {
+            a[v] = w[v].fma(bv, a[v]);
+        }
+    }
 }
 
 /// The packed, blocked SGEMM accumulating `alpha*A*B` into C (beta already applied), or with
