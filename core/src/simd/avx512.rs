@@ -89,6 +89,10 @@ impl VF32 for Avx512 {
         })
     }
     #[inline(always)]
+    fn scale2(self, n: Self) -> Self {
+        Avx512(unsafe { _mm512_scalef_ps(self.0, n.0) })
+    }
+    #[inline(always)]
     fn pow2i(self) -> Self {
         unsafe {
             let n = _mm512_cvtps_epi32(self.0);

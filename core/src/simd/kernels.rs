@@ -623,15 +623,25 @@ pub fn softmax_row<V: VF32>(x: &[f32], y: &mut [f32]) {
     let l = V::LANES;
     let n = x.len().min(y.len());
     let mv = V::splat(m);
-    let mut acc = V::splat(0.0);
+    // two sums, so the additions do not wait on each other
+    let (mut acc, mut acc2) = (V::splat(0.0), V::splat(0.0));
     let mut i = 0;
+    while i + 2 * l <= n {
+        let e = V::load(&x[i..]).sub(mv).exp();
+        let e2 = V::load(&x[i + l..]).sub(mv).exp();
+        e.store(&mut y[i..]);
+        e2.store(&mut y[i + l..]);
+        acc = acc.add(e);
+        acc2 = acc2.add(e2);
+        i += 2 * l;
+    }
     while i + l <= n {
         let e = V::load(&x[i..]).sub(mv).exp();
         e.store(&mut y[i..]);
         acc = acc.add(e);
         i += l;
     }
-    let mut s = acc.hsum();
+    let mut s = acc.add(acc2).hsum();
     if i < n {
         let mut buf = [f32::NEG_INFINITY; 16];
         buf[..n - i].copy_from_slice(&x[i..n]);

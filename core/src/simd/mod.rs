@@ -203,6 +203,15 @@ pub trait VF32: Copy {
     /// `v[r]`): afterwards lane `c` of `v[r]` is what lane `r` of `v[c]` was.
     fn transpose(v: &mut [Self]);
 
+    /// `self * 2^n` for lanes of `n` holding integers in [-252, 254] whose product is a
+    /// normal float or an overflow (two exact power-of-two factors; AVX-512 has it as one
+    /// instruction).
+    #[inline(always)]
+    fn scale2(self, n: Self) -> Self {
+        let half = n.mul(Self::splat(0.5)).round();
+        self.mul(half.pow2i()).mul(n.sub(half).pow2i())
+    }
+
     /// `1 / self` for finite `self` to within about an ulp: the hardware's reciprocal
     /// estimate refined by one Newton step where the ISA has one (a vector division takes
     /// ten or more cycles per vector), else a division. Callers keep `self` finite and
@@ -321,9 +330,8 @@ pub trait VF32: Copy {
         p = p.fma(r, Self::splat(0.5));
         let r2 = r.mul(r);
         let y = p.fma(r2, r).add(Self::splat(1.0));
-        // n may be 128 at the top of the range: split 2^n into two factors
-        let half = n.mul(Self::splat(0.5)).round();
-        let y = y.mul(half.pow2i()).mul(n.sub(half).pow2i());
+        // n may be 128 at the top of the range (beyond pow2i's)
+        let y = y.scale2(n);
         // below the clamp the result would be subnormal or zero: give zero, so that what
         // follows (softmax over masked scores, then a product) never meets subnormals, which
         // cost some CPUs a microcode assist per operation
