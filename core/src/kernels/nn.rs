@@ -1379,18 +1379,36 @@ fn conv_implicit<T: Num>(
             }
         }
     }
+    // the phase rows no input row lands in (all padding): zeroed, the others written whole
+    let pw = pext[last];
+    let mut written = vec![false; nph * prows];
+    for &(dst, _) in &row_map {
+        let first = dst / pplane * prows + dst % pplane / pw;
+        for r in 0..s_last {
+            written[first + r * prows] = true;
+        }
+    }
+    let pad_rows: Vec<usize> = (0..nph * prows)
+        .filter(|&i| !written[i])
+        .map(|i| i / prows * pplane + i % prows * pw)
+        .collect();
     let mut tmp = crate::simd::scratch::<T>(pext[last] * g.s[last]);
     for ng in 0..n * group {
         let (ni, gi) = (ng / group, ng % group);
         let xg = &x[(ni * c + gi * cg) * in_plane..(ni * c + (gi + 1) * cg) * in_plane];
-        // the padded, phase-split copy of this image group: zeros, then the input rows
-        xp[..cg * cplane].fill(T::ZERO);
+        // the padded, phase-split copy of this image group: every value written once (the
+        // padding rows zeroed, the input rows with their padding columns)
         let (lo, hi, j0) = phase_cols(g.inp[last], g.pb[last], 1, 0, pext[last]);
         for ci in 0..cg {
+            for &o in &pad_rows {
+                xp[ci * cplane + o..ci * cplane + o + pw].fill(T::ZERO);
+            }
             for &(dst, src) in &row_map {
                 let (dst, src) = (ci * cplane + dst, ci * in_plane + src);
                 if s_last == 1 {
+                    xp[dst..dst + lo].fill(T::ZERO);
                     xp[dst + lo..dst + hi].copy_from_slice(&xg[src + j0..src + j0 + hi - lo]);
+                    xp[dst + hi..dst + pw].fill(T::ZERO);
                 } else {
                     let row = &xg[src..src + g.inp[last]];
                     let (xs, pb) = (&mut xp[..], g.pb[last]);
@@ -1454,7 +1472,6 @@ fn conv_implicit<T: Num>(
                 cx.cpu.sgemm_ops(&gm, weights_operand(w32, wpg, mg), b, c32);
                 // the valid positions of each padded row that meets [q0, q0 + nc): calls
                 // f(range in the tile, offset in y) for each row of C
-                let pw = pext[last];
                 let segments = |f: &mut dyn FnMut(core::ops::Range<usize>, usize)| {
                     let mut qr = q0 / pw * pw;
                     let mut co = [0usize; MAX_SPATIAL];
