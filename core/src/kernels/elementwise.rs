@@ -8,6 +8,7 @@ use core::ops::{Add, BitAnd, BitOr, BitXor, Div, Mul, Neg, Not, Sub};
 
 use half::{bf16, f16};
 
+use super::par::{even_chunk, par_chunks_mut};
 use super::{bad_type, broadcast_shapes, def, opt_tensor_in, out1, tensor_in, LATEST};
 use crate::dtype::DataType;
 use crate::error::Result;
@@ -1167,6 +1168,17 @@ fn squeeze_front(s: &[usize]) -> &[usize] {
     &s[k..]
 }
 
+/// The part of an operand a chunk at `at` of `len` elements reads: its own elements when the
+/// operand has the output's length (`same`), else all of it (it repeats from the chunk's start).
+#[inline]
+fn piece(v: &[f32], same: bool, at: usize, len: usize) -> &[f32] {
+    if same {
+        &v[at..at + len]
+    } else {
+        v
+    }
+}
+
 /// f32 `a op b` through the SIMD layer when one operand repeats over the other's trailing
 /// dims (same shape, scalar, or a bias row) and the output has the larger operand's shape;
 /// `None` where the general broadcasting loop is needed.
@@ -1184,31 +1196,57 @@ fn arith_f32_simd(cx: &KernelCx<'_>, a: &Tensor, b: &Tensor, op: Arith) -> Resul
         let s = squeeze_front(small.shape());
         big.rank() >= small.rank() && big.shape().ends_with(s)
     };
+    // across the threads in chunks: slices of both operands when they have one shape, else
+    // whole repeats of the smaller one (each chunk then starts at its first element)
+    let cpu = cx.cpu;
+    let split = |len: usize, small: usize| {
+        let same = small == len;
+        (
+            even_chunk(cpu, len, ACT_CHUNK, if same { 16 } else { small }),
+            same,
+        )
+    };
     if repeats(a, b) {
+        let bv = b.as_slice::<f32>()?;
+        let (ch, same) = split(a.len(), bv.len());
+        let bpart = |i: usize, len: usize| piece(&bv, same, i * ch, len);
         // in a planned run the result may overwrite whichever input dies here
         if let Some(mut out) = cx.output_in_place::<f32>(0, a) {
-            binary_in_place(op, &mut out, &b.as_slice::<f32>()?);
+            par_chunks_mut(cpu, &mut out, ch, 1, &|i, o| {
+                binary_in_place(op, o, bpart(i, o.len()))
+            });
             return Ok(Some(out.into_tensor()));
         }
-        if a.shape() == b.shape() {
+        let av = a.as_slice::<f32>()?;
+        if same {
             if let Some(mut out) = cx.output_in_place::<f32>(1, b) {
-                binary_in_place_lhs(op, &a.as_slice::<f32>()?, &mut out);
+                par_chunks_mut(cpu, &mut out, ch, 1, &|i, o| {
+                    binary_in_place_lhs(op, &av[i * ch..i * ch + o.len()], o)
+                });
                 return Ok(Some(out.into_tensor()));
             }
         }
-        let (av, bv) = (a.as_slice::<f32>()?, b.as_slice::<f32>()?);
         let mut out = cx.output::<f32>(0, a.shape())?;
-        simd::binary_repeat(op, &av, &bv, &mut out);
+        par_chunks_mut(cpu, &mut out, ch, 1, &|i, o| {
+            simd::binary_repeat(op, &av[i * ch..i * ch + o.len()], bpart(i, o.len()), o)
+        });
         return Ok(Some(out.into_tensor()));
     }
     if repeats(b, a) {
+        let av = a.as_slice::<f32>()?;
+        let (ch, same) = split(b.len(), av.len());
+        let apart = |i: usize, len: usize| piece(&av, same, i * ch, len);
         if let Some(mut out) = cx.output_in_place::<f32>(1, b) {
-            binary_in_place_lhs(op, &a.as_slice::<f32>()?, &mut out);
+            par_chunks_mut(cpu, &mut out, ch, 1, &|i, o| {
+                binary_in_place_lhs(op, apart(i, o.len()), o)
+            });
             return Ok(Some(out.into_tensor()));
         }
-        let (av, bv) = (a.as_slice::<f32>()?, b.as_slice::<f32>()?);
+        let bv = b.as_slice::<f32>()?;
         let mut out = cx.output::<f32>(0, b.shape())?;
-        simd::binary_repeat_lhs(op, &av, &bv, &mut out);
+        par_chunks_mut(cpu, &mut out, ch, 1, &|i, o| {
+            simd::binary_repeat_lhs(op, apart(i, o.len()), &bv[i * ch..i * ch + o.len()], o)
+        });
         return Ok(Some(out.into_tensor()));
     }
     Ok(None)
@@ -1629,15 +1667,35 @@ fn act_f32(cx: &KernelCx<'_>, x: &Tensor, act: simd::Act) -> Result<Option<Tenso
     if x.dtype() != DataType::Float {
         return Ok(None);
     }
+    // a vector pass in chunks across the threads (transcendental activations cost tens of
+    // operations a value: Gelu over a BERT layer's 128 x 1536 is about 0.15 ms on one core)
+    let cost = match act {
+        simd::Act::Identity
+        | simd::Act::Relu
+        | simd::Act::LeakyRelu(_)
+        | simd::Act::Clip(..)
+        | simd::Act::HardSigmoid(..)
+        | simd::Act::HardSwish
+        | simd::Act::HardSwishParts { .. } => 1,
+        _ => 16,
+    };
+    let chunk = even_chunk(cx.cpu, x.len(), ACT_CHUNK, 16);
     if let Some(mut out) = cx.output_in_place::<f32>(0, x) {
-        simd::unary_inplace(act, &mut out);
+        par_chunks_mut(cx.cpu, &mut out, chunk, cost, &|_, o| {
+            simd::unary_inplace(act, o)
+        });
         return Ok(Some(out.into_tensor()));
     }
     let xv = x.as_slice::<f32>()?;
     let mut out = cx.output::<f32>(0, x.shape())?;
-    simd::unary(act, &xv, &mut out);
+    par_chunks_mut(cx.cpu, &mut out, chunk, cost, &|i, o| {
+        simd::unary(act, &xv[i * chunk..i * chunk + o.len()], o)
+    });
     Ok(Some(out.into_tensor()))
 }
+
+/// Values per task of a threaded elementwise pass (about; 64 KiB of f32).
+const ACT_CHUNK: usize = 1 << 14;
 
 /// Defines a factory for a float-only unary op with an f32 SIMD path ([`simd::Act`]) and the
 /// [`Real`] formula for the other float types.

@@ -50,3 +50,14 @@ pub(crate) fn par_chunks_mut<T: Send>(
         f(i, s);
     });
 }
+
+/// The chunk length for splitting `len` elements into pieces of about `target` (a multiple
+/// of `align`), as a whole number of pieces per thread: the pool gives each thread a
+/// contiguous share, so an elementwise pass over a layer's output splits it where a
+/// row-split GEMM before it did, and each core reads what it wrote (on two cores a pass
+/// whose halves sit in the other core's cache ran 1.3x slower than on one).
+pub(crate) fn even_chunk(cpu: &dyn CpuBackend, len: usize, target: usize, align: usize) -> usize {
+    let (t, align) = (cpu.threads().max(1), align.max(1));
+    let pieces = t * len.div_ceil(t * target.max(1)).max(1);
+    len.div_ceil(pieces).div_ceil(align) * align
+}
