@@ -12,6 +12,33 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
+/// A, B (row-major, deterministic values) and a zeroed C for an `m x n x k` product, with
+/// its row-major description.
+fn operands(m: usize, n: usize, k: usize) -> (Vec<f32>, Vec<f32>, Vec<f32>, Gemm) {
+    let a: Vec<f32> = (0..m * k).map(|i| (i % 7) as f32 * 0.1).collect();
+    let b: Vec<f32> = (0..k * n).map(|i| (i % 5) as f32 * 0.1).collect();
+    let g = Gemm::row_major(m, n, k);
+    (a, b, vec![0f32; m * n], g)
+}
+
+/// Prints one table row: GFLOP/s of each variant (`run(which)` is one product), interleaved
+/// over `rounds`, medians.
+fn row(label: &str, rounds: usize, flop: f64, max_reps: usize, run: &mut dyn FnMut(usize)) {
+    let reps = ((2e9 / flop) as usize).clamp(3, max_reps);
+    let mut t = [vec![], vec![], vec![]];
+    for _ in 0..rounds {
+        for (which, times) in t.iter_mut().enumerate() {
+            let t0 = Instant::now();
+            for _ in 0..reps {
+                run(which);
+            }
+            times.push(flop * reps as f64 / t0.elapsed().as_secs_f64() / 1e9);
+        }
+    }
+    let [t0, t1, t2] = t.map(median);
+    println!("| {label} | {t0:.1} | {t1:.1} | {t2:.1} |");
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let arg = |name: &str, d: usize| {
@@ -42,42 +69,18 @@ fn main() {
         (64, 3136, 576),
     ];
     for &(m, n, k) in &shapes {
-        let a: Vec<f32> = (0..m * k).map(|i| (i % 7) as f32 * 0.1).collect();
-        let b: Vec<f32> = (0..k * n).map(|i| (i % 5) as f32 * 0.1).collect();
-        let mut c = vec![0f32; m * n];
-        let g = Gemm {
-            m,
-            n,
-            k,
-            a_rs: k as isize,
-            a_cs: 1,
-            b_rs: n as isize,
-            b_cs: 1,
-            ldc: n,
-            alpha: 1.0,
-            beta: 0.0,
-        };
+        let (a, b, mut c, g) = operands(m, n, k);
         let flop = 2.0 * (m * n * k) as f64;
-        let reps = ((2e9 / flop) as usize).clamp(3, 2000);
-        let mut t = [vec![], vec![], vec![]];
-        for _ in 0..rounds {
-            for (which, times) in t.iter_mut().enumerate() {
-                let t0 = Instant::now();
-                for _ in 0..reps {
-                    match which {
-                        0 => nxrt::cpu::gemm_crate_sgemm(threads, &g, &a, &b, &mut c),
-                        1 => nxrt_core::simd::sgemm_unchecked(&g, &a, &b, &mut c),
-                        _ => cpu.sgemm(&g, &a, &b, &mut c),
-                    }
-                }
-                times.push(flop * reps as f64 / t0.elapsed().as_secs_f64() / 1e9);
-            }
-        }
-        println!(
-            "| {m} x {n} x {k} | {:.1} | {:.1} | {:.1} |",
-            median(t[0].clone()),
-            median(t[1].clone()),
-            median(t[2].clone())
+        row(
+            &format!("{m} x {n} x {k}"),
+            rounds,
+            flop,
+            2000,
+            &mut |which| match which {
+                0 => nxrt::cpu::gemm_crate_sgemm(threads, &g, &a, &b, &mut c),
+                1 => nxrt_core::simd::sgemm_unchecked(&g, &a, &b, &mut c),
+                _ => cpu.sgemm(&g, &a, &b, &mut c),
+            },
         );
     }
 
@@ -97,61 +100,36 @@ fn main() {
     ];
     let nr = nxrt_core::simd::gemm_tile().1;
     for &(m, n, k) in &gemv_shapes {
-        let a: Vec<f32> = (0..m * k).map(|i| (i % 7) as f32 * 0.1).collect();
-        let b: Vec<f32> = (0..k * n).map(|i| (i % 5) as f32 * 0.1).collect();
+        let (a, b, mut c, rowg) = operands(m, n, k);
         let bp = nxrt_core::simd::gemm::pack_b(k, n, &b, n as isize, 1, nr);
-        let mut c = vec![0f32; m * n];
-        let flop = 2.0 * (m * n * k) as f64;
-        let reps = ((2e9 / flop) as usize).clamp(3, 20000);
-        let row = Gemm {
-            m,
-            n,
-            k,
-            a_rs: k as isize,
-            a_cs: 1,
-            b_rs: n as isize,
-            b_cs: 1,
-            ldc: n,
-            alpha: 1.0,
-            beta: 0.0,
-        };
         // the same B read through transposed strides (B^T stored row-major)
         let bt: Vec<f32> = (0..n * k).map(|i| b[(i % k) * n + i / k]).collect();
+        // every operand on a cache line, as packed weights are
         let bt = nxrt_core::simd::AlignedF32::from_slice(&bt);
         let b = nxrt_core::simd::AlignedF32::from_slice(&b);
         let bp = nxrt_core::simd::AlignedF32::from_slice(&bp);
         let tr = Gemm {
             b_rs: 1,
             b_cs: k as isize,
-            ..row
+            ..rowg
         };
-        let mut t = [vec![], vec![], vec![]];
-        for _ in 0..rounds {
-            for (which, times) in t.iter_mut().enumerate() {
-                let t0 = Instant::now();
-                for _ in 0..reps {
-                    match which {
-                        0 => cpu.sgemm(&row, &a, &b, &mut c),
-                        1 => cpu.sgemm(&tr, &a, &bt, &mut c),
-                        _ => cpu.sgemm_ops(
-                            &row,
-                            Operand::Strided(&a),
-                            Operand::Panels {
-                                data: &bp,
-                                panel: nr,
-                            },
-                            &mut c,
-                        ),
-                    }
+        let flop = 2.0 * (m * n * k) as f64;
+        row(
+            &format!("{m} x {n} x {k}"),
+            rounds,
+            flop,
+            20000,
+            &mut |which| match which {
+                0 => cpu.sgemm(&rowg, &a, &b, &mut c),
+                1 => cpu.sgemm(&tr, &a, &bt, &mut c),
+                _ => {
+                    let panels = Operand::Panels {
+                        data: &bp,
+                        panel: nr,
+                    };
+                    cpu.sgemm_ops(&rowg, Operand::Strided(&a), panels, &mut c)
                 }
-                times.push(flop * reps as f64 / t0.elapsed().as_secs_f64() / 1e9);
-            }
-        }
-        println!(
-            "| {m} x {n} x {k} | {:.1} | {:.1} | {:.1} |",
-            median(t[0].clone()),
-            median(t[1].clone()),
-            median(t[2].clone())
+            },
         );
     }
 }

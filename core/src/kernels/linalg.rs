@@ -935,18 +935,7 @@ fn contract_pair<T: Num>(
     let rp = r.permuted(&rperm);
     let mut data = vec![T::ZERO; nb * m * n];
     if m > 0 && n > 0 && k > 0 {
-        let g = Gemm {
-            m,
-            n,
-            k,
-            a_rs: k as isize,
-            a_cs: 1,
-            b_rs: n as isize,
-            b_cs: 1,
-            ldc: n,
-            alpha: 1.0,
-            beta: 0.0,
-        };
+        let g = Gemm::row_major(m, n, k);
         let ao: Vec<usize> = (0..nb).map(|i| i * m * k).collect();
         let bo: Vec<usize> = (0..nb).map(|i| i * k * n).collect();
         gemm_batches(cx, &g, &lp.data, &ao, &rp.data, &bo, &mut data);

@@ -20,6 +20,25 @@ pub struct Gemm {
     pub beta: f32,
 }
 
+impl Gemm {
+    /// `C = A·B` with A (m x k), B (k x n) and C (m x n) row-major and contiguous, alpha 1,
+    /// beta 0.
+    pub fn row_major(m: usize, n: usize, k: usize) -> Gemm {
+        Gemm {
+            m,
+            n,
+            k,
+            a_rs: k as isize,
+            a_cs: 1,
+            b_rs: n as isize,
+            b_cs: 1,
+            ldc: n,
+            alpha: 1.0,
+            beta: 0.0,
+        }
+    }
+}
+
 /// Applies `beta` to C's `m x n` block (`beta = 0` overwrites, so NaNs in C do not leak).
 pub fn scale_c(g: &Gemm, c: &mut [f32]) {
     for i in 0..g.m {

@@ -678,18 +678,7 @@ fn kernels_agree_across_isas() {
         ] {
             let a = data(m * k, 3);
             let bm = data(k * n, 4);
-            let g = Gemm {
-                m,
-                n,
-                k,
-                a_rs: k as isize,
-                a_cs: 1,
-                b_rs: n as isize,
-                b_cs: 1,
-                ldc: n,
-                alpha: 1.0,
-                beta: 0.0,
-            };
+            let g = Gemm::row_major(m, n, k);
             let mut want = alloc::vec![0f32; m * n];
             reference_sgemm(&g, &a, &bm, &mut want);
             let mut got = alloc::vec![1f32; m * n];
