@@ -9,7 +9,7 @@ use crate::error::Result;
 use crate::ir::Node;
 use crate::kernels::types::{FLOATS, INT8, NUMERIC};
 use crate::kernels::{
-    bad_type, broadcast_shapes, def, opt_tensor_in, out1, tensor_in, Prepacked, LATEST,
+    bad_type, broadcast_shapes, def, opt_tensor_in, out1, tensor_in, Prepacked, LATEST, PREPACK_MAX,
 };
 use crate::provider::{Gemm, Kernel, KernelCx, KernelDef, Operand};
 use crate::tensor::{gather_strided, Elem, Tensor};
@@ -411,10 +411,6 @@ pub(crate) fn matmul(cx: &KernelCx<'_>, a: &Tensor, b: &Tensor) -> Result<Tensor
             else Err(bad_type("MatMul", dt))),
     }
 }
-
-/// Largest constant B (elements) packed at load: bigger weights (an LLM's) are read where they
-/// are rather than held twice.
-const PREPACK_MAX: usize = 1 << 24;
 
 /// Packs a constant 2-D B (`trans`: stored as B^T, [N, K]) into the SGEMM's B panels.
 fn pack_matrix_b(b: &Tensor, trans: bool) -> Option<Prepacked> {

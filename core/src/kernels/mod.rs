@@ -522,6 +522,10 @@ macro_rules! dispatch_float {
 }
 
 /// Error for an element type a kernel does not handle.
+/// Largest constant weight (elements) packed at load: bigger weights (an LLM's) are read where
+/// they are rather than held twice.
+pub(crate) const PREPACK_MAX: usize = 1 << 24;
+
 /// f32 weights packed once at load for the SGEMM (a kernel's [`prepare`](Kernel::prepare)),
 /// with what identifies the tensor they came from: a kernel uses them only when `compute` is
 /// given that very tensor (the same storage and shape), so a fed value is never computed with

@@ -10,7 +10,7 @@ use alloc::string::String;
 use alloc::vec;
 use alloc::vec::Vec;
 
-use super::{def, opt_tensor_in, tensor_in, Float, Prepacked, LATEST};
+use super::{def, opt_tensor_in, tensor_in, Float, Prepacked, LATEST, PREPACK_MAX};
 use crate::dtype::DataType;
 use crate::error::Result;
 use crate::ir::Node;
@@ -336,7 +336,8 @@ impl PackedWeights {
         let mut offs = Vec::new();
         let src = Prepacked::new(t, |v, s| {
             let [nd, rows, k] = *s else { return None };
-            if nd * rows * k == 0 || parts.iter().any(|&(r0, nr)| r0 + nr > rows) {
+            let len = nd * rows * k;
+            if len == 0 || len > PREPACK_MAX || parts.iter().any(|&(r0, nr)| r0 + nr > rows) {
                 return None;
             }
             let mut data = Vec::new();
