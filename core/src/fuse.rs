@@ -37,6 +37,9 @@ use crate::ir::{AttrValue, Graph, Node, ValueId};
 use crate::tensor::Tensor;
 use crate::value::{Dim, TypeInfo, Value};
 
+mod nchwc;
+pub use nchwc::block_convolutions;
+
 /// Domain and op of the fused convolution.
 pub const FUSED_CONV: (&str, &str) = ("com.microsoft", "FusedConv");
 

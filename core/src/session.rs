@@ -367,6 +367,7 @@ impl Session {
                 && providers.iter().all(|p| p.location() == Location::Host)
             {
                 crate::fuse::fuse_graph(&mut model.graph)?;
+                crate::fuse::block_convolutions(&mut model.graph)?;
             }
         }
         let mut report = PartitionReport::default();

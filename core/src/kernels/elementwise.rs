@@ -129,7 +129,8 @@ fn in_place_chunks(out: &mut [f32], mut f: impl FnMut(usize, &[f32], &mut [f32])
 
 /// `out = out op b`, with `b` repeating over `out`'s trailing elements (or a scalar).
 fn binary_in_place(op: simd::BinOp, out: &mut [f32], b: &[f32]) {
-    if b.len() == 1 {
+    // a b that divides the chunk (a scalar, a blocked layout's 16 lanes) repeats whole in each
+    if 256 % b.len() == 0 {
         return in_place_chunks(out, |_, t, o| simd::binary_repeat(op, t, b, o));
     }
     for row in out.chunks_mut(b.len()) {
@@ -141,7 +142,7 @@ fn binary_in_place(op: simd::BinOp, out: &mut [f32], b: &[f32]) {
 
 /// `out = a op out`, with `a` repeating over `out`'s trailing elements (or a scalar).
 fn binary_in_place_lhs(op: simd::BinOp, a: &[f32], out: &mut [f32]) {
-    if a.len() == 1 {
+    if 256 % a.len() == 0 {
         return in_place_chunks(out, |_, t, o| simd::binary_repeat_lhs(op, a, t, o));
     }
     for row in out.chunks_mut(a.len()) {
@@ -1249,7 +1250,58 @@ fn arith_f32_simd(cx: &KernelCx<'_>, a: &Tensor, b: &Tensor, op: Arith) -> Resul
         });
         return Ok(Some(out.into_tensor()));
     }
+    // one operand repeats over a run of middle dims ([N, C, 1, 1] against [N, C, H, W], or a
+    // blocked [N, Cb, 1, 1, 16] against [N, Cb, H, W, 16]): each outer index is a repeat of
+    // its own inner slice of the small operand
+    for swap in [false, true] {
+        let (big, small) = if swap { (b, a) } else { (a, b) };
+        let Some((outer, mid, inner)) = mid_broadcast(big.shape(), small.shape()) else {
+            continue;
+        };
+        let (bv, sv) = (big.as_slice::<f32>()?, small.as_slice::<f32>()?);
+        let slab = mid * inner;
+        let per = even_chunk(cpu, big.len(), ACT_CHUNK, slab) / slab;
+        let mut out = cx.output::<f32>(0, big.shape())?;
+        par_chunks_mut(cpu, &mut out, per * slab, 1, &|i, o| {
+            for (j, os) in o.chunks_mut(slab).enumerate() {
+                let k = i * per + j;
+                let (bs, ss) = (
+                    &bv[k * slab..(k + 1) * slab],
+                    &sv[k * inner..(k + 1) * inner],
+                );
+                if swap {
+                    simd::binary_repeat_lhs(op, ss, bs, os)
+                } else {
+                    simd::binary_repeat(op, bs, ss, os)
+                }
+            }
+        });
+        debug_assert_eq!(out.len(), outer * slab);
+        return Ok(Some(out.into_tensor()));
+    }
     Ok(None)
+}
+
+/// For `small` broadcasting into `big` (the result has `big`'s shape) over one run of middle
+/// dims only: `(outer, mid, inner)`, the element counts of `big`'s dims before, in and after
+/// the run where `small` has 1s (`small` matches `big` everywhere else).
+fn mid_broadcast(big: &[usize], small: &[usize]) -> Option<(usize, usize, usize)> {
+    if small.len() > big.len() {
+        return None;
+    }
+    let lead = big.len() - small.len();
+    let s = |i: usize| if i < lead { 1 } else { small[i - lead] };
+    let p = (0..big.len()).find(|&i| s(i) != big[i])?;
+    if s(p) != 1 {
+        return None;
+    }
+    let q = (p..big.len()).find(|&i| s(i) != 1).unwrap_or(big.len());
+    if (q..big.len()).any(|i| s(i) != big[i]) {
+        return None;
+    }
+    let prod = |r: core::ops::Range<usize>| big[r].iter().product::<usize>();
+    let (outer, mid, inner) = (prod(0..p), prod(p..q), prod(q..big.len()));
+    (mid > 1 && outer * inner > 0).then_some((outer, mid, inner))
 }
 
 fn arith(cx: &KernelCx<'_>, a: &Tensor, b: &Tensor, op: Arith) -> Result<Tensor> {

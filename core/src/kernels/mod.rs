@@ -50,6 +50,7 @@ pub fn cpu_registry() -> KernelRegistry {
         shape::KERNELS,
         linalg::KERNELS,
         nn::KERNELS,
+        nn::nchwc::KERNELS,
         norm::KERNELS,
         reduce::KERNELS,
         rnn::KERNELS,

@@ -19,6 +19,8 @@ use crate::tensor::{Elem, Tensor};
 use crate::value::Value;
 use crate::{bail, unsupported};
 
+pub(crate) mod nchwc;
+
 /// MaxPool's typed paths: the floats (f16/bf16 through f32), int8, uint8 and int32.
 const MAX_POOL_TYPES: &[DataType] = &[
     DataType::Float,

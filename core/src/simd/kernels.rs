@@ -4,6 +4,8 @@
 use super::gemm::{scale_c, Gemm, Operand};
 use super::VF32;
 
+pub use super::nchwc::{nchwc_conv_seg, nchwc_dw_seg};
+
 /// An element-wise binary f32 operation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BinOp {

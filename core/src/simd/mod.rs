@@ -21,6 +21,7 @@
 mod avx512;
 pub mod gemm;
 mod kernels;
+mod nchwc;
 #[cfg(target_arch = "aarch64")]
 mod neon;
 mod portable;
@@ -31,6 +32,7 @@ mod x86;
 
 pub use gemm::{Gemm, Operand};
 pub use kernels::{Act, BinOp, DW_BLOCK};
+pub use nchwc::{NcGeom, NCHWC};
 pub use portable::Portable;
 
 use core::sync::atomic::{AtomicU8, Ordering};
@@ -648,6 +650,18 @@ dispatch!(
     /// (the SIMD kernels' `dw_rows`): `out[r*n + i] = bias[i % 16] + sum over taps t of
     /// w[t*16 + i % 16] * src[r*pitch + offs[t] + i]`.
     fn dw_rows / dw_rows_on(w: &[f32], bias: &[f32], offs: &[usize], src: &[f32], pitch: usize, n: usize, out: &mut [f32]) => dw_rows
+);
+
+dispatch!(
+    /// One output row segment of a group-1 convolution into the blocked channel layout, for
+    /// one or two output blocks (see `simd::nchwc`).
+    fn nchwc_conv_seg / nchwc_conv_seg_on(g: &NcGeom, x: &[f32], w: (&[f32], &[f32]), b: (&[f32], &[f32]), oh: usize, ow0: usize, ow1: usize, y: (&mut [f32], &mut [f32])) => nchwc_conv_seg
+);
+
+dispatch!(
+    /// One output row segment of a depthwise convolution of one block of the blocked channel
+    /// layout (see `simd::nchwc`).
+    fn nchwc_dw_seg / nchwc_dw_seg_on(g: &NcGeom, x: &[f32], w: &[f32], b: &[f32], oh: usize, ow0: usize, ow1: usize, y: &mut [f32]) => nchwc_dw_seg
 );
 
 dispatch!(

@@ -692,3 +692,230 @@ fn kernels_agree_across_isas() {
         }
     }
 }
+
+/// One blocked-layout convolution case: input channels, kernel, stride, dilation, leading pads,
+/// input size; `blocked`: the input in the blocked layout (else plain NCHW).
+struct NcCase {
+    cin: usize,
+    k: (usize, usize),
+    s: (usize, usize),
+    d: (usize, usize),
+    p: (usize, usize),
+    hw: (usize, usize),
+    blocked: bool,
+}
+
+impl NcCase {
+    fn geom(&self) -> NcGeom {
+        let (ih, iw) = self.hw;
+        // trailing pads one less than the leading ones (asymmetric), never negative
+        let out = |i: usize, k: usize, s: usize, d: usize, p: usize| {
+            (i + p + p.saturating_sub(1) - (k - 1) * d - 1) / s + 1
+        };
+        let (xbs, x_blk, x_pos, x_lane) = if self.blocked {
+            (NCHWC, ih * iw * NCHWC, NCHWC, 1)
+        } else {
+            (self.cin, self.cin * ih * iw, 1, ih * iw)
+        };
+        NcGeom {
+            cin: self.cin,
+            xbs,
+            x_blk,
+            x_pos,
+            x_lane,
+            ih,
+            iw,
+            oh: out(ih, self.k.0, self.s.0, self.d.0, self.p.0),
+            ow: out(iw, self.k.1, self.s.1, self.d.1, self.p.1),
+            kh: self.k.0,
+            kw: self.k.1,
+            sh: self.s.0,
+            sw: self.s.1,
+            dh: self.d.0,
+            dw: self.d.1,
+            ph: self.p.0,
+            pw: self.p.1,
+        }
+    }
+}
+
+/// The convolution's definition: output (oh, ow) of lane `l` of a block with weights `w`
+/// ([cin][kh][kw][16]) and bias `b`, reading channel `c` of `x` where the geometry says
+/// (`depthwise`: channel `l` of the block only, weights [kh][kw][16]).
+fn nc_reference(g: &NcGeom, x: &[f32], w: &[f32], b: &[f32], depthwise: bool) -> Vec<f32> {
+    let mut y = alloc::vec![0f32; g.oh * g.ow * NCHWC];
+    for oh in 0..g.oh {
+        for ow in 0..g.ow {
+            for l in 0..NCHWC {
+                let mut acc = b[l] as f64;
+                let chans: Vec<usize> = if depthwise {
+                    alloc::vec![l]
+                } else {
+                    (0..g.cin).collect()
+                };
+                for c in chans {
+                    for ki in 0..g.kh {
+                        for kj in 0..g.kw {
+                            let (r, q) = (oh * g.sh + ki * g.dh, ow * g.sw + kj * g.dw);
+                            if r < g.ph || q < g.pw || r - g.ph >= g.ih || q - g.pw >= g.iw {
+                                continue;
+                            }
+                            let p = (r - g.ph) * g.iw + q - g.pw;
+                            let xv = if depthwise {
+                                x[p * NCHWC + c]
+                            } else {
+                                x[(c / g.xbs) * g.x_blk + p * g.x_pos + (c % g.xbs) * g.x_lane]
+                            };
+                            let wo = if depthwise { 0 } else { c * g.kh * g.kw };
+                            acc += xv as f64 * w[(wo + ki * g.kw + kj) * NCHWC + l] as f64;
+                        }
+                    }
+                }
+                y[(oh * g.ow + ow) * NCHWC + l] = acc as f32;
+            }
+        }
+    }
+    y
+}
+
+#[test]
+fn blocked_convolutions_match_the_definition_on_every_isa() {
+    let cases = [
+        // pointwise-like, plain input with 3 channels (a stem), wide rows
+        NcCase {
+            cin: 3,
+            k: (3, 3),
+            s: (2, 2),
+            d: (1, 1),
+            p: (1, 1),
+            hw: (9, 31),
+            blocked: false,
+        },
+        NcCase {
+            cin: 20,
+            k: (1, 1),
+            s: (1, 1),
+            d: (1, 1),
+            p: (0, 0),
+            hw: (5, 7),
+            blocked: true,
+        },
+        NcCase {
+            cin: 37,
+            k: (1, 1),
+            s: (1, 1),
+            d: (1, 1),
+            p: (0, 0),
+            hw: (3, 40),
+            blocked: false,
+        },
+        // padding wider than the kernel reach on a narrow plane, dilation, uneven strides
+        NcCase {
+            cin: 17,
+            k: (3, 5),
+            s: (1, 2),
+            d: (2, 1),
+            p: (2, 2),
+            hw: (6, 5),
+            blocked: true,
+        },
+        NcCase {
+            cin: 5,
+            k: (5, 5),
+            s: (1, 1),
+            d: (1, 1),
+            p: (2, 2),
+            hw: (7, 7),
+            blocked: true,
+        },
+        NcCase {
+            cin: 16,
+            k: (3, 3),
+            s: (2, 2),
+            d: (1, 1),
+            p: (1, 1),
+            hw: (14, 29),
+            blocked: true,
+        },
+    ];
+    for isa in available_isas() {
+        for (ci, cs) in cases.iter().enumerate() {
+            let g = cs.geom();
+            let xlen = if cs.blocked {
+                cs.cin.div_ceil(NCHWC) * g.x_blk
+            } else {
+                g.x_blk
+            };
+            let x = data(xlen, 11 + ci as u32);
+            let wl = cs.cin * g.kh * g.kw * NCHWC;
+            let (w0, w1) = (data(wl, 12), data(wl, 13));
+            let (b0, b1) = (data(NCHWC, 14), data(NCHWC, 15));
+            let want0 = nc_reference(&g, &x, &w0, &b0, false);
+            let want1 = nc_reference(&g, &x, &w1, &b1, false);
+            let n = g.oh * g.ow * NCHWC;
+            // two blocks at once and one, each row in two segments
+            for two in [true, false] {
+                let (mut y0, mut y1) = (alloc::vec![f32::NAN; n], alloc::vec![f32::NAN; n]);
+                for oh in 0..g.oh {
+                    let mid = g.ow / 2;
+                    for (a, b) in [(0, mid), (mid, g.ow)] {
+                        let r = (oh * g.ow + a) * NCHWC..(oh * g.ow + b) * NCHWC;
+                        let (wb, bb, yb): (&[f32], &[f32], &mut [f32]) = if two {
+                            (&w1, &b1, &mut y1[r.clone()])
+                        } else {
+                            (&[], &[], &mut [])
+                        };
+                        nchwc_conv_seg_on(
+                            isa,
+                            &g,
+                            &x,
+                            (&w0, wb),
+                            (&b0, bb),
+                            oh,
+                            a,
+                            b,
+                            (&mut y0[r], yb),
+                        );
+                    }
+                }
+                for (i, (&got, &want)) in y0.iter().zip(&want0).enumerate() {
+                    assert!(
+                        close(got, want, 1e-4, 1e-3),
+                        "{isa:?} case {ci} block 0 at {i}: {got} vs {want}"
+                    );
+                }
+                if two {
+                    for (i, (&got, &want)) in y1.iter().zip(&want1).enumerate() {
+                        assert!(
+                            close(got, want, 1e-4, 1e-3),
+                            "{isa:?} case {ci} block 1 at {i}: {got} vs {want}"
+                        );
+                    }
+                }
+            }
+            // depthwise over one block of the same geometry (blocked input of 16 channels)
+            let g = NcGeom {
+                cin: NCHWC,
+                xbs: NCHWC,
+                x_blk: g.ih * g.iw * NCHWC,
+                x_pos: NCHWC,
+                x_lane: 1,
+                ..g
+            };
+            let x = data(g.x_blk, 21 + ci as u32);
+            let w = data(g.kh * g.kw * NCHWC, 22);
+            let want = nc_reference(&g, &x, &w, &b0, true);
+            let mut y = alloc::vec![f32::NAN; n];
+            for oh in 0..g.oh {
+                let r = oh * g.ow * NCHWC..(oh + 1) * g.ow * NCHWC;
+                nchwc_dw_seg_on(isa, &g, &x, &w, &b0, oh, 0, g.ow, &mut y[r]);
+            }
+            for (i, (&got, &want)) in y.iter().zip(&want).enumerate() {
+                assert!(
+                    close(got, want, 1e-5, 1e-4),
+                    "{isa:?} depthwise case {ci} at {i}: {got} vs {want}"
+                );
+            }
+        }
+    }
+}

@@ -1,0 +1,397 @@
+//! Kernels of the blocked channel layout (NCHWc, 16 channels per block; see `simd::nchwc`
+//! and the rewrite that introduces them, `crate::nchwc`), in the private domain `nxrt`:
+//!
+//! - `ReorderInput`: [N, C, H, W] into [N, ceil(C/16), H, W, 16], the padding channels zero.
+//! - `ReorderOutput` (`channels` = C): back to [N, C, H, W].
+//! - `Conv`: a 2-D convolution, group 1 (input plain or blocked) or depthwise (input blocked),
+//!   into the blocked layout, with FusedConv's residual input Z (blocked) and activation. Its
+//!   weights come blocked ([ceil(M/16), C/group, kh, kw, 16]) and its bias padded to the blocks.
+//!   Every lane of every block is written: padding channels hold `act(0)` (their weights and
+//!   bias are zero) and are never read by a kernel that mixes channels.
+//! - `GlobalAveragePool`: [N, Cb, H, W, 16] into [N, Cb, 1, 1, 16].
+
+use super::*;
+use crate::simd::{NcGeom, NCHWC};
+
+/// The private domain of the layout kernels.
+pub(crate) const DOMAIN: &str = "nxrt";
+
+/// Rows of output (or positions of a pointwise convolution's one flattened row) per unit of
+/// parallel work and per epilogue pass: small enough that the epilogue finds them in cache.
+const SEG: usize = 256;
+
+fn blocks(c: usize) -> usize {
+    c.div_ceil(NCHWC)
+}
+
+fn shape5(x: &Tensor, what: &str) -> Result<[usize; 5]> {
+    match *x.shape() {
+        [n, cb, h, w, l] if l == NCHWC => Ok([n, cb, h, w, l]),
+        ref s => bail!("{what}: expected a blocked tensor [N, C/16, H, W, 16], got {s:?}"),
+    }
+}
+
+fn channels_attr(node: &Node) -> Result<usize> {
+    let c = node.get_i("channels", 0)?;
+    if c <= 0 {
+        bail!("a blocked-layout node needs a positive `channels`, has {c}");
+    }
+    Ok(c as usize)
+}
+
+// ----------------------------------------------------------------------------- reorders
+
+struct ReorderInput;
+
+impl Kernel for ReorderInput {
+    fn compute(&self, cx: &KernelCx<'_>, inputs: &[Option<&Value>]) -> Result<Vec<Value>> {
+        let x = tensor_in(inputs, 0)?;
+        let [n, c, h, w] = match *x.shape() {
+            [n, c, h, w] => [n, c, h, w],
+            ref s => bail!("ReorderInput: expected [N, C, H, W], got {s:?}"),
+        };
+        let xv = x.as_slice::<f32>()?;
+        let (cb, plane) = (blocks(c), h * w);
+        let mut y = cx.output::<f32>(0, &[n, cb, h, w, NCHWC])?;
+        par_chunks_mut(cx.cpu, &mut y, plane * NCHWC, 2, &|t, dst| {
+            let (ni, bi) = (t / cb, t % cb);
+            let cn = NCHWC.min(c - bi * NCHWC);
+            if cn < NCHWC {
+                dst.fill(0.0);
+            }
+            let src = &xv[(ni * c + bi * NCHWC) * plane..][..cn * plane];
+            simd::transpose_matrix(src, plane, cn, plane, dst, NCHWC);
+        });
+        out1(y.into_tensor())
+    }
+}
+
+fn build_reorder_input(_: &Node) -> Result<Box<dyn Kernel>> {
+    Ok(Box::new(ReorderInput))
+}
+
+struct ReorderOutput {
+    channels: usize,
+}
+
+impl Kernel for ReorderOutput {
+    fn compute(&self, cx: &KernelCx<'_>, inputs: &[Option<&Value>]) -> Result<Vec<Value>> {
+        let x = tensor_in(inputs, 0)?;
+        let [n, cb, h, w, _] = shape5(x, "ReorderOutput")?;
+        let c = self.channels;
+        if blocks(c) != cb {
+            bail!("ReorderOutput: {c} channels do not fill {cb} blocks");
+        }
+        let xv = x.as_slice::<f32>()?;
+        let plane = h * w;
+        let mut y = cx.output::<f32>(0, &[n, c, h, w])?;
+        // one task per image and block: the block's channels are contiguous planes of y
+        let yp = SyncPtr(y.as_mut_ptr());
+        let ylen = y.len();
+        cx.cpu.parallel_for_work(n * cb, 2 * ylen, &|t| {
+            let (ni, bi) = (t / cb, t % cb);
+            let cn = NCHWC.min(c - bi * NCHWC);
+            let o = (ni * c + bi * NCHWC) * plane;
+            debug_assert!(o + cn * plane <= ylen);
+            // SAFETY: task (ni, bi) alone writes channels bi*16..bi*16 + cn of image ni, a
+            // range inside `y`, which is borrowed until `parallel_for_work` returns
+            let dst = unsafe { core::slice::from_raw_parts_mut(yp.get().add(o), cn * plane) };
+            let src = &xv[t * plane * NCHWC..(t + 1) * plane * NCHWC];
+            simd::transpose_matrix(src, NCHWC, plane, cn, dst, plane);
+        });
+        out1(y.into_tensor())
+    }
+}
+
+fn build_reorder_output(node: &Node) -> Result<Box<dyn Kernel>> {
+    Ok(Box::new(ReorderOutput {
+        channels: channels_attr(node)?,
+    }))
+}
+
+// ----------------------------------------------------------------------------- pooling
+
+struct BlockedGlobalAveragePool;
+
+impl Kernel for BlockedGlobalAveragePool {
+    fn compute(&self, cx: &KernelCx<'_>, inputs: &[Option<&Value>]) -> Result<Vec<Value>> {
+        let x = tensor_in(inputs, 0)?;
+        let [n, cb, h, w, _] = shape5(x, "GlobalAveragePool")?;
+        let xv = x.as_slice::<f32>()?;
+        let plane = h * w;
+        let mut y = cx.output::<f32>(0, &[n, cb, 1, 1, NCHWC])?;
+        let inv = 1.0 / plane as f32;
+        for (dst, src) in y
+            .chunks_exact_mut(NCHWC)
+            .zip(xv.chunks_exact(plane * NCHWC))
+        {
+            let mut s = [0f32; NCHWC];
+            for p in src.chunks_exact(NCHWC) {
+                for (a, &v) in s.iter_mut().zip(p) {
+                    *a += v;
+                }
+            }
+            for (d, a) in dst.iter_mut().zip(s) {
+                *d = a * inv;
+            }
+        }
+        out1(y.into_tensor())
+    }
+}
+
+fn build_global_average_pool(_: &Node) -> Result<Box<dyn Kernel>> {
+    Ok(Box::new(BlockedGlobalAveragePool))
+}
+
+// ----------------------------------------------------------------------------- Conv
+
+struct BlockedConv {
+    sp: Spatial,
+    group: usize,
+    channels: usize,
+    act: Option<simd::Act>,
+}
+
+impl BlockedConv {
+    /// The convolution's geometry: (N, C, its shape as plain NCHW convolution, blocked-ness).
+    fn geometry(&self, x: &Tensor, w: &Tensor) -> Result<(ConvShape, NcGeom)> {
+        let ws = w.shape();
+        let [mb, wc, kh, kw, l] = match *ws {
+            [a, b, c, d, e] => [a, b, c, d, e],
+            ref s => bail!("blocked Conv: weights of shape {s:?}, expected 5-D"),
+        };
+        let m = self.channels;
+        if l != NCHWC || blocks(m) != mb {
+            bail!("blocked Conv: weights {ws:?} do not hold {m} output channels");
+        }
+        let depthwise = self.group > 1;
+        // (shape, channels per block, block, position and channel strides: see NcGeom)
+        let (xs, xbs, x_blk, x_pos, x_lane) = match *x.shape() {
+            [n, c, h, w] if !depthwise => ([n, c, h, w], c.max(1), c * h * w, 1, h * w),
+            [n, cb, h, w, l] if l == NCHWC => {
+                let c = if depthwise { m } else { wc };
+                if blocks(c) != cb {
+                    bail!(
+                        "blocked Conv: input {:?} does not hold {c} channels",
+                        x.shape()
+                    );
+                }
+                ([n, c, h, w], NCHWC, h * w * NCHWC, NCHWC, 1)
+            }
+            ref s => bail!("blocked Conv: input of shape {s:?}"),
+        };
+        if depthwise && (self.group != m || wc != 1) {
+            bail!("blocked Conv: group {} with weights {ws:?}", self.group);
+        }
+        let cs = conv_shape(&self.sp, self.group, &xs, &[m, wc, kh, kw], None)?;
+        let g = &cs.g;
+        let pad = |p: isize| -> Result<usize> {
+            usize::try_from(p).map_err(|_| crate::error::Error::Other("negative pad".into()))
+        };
+        let geo = NcGeom {
+            cin: wc,
+            xbs,
+            x_blk,
+            x_pos,
+            x_lane,
+            ih: g.inp[0],
+            iw: g.inp[1],
+            oh: g.out[0],
+            ow: g.out[1],
+            kh,
+            kw,
+            sh: g.s[0],
+            sw: g.s[1],
+            dh: g.d[0],
+            dw: g.d[1],
+            ph: pad(g.pb[0])?,
+            pw: pad(g.pb[1])?,
+        };
+        Ok((cs, geo))
+    }
+}
+
+impl Kernel for BlockedConv {
+    fn compute(&self, cx: &KernelCx<'_>, inputs: &[Option<&Value>]) -> Result<Vec<Value>> {
+        let x = tensor_in(inputs, 0)?;
+        let w = tensor_in(inputs, 1)?;
+        let b = tensor_in(inputs, 2)?;
+        let z = opt_tensor_in(inputs, 3)?;
+        let (cs, mut geo) = self.geometry(x, w)?;
+        let mb = blocks(self.channels);
+        let (n, oh, ow) = (cs.n, geo.oh, geo.ow);
+        let shape = [n, mb, oh, ow, NCHWC];
+        let out_blk = oh * ow * NCHWC;
+        if b.len() != mb * NCHWC {
+            bail!("blocked Conv: {} biases for {mb} blocks", b.len());
+        }
+        if let Some(z) = z {
+            if z.shape() != shape.as_slice() {
+                bail!("blocked Conv: Z {:?}, the output {shape:?}", z.shape());
+            }
+        }
+        let (xv, wv, bv) = (
+            x.as_slice::<f32>()?,
+            w.as_slice::<f32>()?,
+            b.as_slice::<f32>()?,
+        );
+        let zv = match z {
+            Some(z) => Some(z.as_slice::<f32>()?),
+            None => None,
+        };
+        let zv = zv.as_deref();
+        let mut y = cx.output::<f32>(0, &shape)?;
+        if y.is_empty() {
+            return out1(y.into_tensor());
+        }
+        let depthwise = self.group > 1;
+        // a pointwise convolution is one row of all the plane's positions
+        let pointwise = geo.kh == 1
+            && geo.kw == 1
+            && geo.sh == 1
+            && geo.sw == 1
+            && geo.ph == 0
+            && geo.pw == 0
+            && geo.oh == geo.ih
+            && geo.ow == geo.iw;
+        if pointwise {
+            geo.iw *= geo.ih;
+            geo.ow *= geo.oh;
+            geo.ih = 1;
+            geo.oh = 1;
+        }
+        let x_img = if geo.xbs != NCHWC {
+            cs.c * geo.ih * geo.iw
+        } else {
+            blocks(cs.c) * geo.ih * geo.iw * NCHWC
+        };
+        // units: whole output rows, or segments of the pointwise row
+        let seg = if pointwise { SEG } else { geo.ow };
+        let per_row = geo.ow.div_ceil(seg);
+        let units = geo.oh * per_row;
+        // output blocks in pairs (two at once share every input read), depthwise one at once
+        let sets = if depthwise { mb } else { mb.div_ceil(2) };
+        let macs = geo.cin.max(1) * geo.kh * geo.kw;
+        let threads = cx.cpu.threads().max(1);
+        let chunks = if threads > 1 {
+            (4 * threads).div_ceil(n * sets).clamp(1, units)
+        } else {
+            1
+        };
+        let per = units.div_ceil(chunks);
+        let chunks = units.div_ceil(per);
+        let work = y.len() * if depthwise { geo.kh * geo.kw } else { macs };
+        let act = self.act;
+        let yp = SyncPtr(y.as_mut_ptr());
+        let ylen = y.len();
+        cx.cpu.parallel_for_work(n * sets * chunks, work, &|t| {
+            let (img, rest) = (t / (sets * chunks), t % (sets * chunks));
+            let (set, chunk) = (rest / chunks, rest % chunks);
+            let (u0, u1) = (chunk * per, ((chunk + 1) * per).min(units));
+            let xi = &xv[img * x_img..(img + 1) * x_img];
+            let (b0, nb) = if depthwise {
+                (set, 1)
+            } else {
+                (2 * set, 2.min(mb - 2 * set))
+            };
+            // the task's span of each of its blocks: positions p0..p1 (row-major)
+            let pos = |u: usize| (u / per_row) * geo.ow + (u % per_row) * seg;
+            let p0 = pos(u0);
+            let p1 = if u1 == units {
+                geo.oh * geo.ow
+            } else {
+                pos(u1)
+            };
+            let span = |k: usize| {
+                let o = (img * mb + b0 + k) * out_blk + p0 * NCHWC;
+                debug_assert!(o + (p1 - p0) * NCHWC <= ylen);
+                // SAFETY: block b0 + k of image img, positions p0..p1, is written by this task
+                // alone (tasks split images, block sets and position ranges), lies inside
+                // `y`, and `y` is borrowed until `parallel_for_work` returns
+                unsafe { core::slice::from_raw_parts_mut(yp.get().add(o), (p1 - p0) * NCHWC) }
+            };
+            let d0 = span(0);
+            let mut empty: [f32; 0] = [];
+            let d1: &mut [f32] = if nb == 2 { span(1) } else { &mut empty };
+            for u in u0..u1 {
+                let (row, s) = (u / per_row, u % per_row);
+                let (ow0, ow1) = (s * seg, ((s + 1) * seg).min(geo.ow));
+                let at = (row * geo.ow + ow0 - p0) * NCHWC;
+                let len = (ow1 - ow0) * NCHWC;
+                if depthwise {
+                    let plane = geo.ih * geo.iw * NCHWC;
+                    let xb = &xi[b0 * plane..(b0 + 1) * plane];
+                    let taps = geo.kh * geo.kw * NCHWC;
+                    let wb = &wv[b0 * taps..(b0 + 1) * taps];
+                    let bb = &bv[b0 * NCHWC..(b0 + 1) * NCHWC];
+                    simd::nchwc_dw_seg(&geo, xb, wb, bb, row, ow0, ow1, &mut d0[at..at + len]);
+                } else {
+                    let wl = macs * NCHWC;
+                    let w0 = &wv[b0 * wl..(b0 + 1) * wl];
+                    let w1 = if nb == 2 {
+                        &wv[(b0 + 1) * wl..(b0 + 2) * wl]
+                    } else {
+                        &[][..]
+                    };
+                    let bs0 = &bv[b0 * NCHWC..(b0 + 1) * NCHWC];
+                    let bs1 = if nb == 2 {
+                        &bv[(b0 + 1) * NCHWC..(b0 + 2) * NCHWC]
+                    } else {
+                        &[][..]
+                    };
+                    let y1: &mut [f32] = if nb == 2 {
+                        &mut d1[at..at + len]
+                    } else {
+                        &mut []
+                    };
+                    simd::nchwc_conv_seg(
+                        &geo,
+                        xi,
+                        (w0, w1),
+                        (bs0, bs1),
+                        row,
+                        ow0,
+                        ow1,
+                        (&mut d0[at..at + len], y1),
+                    );
+                }
+                // the epilogue on the segment while it is in cache
+                for k in 0..nb {
+                    let d = if k == 0 { &mut *d0 } else { &mut *d1 };
+                    let seg_out = &mut d[at..at + len];
+                    if let Some(zv) = zv {
+                        let zo = (img * mb + b0 + k) * out_blk + (row * geo.ow + ow0) * NCHWC;
+                        for (o, &v) in seg_out.iter_mut().zip(&zv[zo..zo + len]) {
+                            *o += v;
+                        }
+                    }
+                    if let Some(a) = act {
+                        simd::unary_inplace(a, seg_out);
+                    }
+                }
+            }
+        });
+        out1(y.into_tensor())
+    }
+}
+
+fn build_conv(node: &Node) -> Result<Box<dyn Kernel>> {
+    let sp = parse_spatial(node)?;
+    let group = node.get_i("group", 1)?;
+    if group <= 0 {
+        bail!("group must be positive, is {group}");
+    }
+    Ok(Box::new(BlockedConv {
+        sp,
+        group: group as usize,
+        channels: channels_attr(node)?,
+        act: fused_activation(node)?,
+    }))
+}
+
+pub(crate) const KERNELS: &[KernelDef] = &[
+    def_in(DOMAIN, "ReorderInput", 1, 1, build_reorder_input).types(&[DataType::Float]),
+    def_in(DOMAIN, "ReorderOutput", 1, 1, build_reorder_output).types(&[DataType::Float]),
+    def_in(DOMAIN, "Conv", 1, 1, build_conv).types(&[DataType::Float]),
+    def_in(DOMAIN, "GlobalAveragePool", 1, 1, build_global_average_pool).types(&[DataType::Float]),
+];
