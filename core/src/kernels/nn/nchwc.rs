@@ -1,8 +1,7 @@
 //! Kernels of the blocked channel layout (NCHWc, 16 channels per block; see `simd::nchwc`
 //! and the rewrite that introduces them, `crate::nchwc`), in the private domain `nxrt`:
 //!
-//! - `ReorderInput`: [N, C, H, W] into [N, ceil(C/16), H, W, 16], the padding channels zero.
-//! - `ReorderOutput` (`channels` = C): back to [N, C, H, W].
+//! - `ReorderOutput` (`channels` = C): [N, ceil(C/16), H, W, 16] back to [N, C, H, W].
 //! - `Conv`: a 2-D convolution, group 1 (input plain or blocked) or depthwise (input blocked),
 //!   into the blocked layout, with FusedConv's residual input Z (blocked) and activation. Its
 //!   weights come blocked ([ceil(M/16), C/group, kh, kw, 16]) and its bias padded to the blocks.
@@ -40,35 +39,6 @@ fn channels_attr(node: &Node) -> Result<usize> {
 }
 
 // ----------------------------------------------------------------------------- reorders
-
-struct ReorderInput;
-
-impl Kernel for ReorderInput {
-    fn compute(&self, cx: &KernelCx<'_>, inputs: &[Option<&Value>]) -> Result<Vec<Value>> {
-        let x = tensor_in(inputs, 0)?;
-        let [n, c, h, w] = match *x.shape() {
-            [n, c, h, w] => [n, c, h, w],
-            ref s => bail!("ReorderInput: expected [N, C, H, W], got {s:?}"),
-        };
-        let xv = x.as_slice::<f32>()?;
-        let (cb, plane) = (blocks(c), h * w);
-        let mut y = cx.output::<f32>(0, &[n, cb, h, w, NCHWC])?;
-        par_chunks_mut(cx.cpu, &mut y, plane * NCHWC, 2, &|t, dst| {
-            let (ni, bi) = (t / cb, t % cb);
-            let cn = NCHWC.min(c - bi * NCHWC);
-            if cn < NCHWC {
-                dst.fill(0.0);
-            }
-            let src = &xv[(ni * c + bi * NCHWC) * plane..][..cn * plane];
-            simd::transpose_matrix(src, plane, cn, plane, dst, NCHWC);
-        });
-        out1(y.into_tensor())
-    }
-}
-
-fn build_reorder_input(_: &Node) -> Result<Box<dyn Kernel>> {
-    Ok(Box::new(ReorderInput))
-}
 
 struct ReorderOutput {
     channels: usize,
@@ -390,7 +360,6 @@ fn build_conv(node: &Node) -> Result<Box<dyn Kernel>> {
 }
 
 pub(crate) const KERNELS: &[KernelDef] = &[
-    def_in(DOMAIN, "ReorderInput", 1, 1, build_reorder_input).types(&[DataType::Float]),
     def_in(DOMAIN, "ReorderOutput", 1, 1, build_reorder_output).types(&[DataType::Float]),
     def_in(DOMAIN, "Conv", 1, 1, build_conv).types(&[DataType::Float]),
     def_in(DOMAIN, "GlobalAveragePool", 1, 1, build_global_average_pool).types(&[DataType::Float]),
