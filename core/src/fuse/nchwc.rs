@@ -9,15 +9,13 @@
 //!
 //! - A convolution (`Conv`, `com.microsoft:FusedConv`) with constant 4-D weights becomes
 //!   `nxrt:Conv` producing the blocked form of its output when it is group 1 and its input is
-//!   already blocked or its output reaches another such convolution through nodes that keep
-//!   the layout (a group-1 convolution reads plain NCHW too), or when it is depthwise and its
-//!   input is already blocked. Its weights and bias are blocked once, here.
+//!   already blocked or its output feeds another such convolution (a group-1 convolution reads
+//!   plain NCHW too), or when it is depthwise and its input is already blocked. Its weights
+//!   and bias are blocked once, here.
 //! - Element-wise activations, and Add/Mul/Sub/Div of two blocked values with the same
 //!   channels (or of a blocked value and a one-element constant), run on the blocked values
 //!   (the layout is the same for both operands, so broadcasting over N, H, W is unchanged);
-//!   GlobalAveragePool becomes `nxrt:GlobalAveragePool`. (Pools and Max are left plain: the
-//!   conv chains they join, oww_embedding's 1x3/3x1 convolutions on narrow planes, measured
-//!   3% slower blocked than through the implicit GEMM.)
+//!   GlobalAveragePool becomes `nxrt:GlobalAveragePool`.
 //! - Any other reader of a value, a graph output, or a subgraph capture gets the plain value
 //!   back through one `nxrt:ReorderOutput`, made once, before its first such reader.
 //!
@@ -90,15 +88,6 @@ fn conv_kind(g: &Graph, n: &Node) -> Option<ConvKind> {
     }
 }
 
-/// Whether a node runs on the blocked form of its first input when that has one.
-fn passes_blocked(n: &Node) -> bool {
-    n.outputs.len() == 1
-        && ((n.domain.is_empty()
-            && (UNARY.contains(&n.op_type.as_str())
-                || (BINARY.contains(&n.op_type.as_str()) && n.inputs.len() == 2)))
-            || is_op(n, "GlobalAveragePool"))
-}
-
 /// Weights [M, C/group, kh, kw] as [ceil(M/16), C/group, kh, kw, 16], the bias as ceil(M/16)*16
 /// values, zero past M.
 fn block_weights(w: &Tensor, b: Option<&Tensor>) -> Result<(Tensor, Tensor)> {
@@ -159,17 +148,6 @@ pub fn block_convolutions(g: &mut Graph) -> Result<usize> {
         }
     }
     let kinds: Vec<Option<ConvKind>> = g.nodes.iter().map(|n| conv_kind(g, n)).collect();
-    // values that reach a convolution through nodes that keep the blocked layout (activations,
-    // element-wise ops, GlobalAveragePool): a group-1 convolution making one starts a chain
-    let mut to_conv = vec![false; nv];
-    for n in g.nodes.iter().rev() {
-        let Some(y) = out0(n) else { continue };
-        let reach = readers[y].iter().any(|&r| {
-            kinds[r].is_some()
-                || (passes_blocked(&g.nodes[r]) && out0(&g.nodes[r]).is_some_and(|o| to_conv[o]))
-        });
-        to_conv[y] = reach;
-    }
     // the blocked form of a value (its id, its channels) and whether the plain one is made
     let mut blocked: Vec<Option<(ValueId, usize)>> = vec![None; nv];
     let mut plain = vec![true; nv];
@@ -183,7 +161,7 @@ pub fn block_convolutions(g: &mut Graph) -> Result<usize> {
         let y = out0(&node);
         // a convolution into the blocked layout
         if let (Some(kind), Some(x), Some(y)) = (kinds[i], in0, y) {
-            let feeds_conv = to_conv[y];
+            let feeds_conv = readers[y].iter().any(|&r| kinds[r].is_some());
             let z = node.inputs.get(3).copied().flatten();
             let zb = z.and_then(|z| blocked[z]);
             let take = match kind {
