@@ -6,24 +6,10 @@
 //! blocked nodes and by a plain one (a `ReorderOutput` mid-graph) as well as graph outputs.
 
 use nxrt::{OptLevel, Session, Tensor};
-use nxrt_core::proto::{AttributeProto, GraphProto, ModelProto, OperatorSetIdProto};
-use prost::Message;
+use nxrt_core::proto::{AttributeProto, GraphProto};
 
 mod common;
-use common::{f32s, node, vi};
-
-/// Deterministic values in about [-1, 1).
-fn data(n: usize, seed: u32) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(2_654_435_761).wrapping_add(12345);
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 17;
-            s ^= s << 5;
-            (s % 2000) as f32 / 1000.0 - 1.0
-        })
-        .collect()
-}
+use common::{f32s, node, opset17_model, vi, xorshift_data as data};
 
 struct Net {
     c: usize,
@@ -99,23 +85,14 @@ fn model(n: &Net) -> Vec<u8> {
         f32s("b5", &[mi], &data(m, 11)),
     ];
     let (h, w) = (n.hw.0.to_string(), n.hw.1.to_string());
-    ModelProto {
-        ir_version: 9,
-        opset_import: vec![OperatorSetIdProto {
-            domain: String::new(),
-            version: 17,
-        }],
-        graph: Some(GraphProto {
-            name: "blocked".into(),
-            node: nodes,
-            initializer: init,
-            input: vec![vi("x", 1, &["2", &c.to_string(), &h, &w])],
-            output: vec![vi("y", 1, &[]), vi("tap", 1, &[])],
-            ..Default::default()
-        }),
+    opset17_model(GraphProto {
+        name: "blocked".into(),
+        node: nodes,
+        initializer: init,
+        input: vec![vi("x", 1, &["2", &c.to_string(), &h, &w])],
+        output: vec![vi("y", 1, &[]), vi("tap", 1, &[])],
         ..Default::default()
-    }
-    .encode_to_vec()
+    })
 }
 
 fn run(bytes: &[u8], level: OptLevel, threads: usize, n: &Net) -> (Vec<Vec<f32>>, Vec<String>) {

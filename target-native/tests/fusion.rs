@@ -5,25 +5,14 @@
 //! convolution path (depthwise, pointwise, im2col) and at 1 and 2 threads.
 
 use nxrt::{OptLevel, Session, Tensor};
-use nxrt_core::proto::{
-    AttributeProto, GraphProto, ModelProto, NodeProto, OperatorSetIdProto, TensorProto,
-};
+use nxrt_core::proto::{AttributeProto, GraphProto, ModelProto, NodeProto, TensorProto};
 use prost::Message;
 
 mod common;
 use common::{f32s, node, vi};
 
 fn model(graph: GraphProto) -> Vec<u8> {
-    ModelProto {
-        ir_version: 9,
-        opset_import: vec![OperatorSetIdProto {
-            domain: String::new(),
-            version: 17,
-        }],
-        graph: Some(graph),
-        ..Default::default()
-    }
-    .encode_to_vec()
+    common::opset17_model(graph)
 }
 
 fn ints(name: &str, v: &[i64]) -> AttributeProto {
@@ -38,17 +27,8 @@ fn float(name: &str, v: f32) -> AttributeProto {
     AttributeProto::float(name, v)
 }
 
-/// Deterministic values in about [-1, 1).
 fn data(n: usize, seed: u32) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(2_654_435_761).wrapping_add(12345);
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 17;
-            s ^= s << 5;
-            (s % 2000) as f32 / 1000.0 - 1.0
-        })
-        .collect()
+    common::xorshift_data(n, seed)
 }
 
 /// One convolution's shape: channels in/out, group, kernel, stride, pad, spatial size.

@@ -2,8 +2,37 @@
 #![allow(dead_code)]
 
 use nxrt_core::proto::{
-    type_proto, NodeProto, TensorProto, TensorShapeProto, TypeProto, ValueInfoProto,
+    type_proto, GraphProto, ModelProto, NodeProto, OperatorSetIdProto, TensorProto,
+    TensorShapeProto, TypeProto, ValueInfoProto,
 };
+use prost::Message;
+
+/// Deterministic values in about [-1, 1) (an xorshift sequence from `seed`).
+pub fn xorshift_data(n: usize, seed: u32) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(2_654_435_761).wrapping_add(12345);
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 17;
+            s ^= s << 5;
+            (s % 2000) as f32 / 1000.0 - 1.0
+        })
+        .collect()
+}
+
+/// The bytes of a model of `graph` under ai.onnx opset 17 (IR version 9).
+pub fn opset17_model(graph: GraphProto) -> Vec<u8> {
+    ModelProto {
+        ir_version: 9,
+        opset_import: vec![OperatorSetIdProto {
+            domain: String::new(),
+            version: 17,
+        }],
+        graph: Some(graph),
+        ..Default::default()
+    }
+    .encode_to_vec()
+}
 
 /// A tensor value-info: element type code and dims (numbers are fixed, names symbolic).
 pub fn vi(name: &str, elem: i32, dims: &[&str]) -> ValueInfoProto {
