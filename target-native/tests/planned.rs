@@ -8,8 +8,7 @@
 //! - `GateGuard` restores the gates when dropped, also when a test panics.
 
 use nxrt::{ExecMode, GateGuard, Phase, Session, Tensor};
-use nxrt_core::proto::{GraphProto, ModelProto, OperatorSetIdProto, ValueInfoProto};
-use prost::Message;
+use nxrt_core::proto::{GraphProto, ValueInfoProto};
 
 mod common;
 use common::{f32s, i64s, node};
@@ -56,16 +55,7 @@ fn chain_model() -> Vec<u8> {
     let mut graph = graph;
     let y = graph.node.remove(10);
     graph.node.push(y);
-    ModelProto {
-        ir_version: 9,
-        opset_import: vec![OperatorSetIdProto {
-            domain: String::new(),
-            version: 17,
-        }],
-        graph: Some(graph),
-        ..Default::default()
-    }
-    .encode_to_vec()
+    common::opset17_model(graph)
 }
 
 fn input(n: usize, seed: u32) -> Tensor {
