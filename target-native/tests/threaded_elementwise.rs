@@ -52,14 +52,17 @@ fn model() -> Vec<u8> {
                 node("Add", &["c", "c"], &["e"]),
                 node("Sub", &["a", "e"], &["f"]),
                 node("Div", &["f", "s"], &["back"]),
+                node("Mul", &["a", "col"], &["cm"]),
+                node("Sub", &["col", "c"], &["cs"]),
             ],
             input: vec![
                 vi("a", f, &full),
                 vi("c", f, &full),
                 vi("row", f, &[w.as_str()]),
                 vi("s", f, &["1"]),
+                vi("col", f, &[rw.as_str(), "1"]),
             ],
-            output: ["sum", "prod", "diff", "quot", "sig", "lhs", "back"]
+            output: ["sum", "prod", "diff", "quot", "sig", "lhs", "back", "cm", "cs"]
                 .iter()
                 .map(|n| vi(n, f, &full))
                 .collect(),
@@ -80,9 +83,10 @@ fn run(threads: usize) -> Vec<Vec<f32>> {
         ("c", Tensor::from_vec(&[R, W], data(R * W, 2)).unwrap()),
         ("row", Tensor::from_vec(&[W], data(W, 3)).unwrap()),
         ("s", Tensor::from_vec(&[1], vec![0.37f32]).unwrap()),
+        ("col", Tensor::from_vec(&[R, 1], data(R, 4)).unwrap()),
     ];
     let out = s.run(feeds).unwrap();
-    ["sum", "prod", "diff", "quot", "sig", "lhs", "back"]
+    ["sum", "prod", "diff", "quot", "sig", "lhs", "back", "cm", "cs"]
         .iter()
         .map(|n| out[*n].as_tensor().unwrap().to_f32_vec().unwrap())
         .collect()
@@ -98,6 +102,10 @@ fn split_elementwise_passes_give_the_elementwise_definition() {
     let want_quot: Vec<f32> = a.iter().map(|x| x / s).collect();
     let want_lhs: Vec<f32> = (0..R * W).map(|i| row[i % W] * (c[i] - a[i])).collect();
     let want_back: Vec<f32> = (0..R * W).map(|i| (a[i] - (c[i] + c[i])) / s).collect();
+    // a [R, 1] column repeating along each row (a middle-dims broadcast), on either side
+    let col = data(R, 4);
+    let want_cm: Vec<f32> = (0..R * W).map(|i| a[i] * col[i / W]).collect();
+    let want_cs: Vec<f32> = (0..R * W).map(|i| col[i / W] - c[i]).collect();
     let one = run(1);
     for threads in [1, 2, 3] {
         let got = if threads == 1 {
@@ -112,6 +120,8 @@ fn split_elementwise_passes_give_the_elementwise_definition() {
             ("quot", &got[3], &want_quot),
             ("lhs", &got[5], &want_lhs),
             ("back", &got[6], &want_back),
+            ("cm", &got[7], &want_cm),
+            ("cs", &got[8], &want_cs),
         ];
         for (name, g, w) in exact {
             assert_eq!(g.len(), w.len());
