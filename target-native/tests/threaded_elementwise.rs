@@ -62,10 +62,12 @@ fn model() -> Vec<u8> {
                 vi("s", f, &["1"]),
                 vi("col", f, &[rw.as_str(), "1"]),
             ],
-            output: ["sum", "prod", "diff", "quot", "sig", "lhs", "back", "cm", "cs"]
-                .iter()
-                .map(|n| vi(n, f, &full))
-                .collect(),
+            output: [
+                "sum", "prod", "diff", "quot", "sig", "lhs", "back", "cm", "cs",
+            ]
+            .iter()
+            .map(|n| vi(n, f, &full))
+            .collect(),
             ..Default::default()
         }),
         ..Default::default()
@@ -86,10 +88,12 @@ fn run(threads: usize) -> Vec<Vec<f32>> {
         ("col", Tensor::from_vec(&[R, 1], data(R, 4)).unwrap()),
     ];
     let out = s.run(feeds).unwrap();
-    ["sum", "prod", "diff", "quot", "sig", "lhs", "back", "cm", "cs"]
-        .iter()
-        .map(|n| out[*n].as_tensor().unwrap().to_f32_vec().unwrap())
-        .collect()
+    [
+        "sum", "prod", "diff", "quot", "sig", "lhs", "back", "cm", "cs",
+    ]
+    .iter()
+    .map(|n| out[*n].as_tensor().unwrap().to_f32_vec().unwrap())
+    .collect()
 }
 
 #[test]
