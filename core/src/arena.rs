@@ -241,6 +241,21 @@ impl<T: Elem> OutBuf<T> {
         })
     }
 
+    /// A heap buffer holding `v`, which has the shape's element count.
+    pub fn from_vec(shape: &[usize], v: Vec<T>) -> Result<OutBuf<T>> {
+        if numel(shape)? != v.len() {
+            return Err(Error::Shape(alloc::format!(
+                "{} elements for shape {shape:?}",
+                v.len()
+            )));
+        }
+        Ok(OutBuf {
+            dtype: T::DT,
+            shape: shape.to_vec(),
+            mem: Mem::Heap(v),
+        })
+    }
+
     /// Whether this buffer is planned arena memory.
     pub fn in_arena(&self) -> bool {
         matches!(self.mem, Mem::Arena(_))
@@ -344,6 +359,17 @@ impl<'a> KernelCx<'a> {
     /// Output 0 written over input `input` (which is `x`), when the plan made this step
     /// in-place and `x` is exactly its planned arena region. The buffer then holds `x`'s
     /// elements; the kernel must read them from the buffer, never from `x`.
+    /// Output `k` in its planned arena region, or `None` where it has none (a graph output,
+    /// an eager run): the kernel then makes its own vector (see [`OutBuf::from_vec`]).
+    pub fn output_planned<T: Elem>(&self, k: usize, shape: &[usize]) -> Option<OutBuf<T>> {
+        let r = self.planned(k, T::DT, shape)?;
+        Some(OutBuf {
+            dtype: T::DT,
+            shape: shape.to_vec(),
+            mem: Mem::Arena(r),
+        })
+    }
+
     pub fn output_in_place<T: Elem>(&self, input: usize, x: &Tensor) -> Option<OutBuf<T>> {
         let m = self.mem.as_ref()?;
         if m.in_place != Some(input) || x.dtype() != T::DT || !x.is_whole_storage() {

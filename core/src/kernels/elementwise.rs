@@ -10,11 +10,12 @@ use half::{bf16, f16};
 
 use super::par::{even_chunk, par_chunks_mut};
 use super::{bad_type, broadcast_shapes, def, opt_tensor_in, out1, tensor_in, LATEST};
+use crate::arena::OutBuf;
 use crate::dtype::DataType;
 use crate::error::Result;
 use crate::ir::{AttrValue, Node};
 use crate::kernels::types::{BOOL, CASTABLE, FLOATS, INTS, NUMERIC, NUMERIC_BOOL, PLAIN};
-use crate::provider::{Kernel, KernelCx, KernelDef};
+use crate::provider::{CpuBackend, Kernel, KernelCx, KernelDef};
 use crate::simd;
 use crate::tensor::{Data, Elem, Tensor};
 use crate::value::Value;
@@ -1227,7 +1228,19 @@ fn arith_f32_simd(cx: &KernelCx<'_>, a: &Tensor, b: &Tensor, op: Arith) -> Resul
                 return Ok(Some(out.into_tensor()));
             }
         }
-        let mut out = cx.output::<f32>(0, a.shape())?;
+        let planned = cx.output_planned::<f32>(0, a.shape());
+        if planned.is_none() && (same || bv.len() == 1) {
+            // a fresh vector (a graph output): written once, never zero-filled first
+            let v = fresh_f32(cpu, a.len(), ch, &|at, o| {
+                let bp = if same { &bv[at..at + o.len()] } else { &bv[..] };
+                simd::binary_repeat(op, &av[at..at + o.len()], bp, o)
+            });
+            return Ok(Some(OutBuf::from_vec(a.shape(), v)?.into_tensor()));
+        }
+        let mut out = match planned {
+            Some(o) => o,
+            None => OutBuf::heap(a.shape())?,
+        };
         par_chunks_mut(cpu, &mut out, ch, 1, &|i, o| {
             simd::binary_repeat(op, &av[i * ch..i * ch + o.len()], bpart(i, o.len()), o)
         });
@@ -1280,6 +1293,31 @@ fn arith_f32_simd(cx: &KernelCx<'_>, a: &Tensor, b: &Tensor, op: Arith) -> Resul
         return Ok(Some(out.into_tensor()));
     }
     Ok(None)
+}
+
+/// A new vector of `n` f32 values written by `f(offset, piece)` for pieces of at most 256
+/// values (computed into a stack buffer in L1, then moved into the vector's spare capacity),
+/// chunks of `ch` values to the threads: no zero-fill before the values are written.
+fn fresh_f32(
+    cpu: &dyn CpuBackend,
+    n: usize,
+    ch: usize,
+    f: &(dyn Fn(usize, &mut [f32]) + Sync),
+) -> Vec<f32> {
+    let mut v: Vec<f32> = Vec::with_capacity(n);
+    par_chunks_mut(cpu, &mut v.spare_capacity_mut()[..n], ch, 1, &|i, dst| {
+        let mut tmp = [0f32; 256];
+        for (j, piece) in dst.chunks_mut(256).enumerate() {
+            let t = &mut tmp[..piece.len()];
+            f(i * ch + j * 256, t);
+            for (d, &x) in piece.iter_mut().zip(t.iter()) {
+                d.write(x);
+            }
+        }
+    });
+    // SAFETY: the chunks cover 0..n and every element of each was written above
+    unsafe { v.set_len(n) };
+    v
 }
 
 /// For `small` broadcasting into `big` (the result has `big`'s shape) over one run of middle
