@@ -346,14 +346,10 @@ impl Kernel for BlockedConv {
 }
 
 fn build_conv(node: &Node) -> Result<Box<dyn Kernel>> {
-    let sp = parse_spatial(node)?;
-    let group = node.get_i("group", 1)?;
-    if group <= 0 {
-        bail!("group must be positive, is {group}");
-    }
+    let (sp, group) = conv_attrs(node)?;
     Ok(Box::new(BlockedConv {
         sp,
-        group: group as usize,
+        group,
         channels: channels_attr(node)?,
         act: fused_activation(node)?,
     }))
