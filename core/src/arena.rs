@@ -285,6 +285,63 @@ impl<T: Elem> OutBuf<T> {
     }
 }
 
+/// An output a kernel writes whole through a raw pointer (threads writing disjoint elements,
+/// none read before written): its planned arena region, or a fresh vector that is never
+/// zero-filled first (a graph output, an eager run).
+pub struct RawOut<T: Elem> {
+    planned: Option<OutBuf<T>>,
+    fresh: Vec<T>,
+    shape: Vec<usize>,
+    n: usize,
+}
+
+impl<T: Elem> RawOut<T> {
+    /// The element count.
+    pub fn len(&self) -> usize {
+        self.n
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.n == 0
+    }
+
+    /// Fills a fresh vector with zeros (a planned region is left as it is), for a kernel that
+    /// writes it through slices rather than the raw pointer.
+    pub fn zero_fresh(&mut self)
+    where
+        T: Default + Clone,
+    {
+        if self.planned.is_none() {
+            self.fresh.resize(self.n, T::default());
+        }
+    }
+
+    /// The first element's address; `len()` elements from it are the output's.
+    pub fn as_mut_ptr(&mut self) -> *mut T {
+        match &mut self.planned {
+            Some(b) => b.as_mut_ptr(),
+            None => self.fresh.as_mut_ptr(),
+        }
+    }
+
+    /// The output buffer, once every element is written.
+    ///
+    /// # Safety
+    /// Every one of the `len()` elements from [`RawOut::as_mut_ptr`] must have been written.
+    pub unsafe fn assume_written(self) -> Result<OutBuf<T>> {
+        match self.planned {
+            Some(b) => Ok(b),
+            None => {
+                let mut v = self.fresh;
+                // SAFETY: capacity n (reserved in output_raw), all n written (the caller's
+                // promise)
+                unsafe { v.set_len(self.n) };
+                OutBuf::from_vec(&self.shape, v)
+            }
+        }
+    }
+}
+
 impl<T: Elem> Deref for OutBuf<T> {
     type Target = [T];
     fn deref(&self) -> &[T] {
@@ -345,6 +402,28 @@ impl<'a> KernelCx<'a> {
             }),
             None => OutBuf::heap(shape),
         }
+    }
+
+    /// Memory for output `k` of `shape` that the kernel writes whole through a raw pointer
+    /// (see [`RawOut`]): never zero-filled.
+    pub fn output_raw<T: Elem>(&self, k: usize, shape: &[usize]) -> Result<RawOut<T>> {
+        let n = numel(shape)?;
+        let planned = self.planned(k, T::DT, shape).map(|r| OutBuf {
+            dtype: T::DT,
+            shape: shape.to_vec(),
+            mem: Mem::Arena(r),
+        });
+        let fresh = if planned.is_some() {
+            Vec::new()
+        } else {
+            Vec::with_capacity(n)
+        };
+        Ok(RawOut {
+            planned,
+            fresh,
+            shape: shape.to_vec(),
+            n,
+        })
     }
 
     /// Memory for output `k` of `shape`, filled with zeros.

@@ -479,6 +479,33 @@ fn clip_bounds(g: &Graph, n: &Node) -> Result<Option<(f32, f32)>> {
     Ok(bound(1, f32::NEG_INFINITY).zip(bound(2, f32::INFINITY)))
 }
 
+/// The bounds `(lo, hi)` a node applies to `x` when it is a Clip of `x` with constant bounds, or
+/// a Max (lo) or Min (hi) of `x` and a float32 one-element constant whose rank is at most
+/// `x`'s (so that broadcasting it leaves `x`'s shape).
+fn clamp_of(g: &Graph, n: &Node, x: ValueId) -> Result<Option<(f32, f32)>> {
+    if !n.domain.is_empty() {
+        return Ok(None);
+    }
+    match n.op_type.as_str() {
+        "Clip" if n.inputs.first() == Some(&Some(x)) => clip_bounds(g, n),
+        op @ ("Max" | "Min") => {
+            let Some(other) = other_input(n, x) else {
+                return Ok(None);
+            };
+            let x_rank = g.values[x].ty.tensor_shape().map_or(0, |s| s.len());
+            let rank_ok = other
+                .and_then(|v| const_of(g, v))
+                .is_some_and(|t| t.shape().len() <= x_rank);
+            Ok(match scalar_const(g, other) {
+                Some(c) if rank_ok && op == "Max" => Some((c, f32::INFINITY)),
+                Some(c) if rank_ok => Some((f32::NEG_INFINITY, c)),
+                _ => None,
+            })
+        }
+        _ => Ok(None),
+    }
+}
+
 fn is_op(n: &Node, op: &str) -> bool {
     n.domain.is_empty() && n.op_type == op
 }
@@ -586,7 +613,40 @@ fn conv_act(g: &mut Graph) -> Result<usize> {
                     continue;
                 };
                 let Some(out) = out0(act) else { continue };
-                (vec![ai], name, params, out)
+                let (mut gone, mut name, mut params, mut out) = (vec![ai], name, params, out);
+                // bounds after a piecewise-linear activation (Max/Min/Clip with constants)
+                // fold into it
+                while matches!(name, "Relu" | "LeakyRelu" | "Clip") {
+                    let Some(ri) = sole_reader(g, &readers, out) else {
+                        break;
+                    };
+                    let Some((c, d)) = clamp_of(g, &g.nodes[ri], out)? else {
+                        break;
+                    };
+                    let Some(next) = out0(&g.nodes[ri]) else {
+                        break;
+                    };
+                    // the bounds the activation has so far
+                    let (lo, hi) = match (name, params.as_slice()) {
+                        ("Relu", _) => (0.0, f32::INFINITY),
+                        ("Clip", &[lo, hi]) | ("LeakyRelu", &[_, lo, hi]) => (lo, hi),
+                        _ => (f32::NEG_INFINITY, f32::INFINITY),
+                    };
+                    // (clamping [lo, hi] to [c, d] is the composition where both are ordered)
+                    if !(c <= d && lo <= hi) {
+                        break;
+                    }
+                    let (lo, hi) = (lo.clamp(c, d), hi.clamp(c, d));
+                    params = if name == "LeakyRelu" {
+                        vec![params[0], lo, hi]
+                    } else {
+                        name = "Clip";
+                        vec![lo, hi]
+                    };
+                    gone.push(ri);
+                    out = next;
+                }
+                (gone, name, params, out)
             };
         if gone.iter().any(|&i| drop[i]) {
             continue;

@@ -29,8 +29,13 @@ pub enum OptLevel {
     /// Fold constants (including the shape arithmetic exporters emit) and drop dead nodes.
     Basic,
     /// Everything in `Basic` plus the CPU fusions of [`crate::fuse`] (Conv + BatchNormalization
-    /// folding, Conv + residual Add + activation into one `FusedConv`), applied when every
-    /// provider of the session computes on the host (a device provider fuses its own way).
+    /// folding, Conv + residual Add + activation into one `FusedConv`, GELU, LayerNorm...),
+    /// applied when every provider of the session computes on the host (a device provider
+    /// fuses its own way). Tensors keep the layout the model gives them (as ONNX Runtime's
+    /// "extended" level).
+    Extended,
+    /// Everything in `Extended` plus the layout rewrite: convolution chains run in the blocked
+    /// channel layout (`fuse::block_convolutions`), on the host only as well.
     #[default]
     All,
 }
@@ -363,11 +368,13 @@ impl Session {
                 optimize::fold_constants(&mut model.graph, &*cpu)?;
                 infer::infer_graph(&mut model.graph, &[])?;
             }
-            if opts.optimization == OptLevel::All
+            if matches!(opts.optimization, OptLevel::Extended | OptLevel::All)
                 && providers.iter().all(|p| p.location() == Location::Host)
             {
                 crate::fuse::fuse_graph(&mut model.graph)?;
-                crate::fuse::block_convolutions(&mut model.graph)?;
+                if opts.optimization == OptLevel::All {
+                    crate::fuse::block_convolutions(&mut model.graph)?;
+                }
             }
         }
         let mut report = PartitionReport::default();

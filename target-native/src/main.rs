@@ -51,8 +51,9 @@ struct Common {
     /// Execution mode: `planned` (memory plan per input shapes, run from one arena) or `eager`.
     #[arg(long, default_value = "planned")]
     mode: String,
-    /// Graph optimisation: `all` (folding and the CPU fusions), `basic` (folding only) or
-    /// `none`.
+    /// Graph optimisation: `all` (folding, the CPU fusions and the blocked layout for
+    /// convolutions), `extended` (folding and the fusions, layouts as given), `basic` (folding
+    /// only) or `none`.
     #[arg(long, default_value = "all")]
     optimization: String,
     /// Profile phases and kernels (the profiler only); prints a table to stderr.
@@ -158,11 +159,12 @@ fn builder(c: &Common) -> Result<SessionBuilder, Error> {
     };
     let level = match c.optimization.as_str() {
         "all" => nxrt::OptLevel::All,
+        "extended" => nxrt::OptLevel::Extended,
         "basic" => nxrt::OptLevel::Basic,
         "none" => nxrt::OptLevel::None,
         other => {
             return Err(Error::Input(format!(
-                "--optimization {other}: expected 'all', 'basic' or 'none'"
+                "--optimization {other}: expected 'all', 'extended', 'basic' or 'none'"
             )))
         }
     };

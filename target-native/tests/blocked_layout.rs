@@ -120,7 +120,11 @@ fn run(bytes: &[u8], level: OptLevel, threads: usize, n: &Net) -> (Vec<Vec<f32>>
         .graph()
         .nodes
         .iter()
-        .map(|n| format!("{}:{}", n.domain, n.op_type))
+        .map(|n| {
+            let out = n.outputs.first().copied().flatten();
+            let name = out.map_or("", |v| s.core().graph().values[v].name.as_str());
+            format!("{}:{}->{name}", n.domain, n.op_type)
+        })
         .collect();
     (vals, ops)
 }
@@ -162,12 +166,21 @@ fn a_convolution_chain_runs_blocked_with_the_plain_kernels_results() {
         );
         for threads in [1, 2, 3] {
             let (got, ops) = run(&bytes, OptLevel::All, threads, n);
-            let blocked = ops.iter().filter(|o| *o == "nxrt:Conv").count();
+            let blocked = ops.iter().filter(|o| o.starts_with("nxrt:Conv->")).count();
             assert_eq!(blocked, 6, "every convolution runs blocked: {ops:?}");
-            assert!(ops.iter().any(|o| o == "nxrt:GlobalAveragePool"), "{ops:?}");
-            // y and d (for Neg) come back to the plain layout, nothing else
-            let back = ops.iter().filter(|o| *o == "nxrt:ReorderOutput").count();
-            assert_eq!(back, 2, "{ops:?}");
+            assert!(
+                ops.iter()
+                    .any(|o| o.starts_with("nxrt:GlobalAveragePool->")),
+                "{ops:?}"
+            );
+            // y, which no blocked node reads, is written plain by its convolution (with the
+            // residual and the Relu); d comes back to the plain layout for Neg, nothing else
+            assert!(ops.iter().any(|o| o == "nxrt:Conv->y"), "{ops:?}");
+            let back: Vec<_> = ops
+                .iter()
+                .filter(|o| o.starts_with("nxrt:ReorderOutput->"))
+                .collect();
+            assert_eq!(back, ["nxrt:ReorderOutput->d"], "{ops:?}");
             for (k, (g, w)) in got.iter().zip(&want).enumerate() {
                 assert_eq!(g.len(), w.len());
                 let scale = w.iter().fold(0f32, |a, v| a.max(v.abs()));
@@ -180,6 +193,62 @@ fn a_convolution_chain_runs_blocked_with_the_plain_kernels_results() {
                     );
                 }
             }
+        }
+    }
+}
+
+/// A convolution alone over fewer than 16 input channels (a stem) runs blocked too, reading
+/// the plain input and writing the plain output itself (no reorder node), with the plain
+/// kernels' results; a lone one over 16 or more channels stays plain.
+#[test]
+fn a_lone_stem_convolution_runs_blocked_with_plain_input_and_output() {
+    for (c, m, blocked) in [(3, 20, true), (7, 33, true), (16, 8, false)] {
+        let nodes = vec![conv("x", "w", Some("b"), "y", 3, 1, [1; 4], 1, 1)];
+        let (ci, mi) = (c as i64, m as i64);
+        let bytes = opset17_model(GraphProto {
+            name: "stem".into(),
+            node: nodes,
+            initializer: vec![
+                f32s("w", &[mi, ci, 3, 3], &data(m * c * 9, 21)),
+                f32s("b", &[mi], &data(m, 22)),
+            ],
+            input: vec![vi("x", 1, &["1", &c.to_string(), "9", "23"])],
+            output: vec![vi("y", 1, &[])],
+            ..Default::default()
+        });
+        let x = || Tensor::from_vec(&[1, c, 9, 23], data(c * 9 * 23, 23)).unwrap();
+        let mut results = Vec::new();
+        for level in [OptLevel::Basic, OptLevel::All] {
+            let s = Session::builder()
+                .optimization(level)
+                .threads(2)
+                .load_bytes(&bytes)
+                .unwrap();
+            let out = s.run(vec![("x", x())]).unwrap();
+            let y = out["y"].as_tensor().unwrap();
+            assert_eq!(y.shape(), &[1, m, 9, 23]);
+            results.push(y.as_slice::<f32>().unwrap().to_vec());
+            let ops: Vec<String> = s
+                .core()
+                .graph()
+                .nodes
+                .iter()
+                .map(|n| format!("{}:{}", n.domain, n.op_type))
+                .collect();
+            let want = if level == OptLevel::All && blocked {
+                "nxrt:Conv"
+            } else {
+                ":Conv"
+            };
+            assert_eq!(ops, [want], "{c} channels at {level:?}");
+        }
+        let scale = results[0].iter().fold(0f32, |a, v| a.max(v.abs()));
+        assert!(scale > 0.0);
+        for (i, (a, b)) in results[1].iter().zip(&results[0]).enumerate() {
+            assert!(
+                (a - b).abs() <= 1e-5 * scale,
+                "{c} channels at {i}: {a} vs {b}"
+            );
         }
     }
 }

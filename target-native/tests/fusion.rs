@@ -1,4 +1,5 @@
-//! The CPU fusions (`nxrt_core::fuse`, on at the default `OptLevel::All`): Conv +
+//! The CPU fusions (`nxrt_core::fuse`, at `OptLevel::Extended` and the default `All`; run
+//! at `Extended` here, where the blocked layout leaves the plain kernels in place): Conv +
 //! BatchNormalization folding, Conv + residual Add + activation as one `FusedConv`, and the
 //! spelled-out erf GELU as one `Gelu`. Each
 //! fused graph is run against the same model at `OptLevel::Basic` (no fusions), on every
@@ -224,7 +225,7 @@ fn conv_add_and_activation_fuse_into_one_node_with_identical_results() {
                     with_clip_bounds(conv_chain(cs, false, residual, Some(act.clone()), false));
                 for threads in [1, 2] {
                     let (want, plain_ops) = run(&bytes, OptLevel::Basic, threads, cs);
-                    let (got, ops) = run(&bytes, OptLevel::All, threads, cs);
+                    let (got, ops) = run(&bytes, OptLevel::Extended, threads, cs);
                     assert!(plain_ops.iter().any(|o| o == name), "{plain_ops:?}");
                     assert_eq!(
                         ops,
@@ -251,7 +252,7 @@ fn batch_normalization_folds_into_the_convolution() {
         for act in [None, Some(node("Relu", &["_"], &["_"]))] {
             let bytes = conv_chain(cs, true, true, act.clone(), false);
             let (want, plain_ops) = run(&bytes, OptLevel::Basic, 1, cs);
-            let (got, ops) = run(&bytes, OptLevel::All, 1, cs);
+            let (got, ops) = run(&bytes, OptLevel::Extended, 1, cs);
             assert!(plain_ops.iter().any(|o| o == "BatchNormalization"));
             assert_eq!(ops, ["FusedConv", "Identity"], "BN, Add and act fold away");
             let (g, w) = (values(&got[0]), values(&want[0]));
@@ -270,7 +271,7 @@ fn batch_normalization_folds_into_the_convolution() {
                 values(
                     &run(
                         &conv_chain(cs, false, true, act, false),
-                        OptLevel::All,
+                        OptLevel::Extended,
                         1,
                         cs
                     )
@@ -287,7 +288,7 @@ fn a_convolution_read_twice_or_exposed_is_not_fused() {
     let cs = CASES[2];
     let bytes = conv_chain(cs, true, true, Some(node("Relu", &["_"], &["_"])), true);
     let (want, _) = run(&bytes, OptLevel::Basic, 1, cs);
-    let (got, ops) = run(&bytes, OptLevel::All, 1, cs);
+    let (got, ops) = run(&bytes, OptLevel::Extended, 1, cs);
     // the Conv's output is also read by Neg: nothing may fold into it
     assert!(ops.iter().any(|o| o == "Conv"), "{ops:?}");
     assert!(ops.iter().any(|o| o == "BatchNormalization"), "{ops:?}");
@@ -322,7 +323,7 @@ fn hardswish_spelled_out_after_a_convolution_fuses_with_identical_results() {
         let bytes = spelled_hardswish(cs, false);
         for threads in [1, 2] {
             let (want, plain_ops) = run(&bytes, OptLevel::Basic, threads, cs);
-            let (got, ops) = run(&bytes, OptLevel::All, threads, cs);
+            let (got, ops) = run(&bytes, OptLevel::Extended, threads, cs);
             assert_eq!(plain_ops, ["Conv", "Add", "Clip", "Mul", "Div"]);
             assert_eq!(ops, ["FusedConv"], "the chain is one node");
             assert_eq!(
@@ -336,7 +337,7 @@ fn hardswish_spelled_out_after_a_convolution_fuses_with_identical_results() {
     // with the Conv output also read elsewhere the chain stays as it is
     let (_, ops) = run(
         &spelled_hardswish(CASES[0], true),
-        OptLevel::All,
+        OptLevel::Extended,
         1,
         CASES[0],
     );
@@ -367,7 +368,7 @@ fn constant_scales_and_shifts_fold_into_the_convolution() {
         g.initializer.push(f32s("s2", &[mm, 1, 1], &data(cs.m, 10)));
         let bytes = m.encode_to_vec();
         let (want, plain_ops) = run(&bytes, OptLevel::Basic, 1, cs);
-        let (got, ops) = run(&bytes, OptLevel::All, 1, cs);
+        let (got, ops) = run(&bytes, OptLevel::Extended, 1, cs);
         assert_eq!(plain_ops, ["Conv", "Mul", "Add", "Mul", "Relu"]);
         assert_eq!(ops, ["FusedConv"], "the chain is one node");
         let (g, w) = (values(&got[0]), values(&want[0]));
@@ -391,6 +392,7 @@ fn weights_packed_at_load_are_reported_and_can_be_turned_off() {
         let x = Tensor::from_vec(&[1, cs.c, cs.hw, cs.hw], data(cs.c * cs.hw * cs.hw, 7)).unwrap();
         let go = |prepack: bool| {
             let s = Session::builder()
+                .optimization(OptLevel::Extended)
                 .prepack_weights(prepack)
                 .load_bytes(&bytes)
                 .unwrap();
@@ -484,7 +486,7 @@ fn gelu_spelled_out_fuses_into_one_node_within_a_few_ulp() {
         let bytes = spelled_gelu(variant, false, std::f32::consts::SQRT_2);
         for threads in [1, 2] {
             let (want, plain_ops) = run_gelu(&bytes, OptLevel::Basic, threads);
-            let (got, ops) = run_gelu(&bytes, OptLevel::All, threads);
+            let (got, ops) = run_gelu(&bytes, OptLevel::Extended, threads);
             assert_eq!(plain_ops.len(), 5, "{plain_ops:?}");
             assert_eq!(ops, ["Gelu"], "variant {variant}: the chain is one node");
             let xs: Vec<f32> = data(192, 3).iter().map(|v| v * 6.0).collect();
@@ -503,11 +505,11 @@ fn gelu_spelled_out_fuses_into_one_node_within_a_few_ulp() {
     // reciprocal, leaves the chain as it is
     let (_, ops) = run_gelu(
         &spelled_gelu(0, true, std::f32::consts::SQRT_2),
-        OptLevel::All,
+        OptLevel::Extended,
         1,
     );
     assert!(ops.iter().any(|o| o == "Erf"), "{ops:?}");
-    let (_, ops) = run_gelu(&spelled_gelu(0, false, 1.5), OptLevel::All, 1);
+    let (_, ops) = run_gelu(&spelled_gelu(0, false, 1.5), OptLevel::Extended, 1);
     assert!(ops.iter().any(|o| o == "Erf"), "{ops:?}");
     // a one-element constant of higher rank than x broadcasts the result to its rank: the
     // chain computes a [1, 3, 64] result, which a Gelu of x could not
@@ -522,7 +524,7 @@ fn gelu_spelled_out_fuses_into_one_node_within_a_few_ulp() {
     g.output[0] = vi("y", 1, &["1", "n", "64"]);
     let bytes = m.encode_to_vec();
     let (want, _) = run_gelu(&bytes, OptLevel::Basic, 1);
-    let (got, ops) = run_gelu(&bytes, OptLevel::All, 1);
+    let (got, ops) = run_gelu(&bytes, OptLevel::Extended, 1);
     assert!(ops.iter().any(|o| o == "Erf"), "{ops:?}");
     assert_eq!(got, want);
 }
@@ -568,7 +570,7 @@ fn tanh_gelu_spelled_out_fuses_into_one_node() {
         let bytes = spelled_gelu_tanh(pow, 0.044715);
         for threads in [1, 2] {
             let (want, plain_ops) = run_gelu(&bytes, OptLevel::Basic, threads);
-            let (got, ops) = run_gelu(&bytes, OptLevel::All, threads);
+            let (got, ops) = run_gelu(&bytes, OptLevel::Extended, threads);
             assert!(plain_ops.iter().any(|o| o == "Tanh"), "{plain_ops:?}");
             assert_eq!(ops, ["Gelu"], "pow {pow}: the chain is one node");
             // the x values run_gelu feeds
@@ -581,6 +583,51 @@ fn tanh_gelu_spelled_out_fuses_into_one_node() {
         }
     }
     // another coefficient is another function: left as it is
-    let (_, ops) = run_gelu(&spelled_gelu_tanh(false, 0.05), OptLevel::All, 1);
+    let (_, ops) = run_gelu(&spelled_gelu_tanh(false, 0.05), OptLevel::Extended, 1);
     assert!(ops.iter().any(|o| o == "Tanh"), "{ops:?}");
+}
+
+/// `conv_chain`'s activation output followed by `Max(t3, lo)` and `Min(., hi)` with one-element
+/// constants (`lo_shape`: the Max constant's shape), then y.
+fn with_bounds(bytes: Vec<u8>, lo_shape: &[i64]) -> Vec<u8> {
+    let mut m = ModelProto::decode(bytes.as_slice()).unwrap();
+    let g = m.graph.as_mut().unwrap();
+    let id = g.node.iter().position(|n| n.op_type == "Identity").unwrap();
+    g.node[id].input[0] = "t5".into();
+    g.node.insert(id, node("Min", &["t4", "mn"], &["t5"]));
+    g.node.insert(id, node("Max", &["t3", "mx"], &["t4"]));
+    let n: i64 = lo_shape.iter().product();
+    let lo: Vec<f32> = (0..n).map(|i| -0.2 - 0.01 * i as f32).collect();
+    g.initializer.push(f32s("mx", lo_shape, &lo));
+    g.initializer.push(f32s("mn", &[1, 1, 1, 1], &[0.3]));
+    m.encode_to_vec()
+}
+
+#[test]
+fn bounds_after_a_piecewise_linear_activation_fuse_with_identical_results() {
+    let piecewise = ["Relu", "LeakyRelu", "Clip"];
+    for &cs in CASES {
+        for (name, act) in activations() {
+            let chain = conv_chain(cs, false, true, Some(act.clone()), false);
+            let bytes = with_clip_bounds(with_bounds(chain, &[]));
+            let (want, plain_ops) = run(&bytes, OptLevel::Basic, 2, cs);
+            assert!(plain_ops.iter().any(|o| o == "Max"), "{plain_ops:?}");
+            let (got, ops) = run(&bytes, OptLevel::Extended, 2, cs);
+            if piecewise.contains(&name) {
+                assert_eq!(ops, ["FusedConv", "Identity"], "{name}: one node");
+            } else {
+                // a smooth activation keeps its bounds as nodes
+                assert_eq!(ops, ["FusedConv", "Max", "Min", "Identity"], "{name}");
+            }
+            assert_eq!(values(&got[0]), values(&want[0]), "{name} k {}", cs.k);
+        }
+        // a per-channel bound broadcasts: not a bound of the activation, left as it is
+        let (_, leaky) = &activations()[3];
+        let chain = conv_chain(cs, false, false, Some(leaky.clone()), false);
+        let bytes = with_bounds(chain, &[cs.m as i64, 1, 1]);
+        let (want, _) = run(&bytes, OptLevel::Basic, 1, cs);
+        let (got, ops) = run(&bytes, OptLevel::Extended, 1, cs);
+        assert_eq!(ops, ["FusedConv", "Max", "Min", "Identity"]);
+        assert_eq!(values(&got[0]), values(&want[0]));
+    }
 }

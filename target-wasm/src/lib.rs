@@ -31,7 +31,8 @@ pub fn opt_level(name: &str) -> Result<OptLevel> {
     Ok(match name {
         "disabled" => OptLevel::None,
         "basic" => OptLevel::Basic,
-        "extended" | "all" | "layout" => OptLevel::All,
+        "extended" => OptLevel::Extended,
+        "all" | "layout" => OptLevel::All,
         other => {
             return Err(Error::Input(format!(
                 "graphOptimizationLevel '{other}' is not one of disabled, basic, extended, all"

@@ -8,10 +8,12 @@
 //! channels. The rewrite here moves convolution chains into that layout:
 //!
 //! - A convolution (`Conv`, `com.microsoft:FusedConv`) with constant 4-D weights becomes
-//!   `nxrt:Conv` producing the blocked form of its output when it is group 1 and its input is
-//!   already blocked or its output feeds another such convolution (a group-1 convolution reads
-//!   plain NCHW too), or when it is depthwise and its input is already blocked. Its weights
-//!   and bias are blocked once, here.
+//!   `nxrt:Conv` when it is group 1 and its input is already blocked, its output feeds another
+//!   such convolution or it has fewer than 16 input channels (a stem: a group-1 convolution
+//!   reads plain NCHW too), or when it is depthwise and its input is already blocked. Its
+//!   weights and bias are blocked once, here. It writes the blocked form of its output when a
+//!   reader may take it (a convolution or one of the ops below), else the plain form itself
+//!   (`plain_output`), row segment by row segment from cache, with no blocked tensor between.
 //! - Element-wise activations, and Add/Mul/Sub/Div of two blocked values with the same
 //!   channels (or of a blocked value and a one-element constant), run on the blocked values
 //!   (the layout is the same for both operands, so broadcasting over N, H, W is unchanged);
@@ -148,6 +150,19 @@ pub fn block_convolutions(g: &mut Graph) -> Result<usize> {
         }
     }
     let kinds: Vec<Option<ConvKind>> = g.nodes.iter().map(|n| conv_kind(g, n)).collect();
+    // the nodes that may run on blocked values (see the rules above)
+    let may_block: Vec<bool> = g
+        .nodes
+        .iter()
+        .zip(&kinds)
+        .map(|(n, k)| {
+            k.is_some()
+                || (n.domain.is_empty()
+                    && (UNARY.contains(&n.op_type.as_str())
+                        || BINARY.contains(&n.op_type.as_str())
+                        || n.op_type == "GlobalAveragePool"))
+        })
+        .collect();
     // the blocked form of a value (its id, its channels) and whether the plain one is made
     let mut blocked: Vec<Option<(ValueId, usize)>> = vec![None; nv];
     let mut plain = vec![true; nv];
@@ -162,10 +177,18 @@ pub fn block_convolutions(g: &mut Graph) -> Result<usize> {
         // a convolution into the blocked layout
         if let (Some(kind), Some(x), Some(y)) = (kinds[i], in0, y) {
             let feeds_conv = readers[y].iter().any(|&r| kinds[r].is_some());
+            // whether a reader may take the blocked form; if none, the convolution writes its
+            // output plain itself
+            let blocked_reader = readers[y].iter().any(|&r| may_block[r]);
             let z = node.inputs.get(3).copied().flatten();
             let zb = z.and_then(|z| blocked[z]);
+            // fewer input channels than a block (a stem): its register tiles read the plain
+            // input directly and beat the plain kernel even with nothing blocked around it
+            let stem = node.inputs[1]
+                .and_then(|w| const_of(g, w))
+                .is_some_and(|w| w.shape()[1] < NCHWC);
             let take = match kind {
-                ConvKind::GroupOne => b0.is_some() || feeds_conv,
+                ConvKind::GroupOne => b0.is_some() || feeds_conv || stem,
                 ConvKind::Depthwise => b0.is_some(),
             } && (z.is_none() || zb.is_some());
             if take {
@@ -181,7 +204,8 @@ pub fn block_convolutions(g: &mut Graph) -> Result<usize> {
                 set_init(g, bv, bb);
                 replaced.push(w_id);
                 replaced.extend(b_id);
-                let yb = blocked_value(g, y);
+                let plain_out = !blocked_reader;
+                let yb = if plain_out { y } else { blocked_value(g, y) };
                 let xin = b0.map_or(x, |(v, _)| v);
                 let mut inputs = vec![Some(xin), Some(wv), Some(bv)];
                 if let Some((zv, _)) = zb {
@@ -191,9 +215,14 @@ pub fn block_convolutions(g: &mut Graph) -> Result<usize> {
                 n.attrs = node.attrs.clone();
                 n.attrs
                     .push(("channels".to_string(), AttrValue::Int(m as i64)));
+                if plain_out {
+                    n.attrs
+                        .push(("plain_output".to_string(), AttrValue::Int(1)));
+                } else {
+                    blocked[y] = Some((yb, m));
+                    plain[y] = false;
+                }
                 out.push(n);
-                blocked[y] = Some((yb, m));
-                plain[y] = false;
                 count += 1;
                 continue;
             }

@@ -1763,6 +1763,7 @@ fn act_f32(cx: &KernelCx<'_>, x: &Tensor, act: simd::Act) -> Result<Option<Tenso
         simd::Act::Identity
         | simd::Act::Relu
         | simd::Act::LeakyRelu(_)
+        | simd::Act::LeakyReluClip { .. }
         | simd::Act::Clip(..)
         | simd::Act::HardSigmoid(..)
         | simd::Act::HardSwish

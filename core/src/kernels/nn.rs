@@ -1844,6 +1844,13 @@ fn fused_activation(node: &Node) -> Result<Option<simd::Act>> {
                 div: p[3],
             }
         }
+        // one parameter: ONNX's LeakyRelu; three (nxrt's extension): alpha and the bounds of
+        // the Max/Min/Clip with constants fused after it
+        "LeakyRelu" if p.len() == 3 => simd::Act::LeakyReluClip {
+            alpha: p[0],
+            lo: p[1],
+            hi: p[2],
+        },
         "LeakyRelu" => {
             need(1)?;
             simd::Act::LeakyRelu(p[0])
@@ -2419,11 +2426,35 @@ fn pool_plan(g: &Geom, pe: &[isize]) -> Result<PoolPlan> {
     Ok(p)
 }
 
+/// Element types pooled row by row: splitting a row into its two stride-2 phases (the f32
+/// one through the SIMD layer).
+trait PoolElem: Copy + bytemuck::Pod {
+    /// `ph0[q] = src[2q]`, `ph1[q] = src[2q + 1]` for the `q` where those exist.
+    fn split2(src: &[Self], ph0: &mut [Self], ph1: &mut [Self]) {
+        for (q, pair) in src.chunks(2).enumerate() {
+            ph0[q] = pair[0];
+            if let Some(&v) = pair.get(1) {
+                ph1[q] = v;
+            }
+        }
+    }
+}
+impl PoolElem for f32 {
+    fn split2(src: &[f32], ph0: &mut [f32], ph1: &mut [f32]) {
+        crate::simd::phases2(src, 0, ph0, ph1)
+    }
+}
+impl PoolElem for f64 {}
+impl PoolElem for i8 {}
+impl PoolElem for u8 {}
+impl PoolElem for i32 {}
+
 /// Row-wise pooling of one plane: every output folds `op` over its taps starting from
 /// `init` (vectorised along the last axis), then `fin(acc, taps inside the input, taps
-/// inside input + padding)` finishes it.
+/// inside input + padding)` finishes it. At stride 2 along the last axis each wide input row
+/// is split into its two phases once, so that every tap reads one of them contiguously.
 #[inline(always)]
-fn pool_rows<T: Copy>(
+fn pool_rows<T: PoolElem>(
     p: &PoolPlan,
     xp: &[T],
     out: &mut [T],
@@ -2435,6 +2466,11 @@ fn pool_rows<T: Copy>(
     if out.is_empty() {
         return;
     }
+    // (narrow rows would spend more on the split than on the taps)
+    let split = s2 == 2 && i2 >= 64;
+    let half = i2.div_ceil(2);
+    // (from the scratch pool: each row is split into it before its taps read it)
+    let mut phases = crate::simd::scratch::<T>(if split { 2 * half } else { 0 });
     let mut orows = out.chunks_mut(o2);
     for w0 in &p.wins[0] {
         for w1 in &p.wins[1] {
@@ -2447,20 +2483,32 @@ fn pool_rows<T: Copy>(
                 for b in w1.lo..w1.hi {
                     let x1 = (w1.base + (b * p.d[1]) as isize) as usize;
                     let xrow = &xp[(x0 * i1 + x1) * i2..(x0 * i1 + x1 + 1) * i2];
+                    if split {
+                        let (ph0, ph1) = phases.split_at_mut(half);
+                        T::split2(xrow, ph0, ph1);
+                    }
                     for &(lo, hi, off) in &p.cols {
                         if lo >= hi {
                             continue;
                         }
                         let start = ((lo * s2) as isize + off) as usize;
                         let o = &mut orow[lo..hi];
-                        if s2 == 1 {
-                            for (ov, &xv) in o.iter_mut().zip(&xrow[start..start + (hi - lo)]) {
-                                *ov = op(*ov, xv);
+                        let src = match s2 {
+                            1 => &xrow[start..start + (hi - lo)],
+                            2 if split => {
+                                let ph = &phases[(start % 2) * half..];
+                                &ph[start / 2..start / 2 + (hi - lo)]
                             }
-                        } else {
-                            for (ov, &xv) in o.iter_mut().zip(xrow[start..].iter().step_by(s2)) {
-                                *ov = op(*ov, xv);
+                            _ => {
+                                for (ov, &xv) in o.iter_mut().zip(xrow[start..].iter().step_by(s2))
+                                {
+                                    *ov = op(*ov, xv);
+                                }
+                                continue;
                             }
+                        };
+                        for (ov, &xv) in o.iter_mut().zip(src) {
+                            *ov = op(*ov, xv);
                         }
                     }
                 }
@@ -2523,12 +2571,29 @@ enum PoolKind {
     Lp { p: f32 },
 }
 
-/// Element types of max pooling.
-trait MaxElem: Copy + Send + Sync + PartialOrd + Elem {
+/// Element types of max pooling. Values fold from `LOWEST` as `if v > acc { v } else { acc }`
+/// (a NaN never replaces a number).
+trait MaxElem: Copy + Send + Sync + PartialOrd + Elem + PoolElem {
     const LOWEST: Self;
+
+    /// `out[j]` = the fold of `src[2j]` and `src[2j + 1]`.
+    fn pair_max(src: &[Self], out: &mut [Self]) {
+        for (o, pair) in out.iter_mut().zip(src.chunks_exact(2)) {
+            let a = if pair[0] > Self::LOWEST {
+                pair[0]
+            } else {
+                Self::LOWEST
+            };
+            *o = if pair[1] > a { pair[1] } else { a };
+        }
+    }
 }
 impl MaxElem for f32 {
     const LOWEST: Self = f32::NEG_INFINITY;
+
+    fn pair_max(src: &[f32], out: &mut [f32]) {
+        crate::simd::pair_max(src, out)
+    }
 }
 impl MaxElem for f64 {
     const LOWEST: Self = f64::NEG_INFINITY;
@@ -2555,6 +2620,34 @@ fn max_pool_t<T: MaxElem>(
 ) -> (Vec<T>, Vec<i64>) {
     let in_plane = p.inp.iter().product::<usize>();
     let out_plane = p.out.iter().product::<usize>();
+    // windows of two along the last axis that tile each row exactly (2x2 or 1x2 with stride
+    // 2, no padding there): the rows of a window fold first, then the pairs of the whole
+    // plane at once (one pass, however narrow the rows)
+    let pairs = p.s2 == 2
+        && p.cols.as_slice() == [(0, p.out[2], 0), (0, p.out[2], 1)]
+        && p.inp[2] == 2 * p.out[2]
+        && p.inp[0] == 1
+        && p.out[0] == 1;
+    if !want_idx && pairs {
+        let (i2, o1) = (p.inp[2], p.out[1]);
+        let mut y = vec![T::LOWEST; planes * out_plane];
+        par_chunks_mut(cpu, &mut y, out_plane.max(1), p.window_len(), &|pi, out| {
+            let xp = &x[pi * in_plane..(pi + 1) * in_plane];
+            let mut rows = crate::simd::scratch::<T>(o1 * i2);
+            rows.fill(T::LOWEST);
+            for (t, w1) in rows.chunks_exact_mut(i2).zip(&p.wins[1]) {
+                for b in w1.lo..w1.hi {
+                    let x1 = (w1.base + (b * p.d[1]) as isize) as usize;
+                    for (a, &v) in t.iter_mut().zip(&xp[x1 * i2..(x1 + 1) * i2]) {
+                        // (a select, not a conditional store: it vectorises)
+                        *a = if v > *a { v } else { *a };
+                    }
+                }
+            }
+            T::pair_max(&rows, out);
+        });
+        return (y, Vec::new());
+    }
     if !want_idx {
         let mut y = vec![T::LOWEST; planes * out_plane];
         par_chunks_mut(cpu, &mut y, out_plane.max(1), p.window_len(), &|pi, out| {
@@ -2602,7 +2695,7 @@ fn max_pool_t<T: MaxElem>(
 }
 
 /// Average or Lp pooling of [N, C, ..] planes, computed in `T` (f32 or f64).
-fn avg_lp_pool_t<T: Num>(
+fn avg_lp_pool_t<T: Num + PoolElem>(
     cpu: &dyn CpuBackend,
     x: &[T],
     planes: usize,
@@ -3880,6 +3973,59 @@ mod tests {
             ],
             1e-5,
         );
+    }
+
+    #[test]
+    fn max_pool_pairs_of_whole_rows_match_the_fold() {
+        // 2x2 and 1x2 windows at stride 2 that tile the rows (the pair path, one pass per
+        // plane; 20 wide: vectors and a tail) against the fold from -inf that every f32 path
+        // without Indices computes (a NaN never replaces a number), NaNs among the values
+        for (k, shape) in [([2usize, 2], [2usize, 3, 6, 20]), ([1, 2], [1, 2, 3, 36])] {
+            let n: usize = shape.iter().product();
+            let mut v = seq(n, 13, 17, 0.5);
+            for i in (0..n).step_by(7) {
+                v[i] = f32::NAN;
+            }
+            v[3] = f32::NEG_INFINITY;
+            let ki: Vec<i64> = k.iter().map(|&d| d as i64).collect();
+            let ys = run(
+                &node(
+                    "MaxPool",
+                    12,
+                    vec![("kernel_shape", ints(&ki)), ("strides", ints(&[2, 2]))],
+                    1,
+                ),
+                &[Some(t32(&shape, v.clone()))],
+            )
+            .unwrap();
+            let (h, w) = (shape[2], shape[3]);
+            let (oh, ow) = ((h - k[0]) / 2 + 1, w / 2);
+            assert_eq!(ys[0].shape(), &[shape[0], shape[1], oh, ow]);
+            let mut want = Vec::new();
+            for p in 0..shape[0] * shape[1] {
+                for r in 0..oh {
+                    for c in 0..ow {
+                        let mut acc = f32::NEG_INFINITY;
+                        for a in 0..k[0] {
+                            for b in 0..2 {
+                                let x = v[(p * h + 2 * r + a) * w + 2 * c + b];
+                                if x > acc {
+                                    acc = x;
+                                }
+                            }
+                        }
+                        want.push(acc.to_bits());
+                    }
+                }
+            }
+            let got: Vec<u32> = ys[0]
+                .to_f32_vec()
+                .unwrap()
+                .iter()
+                .map(|v| v.to_bits())
+                .collect();
+            assert_eq!(got, want, "{k:?} {shape:?}");
+        }
     }
 
     #[test]

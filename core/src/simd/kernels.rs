@@ -25,6 +25,13 @@ pub enum Act {
     Relu,
     /// `x < 0 ? alpha * x : x`
     LeakyRelu(f32),
+    /// `min(max(leaky_relu(x, alpha), lo), hi)`: LeakyRelu and the Max/Min/Clip with
+    /// constants after it (an exporter's bounded LeakyRelu), in one pass.
+    LeakyReluClip {
+        alpha: f32,
+        lo: f32,
+        hi: f32,
+    },
     Sigmoid,
     Tanh,
     /// `clamp(alpha * x + beta, 0, 1)`
@@ -61,6 +68,11 @@ pub fn act<V: VF32>(act: Act, v: V) -> V {
         Act::Identity => v,
         Act::Relu => v.max(zero),
         Act::LeakyRelu(a) => v.max(zero).add(V::splat(a).mul(v.min(zero))),
+        Act::LeakyReluClip { alpha, lo, hi } => v
+            .max(zero)
+            .add(V::splat(alpha).mul(v.min(zero)))
+            .max(V::splat(lo))
+            .min(V::splat(hi)),
         Act::Sigmoid => v.sigmoid(),
         Act::Tanh => v.tanh(),
         Act::HardSigmoid(a, b) => V::splat(a).fma(v, V::splat(b)).max(zero).min(V::splat(1.0)),
@@ -354,6 +366,35 @@ pub fn transpose_matrix<V: VF32>(
                 }
             }
         }
+    }
+}
+
+/// `out[j]` = the larger of `src[2j]` and `src[2j + 1]` as max pooling folds them: from
+/// -inf, `if v > acc { v } else { acc }` (a NaN never replaces a number).
+#[inline(always)]
+pub fn pair_max<V: VF32>(src: &[f32], out: &mut [f32]) {
+    let l = V::LANES;
+    let n = out.len();
+    assert!(src.len() >= 2 * n, "pair_max: short source");
+    let lowest = V::splat(f32::NEG_INFINITY);
+    let mut j = 0;
+    while j + l <= n {
+        let (e, o) = V::load(&src[2 * j..]).deinterleave(V::load(&src[2 * j + l..]));
+        // (V::max keeps self where either is NaN: acc.max(v) is the fold's step)
+        lowest.max(e).max(o).store(&mut out[j..]);
+        j += l;
+    }
+    for j in j..n {
+        let a = if src[2 * j] > f32::NEG_INFINITY {
+            src[2 * j]
+        } else {
+            f32::NEG_INFINITY
+        };
+        out[j] = if src[2 * j + 1] > a {
+            src[2 * j + 1]
+        } else {
+            a
+        };
     }
 }
 

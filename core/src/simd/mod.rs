@@ -182,9 +182,10 @@ pub trait VF32: Copy {
     fn div(self, o: Self) -> Self;
     /// `self * b + c` (fused where the ISA has it).
     fn fma(self, b: Self, c: Self) -> Self;
-    /// Lane-wise maximum; NaN in `self` propagates.
+    /// Lane-wise maximum; where either lane is NaN, `self`'s (a NaN in `self` propagates, a
+    /// NaN in `o` is ignored).
     fn max(self, o: Self) -> Self;
-    /// Lane-wise minimum; NaN in `self` propagates.
+    /// Lane-wise minimum; where either lane is NaN, `self`'s.
     fn min(self, o: Self) -> Self;
     /// Rounds to the nearest integer (ties to even).
     fn round(self) -> Self;
@@ -631,6 +632,12 @@ dispatch!(
 dispatch!(
     /// `acc[i] = bias + sum over taps t of ws[t] * src[offs[t] + i]` (direct convolution taps).
     fn conv_taps / conv_taps_on(ws: &[f32], offs: &[usize], src: &[f32], bias: f32, acc: &mut [f32]) => conv_taps
+);
+
+dispatch!(
+    /// `out[j]` = the larger of `src[2j]` and `src[2j + 1]` as max pooling folds them (from
+    /// -inf; a NaN never replaces a number).
+    fn pair_max / pair_max_on(src: &[f32], out: &mut [f32]) => pair_max
 );
 
 dispatch!(

@@ -128,6 +128,11 @@ fn many_regs<V: VF32>() -> bool {
     V::LANES == 16 || V::GEMM_MR >= 8
 }
 
+/// Bytes of weights one pass over a row segment keeps in use: the input channels are taken in
+/// chunks whose weights (for every tap and the one or two output blocks) stay in the L1 cache
+/// while every position of the segment reads them; later chunks add to what the segment holds.
+const W_CHUNK_BYTES: usize = 32 * 1024;
+
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 fn conv_seg_nv<V: VF32, const NV: usize>(
@@ -144,78 +149,187 @@ fn conv_seg_nv<V: VF32, const NV: usize>(
     let lo = ilo.clamp(ow0, ow1);
     let hi = ihi.clamp(ow0, ow1).max(lo);
     let ks = g.rows_in(oh);
-    for o in ow0..lo {
-        conv_tile::<V, NV, 1, true>(g, x, w, b, ks, oh, o, o - ow0, &mut y);
+    // input channels per chunk: whole blocks of the input where a block's weights fit
+    let per_ch = g.kh * g.kw * NV * V::LANES * 4;
+    let mut chunk = (W_CHUNK_BYTES / per_ch).max(1);
+    if chunk >= g.xbs {
+        chunk -= chunk % g.xbs;
     }
-    if lo < hi {
-        let span = (lo, hi);
-        // the register tile: about 24 accumulators with 32 registers, 12 with 16
-        match (NV, many_regs::<V>()) {
-            (1, _) => conv_tiles::<V, NV, 12>(g, x, w, b, ks, oh, span, ow0, &mut y),
-            (2, true) => conv_tiles::<V, NV, 12>(g, x, w, b, ks, oh, span, ow0, &mut y),
-            (2, false) | (4, true) => conv_tiles::<V, NV, 6>(g, x, w, b, ks, oh, span, ow0, &mut y),
-            (4, false) | (8, true) => conv_tiles::<V, NV, 3>(g, x, w, b, ks, oh, span, ow0, &mut y),
-            _ => conv_tiles::<V, NV, 1>(g, x, w, b, ks, oh, span, ow0, &mut y),
+    // interior tiles of blocked input at stride 1 read their positions at a constant step (one
+    // address register for the whole tile)
+    let step = g.sw * g.x_pos;
+    let mut c0 = 0;
+    while c0 < g.cin {
+        let cs = (c0, (c0 + chunk).min(g.cin));
+        let add = c0 > 0;
+        for o in ow0..lo {
+            conv_point::<V, NV, true>(g, x, w, b, ks, cs, add, oh, o, o - ow0, &mut y);
         }
-    }
-    for o in hi..ow1 {
-        conv_tile::<V, NV, 1, true>(g, x, w, b, ks, oh, o, o - ow0, &mut y);
+        if lo < hi {
+            let span = (lo, hi);
+            match step {
+                NCHWC => {
+                    conv_tiles_nv::<V, NV, NCHWC>(g, x, w, b, ks, cs, add, oh, span, ow0, &mut y)
+                }
+                1 => conv_tiles_nv::<V, NV, 1>(g, x, w, b, ks, cs, add, oh, span, ow0, &mut y),
+                _ => conv_tiles_nv::<V, NV, 0>(g, x, w, b, ks, cs, add, oh, span, ow0, &mut y),
+            }
+        }
+        for o in hi..ow1 {
+            conv_point::<V, NV, true>(g, x, w, b, ks, cs, add, oh, o, o - ow0, &mut y);
+        }
+        c0 = cs.1;
     }
 }
 
-/// Interior positions `lo..hi` in tiles of `R` (the last one overlapping the one before when
-/// the span is not a multiple: it rewrites the same values), narrower spans in tiles of 4 and 1.
+/// The register tile for `NV` vectors of output channels: about 24 accumulators with 32
+/// registers, 12 with 16.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-fn conv_tiles<V: VF32, const NV: usize, const R: usize>(
+fn conv_tiles_nv<V: VF32, const NV: usize, const STEP: usize>(
     g: &NcGeom,
     x: &[f32],
     w: (&[f32], &[f32]),
     b: (&[f32], &[f32]),
     ks: (usize, usize),
+    cs: (usize, usize),
+    add: bool,
+    oh: usize,
+    span: (usize, usize),
+    ow0: usize,
+    y: &mut (&mut [f32], &mut [f32]),
+) {
+    match (NV, many_regs::<V>()) {
+        (1, _) | (2, true) => {
+            conv_tiles::<V, NV, 11, STEP>(g, x, w, b, ks, cs, add, oh, span, ow0, y)
+        }
+        (2, false) | (4, true) => {
+            conv_tiles::<V, NV, 6, STEP>(g, x, w, b, ks, cs, add, oh, span, ow0, y)
+        }
+        (4, false) | (8, true) => {
+            conv_tiles::<V, NV, 3, STEP>(g, x, w, b, ks, cs, add, oh, span, ow0, y)
+        }
+        _ => conv_tiles::<V, NV, 1, STEP>(g, x, w, b, ks, cs, add, oh, span, ow0, y),
+    }
+}
+
+/// Interior positions `lo..hi` in as few tiles of at most `R` as cover them, of sizes that
+/// differ by one at most (54 positions at `R` = 12: 11, 11, 11, 11, 10), each position once.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn conv_tiles<V: VF32, const NV: usize, const R: usize, const STEP: usize>(
+    g: &NcGeom,
+    x: &[f32],
+    w: (&[f32], &[f32]),
+    b: (&[f32], &[f32]),
+    ks: (usize, usize),
+    cs: (usize, usize),
+    add: bool,
     oh: usize,
     (lo, hi): (usize, usize),
     ow0: usize,
     y: &mut (&mut [f32], &mut [f32]),
 ) {
     let span = hi - lo;
-    if span >= R {
+    if span < R {
+        // narrow spans: tiles of 4, then single positions
         let mut o = lo;
-        while o + R <= hi {
-            conv_tile::<V, NV, R, false>(g, x, w, b, ks, oh, o, o - ow0, y);
-            o += R;
+        if R > 4 {
+            while o + 4 <= hi {
+                conv_tile::<V, NV, 4, false, STEP>(g, x, w, b, ks, cs, add, oh, o, o - ow0, y);
+                o += 4;
+            }
         }
-        if o < hi {
-            conv_tile::<V, NV, R, false>(g, x, w, b, ks, oh, hi - R, hi - R - ow0, y);
+        for o in o..hi {
+            conv_point::<V, NV, false>(g, x, w, b, ks, cs, add, oh, o, o - ow0, y);
         }
-    } else if R > 4 && span >= 4 {
-        let mut o = lo;
-        while o + 4 <= hi {
-            conv_tile::<V, NV, 4, false>(g, x, w, b, ks, oh, o, o - ow0, y);
-            o += 4;
-        }
-        if o < hi {
-            conv_tile::<V, NV, 4, false>(g, x, w, b, ks, oh, hi - 4, hi - 4 - ow0, y);
-        }
-    } else {
-        for o in lo..hi {
-            conv_tile::<V, NV, 1, false>(g, x, w, b, ks, oh, o, o - ow0, y);
-        }
+        return;
+    }
+    let tiles = span.div_ceil(R);
+    let (base, extra) = (span / tiles, span % tiles);
+    let mut o = lo;
+    for t in 0..tiles {
+        let r = base + usize::from(t < extra);
+        conv_tile_r::<V, NV, R, STEP>(r, g, x, w, b, ks, cs, add, oh, o, o - ow0, y);
+        o += r;
     }
 }
 
-/// `R` positions from output column `o` (stored at segment position `s`), `NV` vectors of
-/// output channels each, all accumulated in registers over every input channel and tap.
-/// `CHECK`: skip the taps whose column falls in the padding (border positions); otherwise
-/// every tap is inside the input (the caller chose interior positions).
+/// [`conv_tile`] of `r` positions (`R/2..=R`, a size chosen at run time).
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-fn conv_tile<V: VF32, const NV: usize, const R: usize, const CHECK: bool>(
+fn conv_tile_r<V: VF32, const NV: usize, const R: usize, const STEP: usize>(
+    r: usize,
+    g: &NcGeom,
+    x: &[f32],
+    w: (&[f32], &[f32]),
+    b: (&[f32], &[f32]),
+    ks: (usize, usize),
+    cs: (usize, usize),
+    add: bool,
+    oh: usize,
+    o: usize,
+    s: usize,
+    y: &mut (&mut [f32], &mut [f32]),
+) {
+    // (the bound lets the compiler drop the sizes above R)
+    // (a tile of at least R/2 positions; the guards drop the sizes above R)
+    match r {
+        12 if R >= 12 => conv_tile::<V, NV, 12, false, STEP>(g, x, w, b, ks, cs, add, oh, o, s, y),
+        11 if R >= 11 => conv_tile::<V, NV, 11, false, STEP>(g, x, w, b, ks, cs, add, oh, o, s, y),
+        10 if R >= 10 => conv_tile::<V, NV, 10, false, STEP>(g, x, w, b, ks, cs, add, oh, o, s, y),
+        9 if R >= 9 => conv_tile::<V, NV, 9, false, STEP>(g, x, w, b, ks, cs, add, oh, o, s, y),
+        8 if R >= 8 => conv_tile::<V, NV, 8, false, STEP>(g, x, w, b, ks, cs, add, oh, o, s, y),
+        7 if R >= 7 => conv_tile::<V, NV, 7, false, STEP>(g, x, w, b, ks, cs, add, oh, o, s, y),
+        6 if R >= 6 => conv_tile::<V, NV, 6, false, STEP>(g, x, w, b, ks, cs, add, oh, o, s, y),
+        5 if R >= 5 => conv_tile::<V, NV, 5, false, STEP>(g, x, w, b, ks, cs, add, oh, o, s, y),
+        4 if R >= 4 => conv_tile::<V, NV, 4, false, STEP>(g, x, w, b, ks, cs, add, oh, o, s, y),
+        3 if R >= 3 => conv_tile::<V, NV, 3, false, STEP>(g, x, w, b, ks, cs, add, oh, o, s, y),
+        2 if R >= 2 => conv_tile::<V, NV, 2, false, STEP>(g, x, w, b, ks, cs, add, oh, o, s, y),
+        _ => conv_point::<V, NV, false>(g, x, w, b, ks, cs, add, oh, o, s, y),
+    }
+}
+
+/// The sums of segment position `s` before a chunk's products: the bias, or (`add`) what the
+/// segment holds from the chunks before.
+#[inline(always)]
+fn start_sums<V: VF32, const NV: usize>(
+    add: bool,
+    b: (&[f32], &[f32]),
+    y: &(&mut [f32], &mut [f32]),
+    s: usize,
+) -> [V; NV] {
+    let l = V::LANES;
+    let vpb = NCHWC / l;
+    let mut a = [V::splat(0.0); NV];
+    for (v, av) in a.iter_mut().enumerate() {
+        *av = if add {
+            let d = if v < vpb { &*y.0 } else { &*y.1 };
+            V::load(&d[s * NCHWC + (v % vpb) * l..])
+        } else {
+            let bb = if v < vpb { b.0 } else { b.1 };
+            V::load(&bb[(v % vpb) * l..])
+        };
+    }
+    a
+}
+
+/// `R` positions from output column `o` (stored at segment position `s`), `NV` vectors of
+/// output channels each, accumulated in registers over the input channels `c0..c1` and every
+/// tap, starting from the bias or (`add`) from what `y` holds. `CHECK`: skip the taps whose
+/// column falls in the padding (border positions); otherwise every tap is inside the input (the
+/// caller chose interior positions). `STEP`: the distance between the positions' inputs when
+/// it is known here (0: `sw * x_pos`).
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn conv_tile<V: VF32, const NV: usize, const R: usize, const CHECK: bool, const STEP: usize>(
     g: &NcGeom,
     x: &[f32],
     w: (&[f32], &[f32]),
     b: (&[f32], &[f32]),
     (k0, k1): (usize, usize),
+    (c0, c1): (usize, usize),
+    add: bool,
     oh: usize,
     o: usize,
     s: usize,
@@ -224,27 +338,27 @@ fn conv_tile<V: VF32, const NV: usize, const R: usize, const CHECK: bool>(
     let l = V::LANES;
     let vpb = NCHWC / l;
     // (no closures here: a closure is compiled without the caller's target features)
-    let mut init = [V::splat(0.0); NV];
-    for (v, a) in init.iter_mut().enumerate() {
-        let bb = if v < vpb { b.0 } else { b.1 };
-        *a = V::load(&bb[(v % vpb) * l..]);
+    let mut acc: [[V; NV]; R] = [[V::splat(0.0); NV]; R];
+    for (r, a) in acc.iter_mut().enumerate() {
+        *a = start_sums::<V, NV>(add, b, y, s + r);
     }
-    let mut acc: [[V; NV]; R] = [init; R];
     let (xbs, x_pos, x_lane) = (g.xbs, g.x_pos, g.x_lane);
-    let step = g.sw * x_pos;
+    let step = if STEP > 0 { STEP } else { g.sw * x_pos };
     let w_lane = g.kh * g.kw * NCHWC;
-    // input channels block by block; in a block, the taps outside and the block's channels
-    // innermost (one running input address and weight offset)
-    for (cb, ic0) in (0..g.cin).step_by(xbs).enumerate() {
-        let lanes = xbs.min(g.cin - ic0);
+    // input channels by pieces inside one input block; in a piece, the taps outside and the
+    // piece's channels innermost (one running input address and weight offset)
+    let mut c = c0;
+    while c < c1 {
+        let (cb, lane0) = (c / xbs, c % xbs);
+        let lanes = (xbs - lane0).min(c1 - c);
         for ki in k0..k1 {
-            let xr = cb * g.x_blk + (oh * g.sh + ki * g.dh - g.ph) * g.iw * x_pos;
+            let xr = cb * g.x_blk + (oh * g.sh + ki * g.dh - g.ph) * g.iw * x_pos + lane0 * x_lane;
             for kj in 0..g.kw {
                 let col = o * g.sw + kj * g.dw;
                 if CHECK && (col < g.pw || col - g.pw >= g.iw) {
                     continue;
                 }
-                let mut wo = ((ic0 * g.kh + ki) * g.kw + kj) * NCHWC;
+                let mut wo = ((c * g.kh + ki) * g.kw + kj) * NCHWC;
                 let mut x0 = xr + (col - g.pw) * x_pos;
                 for _ in 0..lanes {
                     let mut ws = [V::splat(0.0); NV];
@@ -253,16 +367,31 @@ fn conv_tile<V: VF32, const NV: usize, const R: usize, const CHECK: bool>(
                         // SAFETY: wo + NCHWC <= cin*kh*kw*16 <= each block's length (asserted)
                         *wr = V::load(unsafe { blk.get_unchecked(wo + (v % vpb) * l..wo + NCHWC) });
                     }
-                    // one running address (an index per position lets LLVM build the
-                    // addresses in vector registers and extract them one by one)
-                    let mut xi = x0;
-                    for a in acc.iter_mut() {
-                        // SAFETY: the tap's row and column lie inside the input (rows_in, and
-                        // interior or checked columns), so the address is below the asserted need
-                        let xv = V::splat(unsafe { *x.get_unchecked(xi) });
-                        xi += step;
-                        for v in 0..NV {
-                            a[v] = xv.fma(ws[v], a[v]);
+                    if STEP > 0 {
+                        // a constant step: the positions are displacements from one address
+                        // SAFETY: as below
+                        let xp = unsafe { x.as_ptr().add(x0) };
+                        for (r, a) in acc.iter_mut().enumerate() {
+                            // SAFETY: the tap's row and column lie inside the input (rows_in
+                            // and interior columns), so the address is below the asserted need
+                            let xv = V::splat(unsafe { *xp.add(r * STEP) });
+                            for v in 0..NV {
+                                a[v] = xv.fma(ws[v], a[v]);
+                            }
+                        }
+                    } else {
+                        // one running address (an index per position lets LLVM build the
+                        // addresses in vector registers and extract them one by one)
+                        let mut xi = x0;
+                        for a in acc.iter_mut() {
+                            // SAFETY: the tap's row and column lie inside the input (rows_in,
+                            // and interior or checked columns), so the address is below the
+                            // asserted need
+                            let xv = V::splat(unsafe { *x.get_unchecked(xi) });
+                            xi += step;
+                            for v in 0..NV {
+                                a[v] = xv.fma(ws[v], a[v]);
+                            }
                         }
                     }
                     wo += w_lane;
@@ -270,12 +399,105 @@ fn conv_tile<V: VF32, const NV: usize, const R: usize, const CHECK: bool>(
                 }
             }
         }
+        c += lanes;
     }
     for (r, a) in acc.iter().enumerate() {
         for v in 0..NV {
             let d = if v < vpb { &mut *y.0 } else { &mut *y.1 };
             a[v].store(&mut d[(s + r) * NCHWC + (v % vpb) * l..]);
         }
+    }
+}
+
+/// One position (column `o`, segment position `s`) as [`conv_tile`] computes it, with the input
+/// channels split over up to four partial sums: a single position's sums are one chain of
+/// dependent multiply-adds otherwise, waiting on each other's latency.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn conv_point<V: VF32, const NV: usize, const CHECK: bool>(
+    g: &NcGeom,
+    x: &[f32],
+    w: (&[f32], &[f32]),
+    b: (&[f32], &[f32]),
+    (k0, k1): (usize, usize),
+    (c0, c1): (usize, usize),
+    add: bool,
+    oh: usize,
+    o: usize,
+    s: usize,
+    y: &mut (&mut [f32], &mut [f32]),
+) {
+    let l = V::LANES;
+    let vpb = NCHWC / l;
+    // partial sums: as many as keep the registers (4 * NV accumulators at most 8)
+    let parts = if NV <= 2 {
+        4
+    } else if NV <= 4 {
+        2
+    } else {
+        1
+    };
+    let mut acc = [[V::splat(0.0); NV]; 4];
+    acc[0] = start_sums::<V, NV>(add, b, y, s);
+    let (xbs, x_pos, x_lane) = (g.xbs, g.x_pos, g.x_lane);
+    let w_lane = g.kh * g.kw * NCHWC;
+    let mut c = c0;
+    while c < c1 {
+        let (cb, lane0) = (c / xbs, c % xbs);
+        let lanes = (xbs - lane0).min(c1 - c);
+        for ki in k0..k1 {
+            let xr = cb * g.x_blk + (oh * g.sh + ki * g.dh - g.ph) * g.iw * x_pos + lane0 * x_lane;
+            for kj in 0..g.kw {
+                let col = o * g.sw + kj * g.dw;
+                if CHECK && (col < g.pw || col - g.pw >= g.iw) {
+                    continue;
+                }
+                let mut wo = ((c * g.kh + ki) * g.kw + kj) * NCHWC;
+                let mut x0 = xr + (col - g.pw) * x_pos;
+                let mut k = 0;
+                while k + parts <= lanes {
+                    for (j, a) in acc.iter_mut().enumerate().take(parts) {
+                        point_fma::<V, NV>(x, w, wo + j * w_lane, x0 + j * x_lane, a);
+                    }
+                    wo += parts * w_lane;
+                    x0 += parts * x_lane;
+                    k += parts;
+                }
+                while k < lanes {
+                    point_fma::<V, NV>(x, w, wo, x0, &mut acc[0]);
+                    wo += w_lane;
+                    x0 += x_lane;
+                    k += 1;
+                }
+            }
+        }
+        c += lanes;
+    }
+    for v in 0..NV {
+        let sum = acc[0][v].add(acc[1][v]).add(acc[2][v].add(acc[3][v]));
+        let d = if v < vpb { &mut *y.0 } else { &mut *y.1 };
+        sum.store(&mut d[s * NCHWC + (v % vpb) * l..]);
+    }
+}
+
+/// `a += x[xo] * w[wo..wo + 16]` for the one or two output blocks of `w`.
+#[inline(always)]
+fn point_fma<V: VF32, const NV: usize>(
+    x: &[f32],
+    w: (&[f32], &[f32]),
+    wo: usize,
+    xo: usize,
+    a: &mut [V; NV],
+) {
+    let l = V::LANES;
+    let vpb = NCHWC / l;
+    // SAFETY (both reads): the callers pass a tap inside the input and an input lane below
+    // the piece's, so xo is below the asserted need, and wo + NCHWC <= cin*kh*kw*16
+    let xv = V::splat(unsafe { *x.get_unchecked(xo) });
+    for (v, av) in a.iter_mut().enumerate() {
+        let blk = if v < vpb { w.0 } else { w.1 };
+        let wv = V::load(unsafe { blk.get_unchecked(wo + (v % vpb) * l..wo + NCHWC) });
+        *av = xv.fma(wv, *av);
     }
 }
 

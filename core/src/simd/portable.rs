@@ -58,11 +58,23 @@ impl VF32 for Portable {
     }
     #[inline(always)]
     fn max(self, o: Self) -> Self {
-        zip(self, o, |a, b| if a.is_nan() || a >= b { a } else { b })
+        zip(self, o, |a, b| {
+            if a.is_nan() || b.is_nan() || a >= b {
+                a
+            } else {
+                b
+            }
+        })
     }
     #[inline(always)]
     fn min(self, o: Self) -> Self {
-        zip(self, o, |a, b| if a.is_nan() || a <= b { a } else { b })
+        zip(self, o, |a, b| {
+            if a.is_nan() || b.is_nan() || a <= b {
+                a
+            } else {
+                b
+            }
+        })
     }
     #[inline(always)]
     fn round(self) -> Self {

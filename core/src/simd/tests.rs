@@ -426,6 +426,10 @@ fn act_f64(a: Act, x: f64) -> f64 {
                 x
             }
         }
+        Act::LeakyReluClip { alpha, lo, hi } => {
+            let y = if x < 0.0 { alpha as f64 * x } else { x };
+            y.max(lo as f64).min(hi as f64)
+        }
         Act::Sigmoid => sig(x),
         Act::Tanh => libm::tanh(x),
         Act::HardSigmoid(al, be) => (al as f64 * x + be as f64).clamp(0.0, 1.0),
@@ -478,6 +482,11 @@ fn activations_match_f64_on_every_isa() {
         Act::Identity,
         Act::Relu,
         Act::LeakyRelu(0.1),
+        Act::LeakyReluClip {
+            alpha: 0.2,
+            lo: -0.4,
+            hi: 1.5,
+        },
         Act::Sigmoid,
         Act::Tanh,
         Act::HardSigmoid(0.2, 0.5),
@@ -837,6 +846,26 @@ fn blocked_convolutions_match_the_definition_on_every_isa() {
             hw: (14, 29),
             blocked: true,
         },
+        // input channels over several chunks (their weights past the L1 share), at stride 1
+        // (the constant-step tiles) over rows split in tiles of unequal sizes, blocked and plain
+        NcCase {
+            cin: 40,
+            k: (3, 3),
+            s: (1, 1),
+            d: (1, 1),
+            p: (1, 1),
+            hw: (4, 61),
+            blocked: true,
+        },
+        NcCase {
+            cin: 40,
+            k: (3, 3),
+            s: (1, 1),
+            d: (1, 1),
+            p: (1, 1),
+            hw: (3, 27),
+            blocked: false,
+        },
     ];
     for isa in available_isas() {
         for (ci, cs) in cases.iter().enumerate() {
@@ -915,6 +944,32 @@ fn blocked_convolutions_match_the_definition_on_every_isa() {
                     close(got, want, 1e-5, 1e-4),
                     "{isa:?} depthwise case {ci} at {i}: {got} vs {want}"
                 );
+            }
+        }
+    }
+}
+
+#[test]
+fn pair_max_folds_like_max_pooling_on_every_isa() {
+    let mut src: Vec<f32> = (0..2 * 37).map(|i| ((i * 29) % 23) as f32 - 11.0).collect();
+    for i in (0..src.len()).step_by(5) {
+        src[i] = f32::NAN;
+    }
+    src[6] = f32::NAN;
+    src[7] = f32::NAN;
+    src[9] = f32::NEG_INFINITY;
+    for isa in available_isas() {
+        for n in [0, 1, 16, 37] {
+            let mut out = alloc::vec![0f32; n];
+            pair_max_on(isa, &src[..2 * n], &mut out);
+            for (j, &o) in out.iter().enumerate() {
+                let mut acc = f32::NEG_INFINITY;
+                for &v in &src[2 * j..2 * j + 2] {
+                    if v > acc {
+                        acc = v;
+                    }
+                }
+                assert_eq!(o.to_bits(), acc.to_bits(), "{isa:?} n {n} at {j}");
             }
         }
     }

@@ -120,6 +120,9 @@ struct BlockedConv {
     group: usize,
     channels: usize,
     act: Option<simd::Act>,
+    /// The output is plain NCHW (`plain_output` = 1): each row segment is computed blocked
+    /// in scratch and written out per channel, with no blocked tensor in between.
+    plain: bool,
 }
 
 impl BlockedConv {
@@ -188,7 +191,8 @@ impl Kernel for BlockedConv {
         let b = tensor_in(inputs, 2)?;
         let z = opt_tensor_in(inputs, 3)?;
         let (cs, mut geo) = self.geometry(x, w)?;
-        let mb = blocks(self.channels);
+        let m = self.channels;
+        let mb = blocks(m);
         let (n, oh, ow) = (cs.n, geo.oh, geo.ow);
         let shape = [n, mb, oh, ow, NCHWC];
         let out_blk = oh * ow * NCHWC;
@@ -210,9 +214,19 @@ impl Kernel for BlockedConv {
             None => None,
         };
         let zv = zv.as_deref();
-        let mut y = cx.output::<f32>(0, &shape)?;
+        let plain_shape = [n, m, oh, ow];
+        let mut y = if self.plain {
+            cx.output_raw::<f32>(0, &plain_shape)?
+        } else {
+            cx.output_raw::<f32>(0, &shape)?
+        };
         if y.is_empty() {
-            return out1(y.into_tensor());
+            // SAFETY: no elements
+            return out1(unsafe { y.assume_written() }?.into_tensor());
+        }
+        if !self.plain {
+            // the blocked output is written through slices of it: initialised memory
+            y.zero_fresh();
         }
         let depthwise = self.group > 1;
         // a pointwise convolution is one row of all the plane's positions
@@ -250,8 +264,10 @@ impl Kernel for BlockedConv {
         };
         let per = units.div_ceil(chunks);
         let chunks = units.div_ceil(per);
-        let work = y.len() * if depthwise { geo.kh * geo.kw } else { macs };
+        let work = n * mb * out_blk * if depthwise { geo.kh * geo.kw } else { macs };
         let act = self.act;
+        let plain = self.plain;
+        let plane = oh * ow;
         let yp = SyncPtr(y.as_mut_ptr());
         let ylen = y.len();
         cx.cpu.parallel_for_work(n * sets * chunks, work, &|t| {
@@ -272,6 +288,10 @@ impl Kernel for BlockedConv {
             } else {
                 pos(u1)
             };
+            // blocked output: the blocks' spans of y; plain output: one unit's scratch per
+            // block and the channel-major copy of one (from the scratch pool: every element
+            // is written before it is read)
+            let mut scratch = crate::simd::scratch::<f32>(if plain { 3 * seg * NCHWC } else { 0 });
             let span = |k: usize| {
                 let o = (img * mb + b0 + k) * out_blk + p0 * NCHWC;
                 debug_assert!(o + (p1 - p0) * NCHWC <= ylen);
@@ -280,13 +300,23 @@ impl Kernel for BlockedConv {
                 // `y`, and `y` is borrowed until `parallel_for_work` returns
                 unsafe { core::slice::from_raw_parts_mut(yp.get().add(o), (p1 - p0) * NCHWC) }
             };
-            let d0 = span(0);
-            let mut empty: [f32; 0] = [];
-            let d1: &mut [f32] = if nb == 2 { span(1) } else { &mut empty };
+            let (d0, d1, tr): (&mut [f32], &mut [f32], &mut [f32]) = if plain {
+                let (a, rest) = scratch.split_at_mut(seg * NCHWC);
+                let (c, d) = rest.split_at_mut(seg * NCHWC);
+                (a, c, d)
+            } else {
+                let d0 = span(0);
+                let d1: &mut [f32] = if nb == 2 { span(1) } else { &mut [] };
+                (d0, d1, &mut [])
+            };
             for u in u0..u1 {
                 let (row, s) = (u / per_row, u % per_row);
                 let (ow0, ow1) = (s * seg, ((s + 1) * seg).min(geo.ow));
-                let at = (row * geo.ow + ow0 - p0) * NCHWC;
+                let at = if plain {
+                    0
+                } else {
+                    (row * geo.ow + ow0 - p0) * NCHWC
+                };
                 let len = (ow1 - ow0) * NCHWC;
                 if depthwise {
                     let plane = geo.ih * geo.iw * NCHWC;
@@ -338,10 +368,31 @@ impl Kernel for BlockedConv {
                     if let Some(a) = act {
                         simd::unary_inplace(a, seg_out);
                     }
+                    if plain {
+                        // [position][16] to the block's real channels' rows of y
+                        let npos = ow1 - ow0;
+                        let c0 = (b0 + k) * NCHWC;
+                        let cn = NCHWC.min(m - c0);
+                        let tr = &mut tr[..cn * npos];
+                        simd::transpose_matrix(seg_out, NCHWC, npos, cn, tr, npos);
+                        let p = row * geo.ow + ow0;
+                        for (c, src) in tr.chunks_exact(npos).enumerate() {
+                            let o = (img * m + c0 + c) * plane + p;
+                            debug_assert!(o + npos <= ylen);
+                            // SAFETY: channel c0 + c of image img at positions p..p + npos is
+                            // written by this task alone (its block and unit), inside `y`,
+                            // which is borrowed until `parallel_for_work` returns
+                            unsafe {
+                                core::ptr::copy_nonoverlapping(src.as_ptr(), yp.get().add(o), npos)
+                            };
+                        }
+                    }
                 }
             }
         });
-        out1(y.into_tensor())
+        // SAFETY: the tasks cover every image, block and position: blocked output writes all
+        // 16 lanes of each, plain output every real channel's row
+        out1(unsafe { y.assume_written() }?.into_tensor())
     }
 }
 
@@ -352,6 +403,7 @@ fn build_conv(node: &Node) -> Result<Box<dyn Kernel>> {
         group,
         channels: channels_attr(node)?,
         act: fused_activation(node)?,
+        plain: node.get_i("plain_output", 0)? != 0,
     }))
 }
 
