@@ -1061,12 +1061,20 @@ fn conv_depthwise<T: Num>(
                         }
                     }
                 }
-                let span = ((nr - 1) * wp + ow).next_multiple_of(SLACK);
-                // T::taps accumulates all taps in registers (SIMD for f32)
-                T::taps(wk, &offs, &phases, bias_v, &mut acc[..span]);
                 let strip = &mut out[r0 * ow..(r0 + nr) * ow];
-                for (orow, arow) in strip.chunks_exact_mut(ow).zip(acc.chunks(wp)) {
-                    orow.copy_from_slice(&arow[..ow]);
+                if ow >= SLACK {
+                    // T::taps accumulates all taps in registers (SIMD for f32), each output
+                    // row straight from its phase rows
+                    for (r, orow) in strip.chunks_exact_mut(ow).enumerate() {
+                        T::taps(wk, &offs, &phases[r * wp..], bias_v, orow);
+                    }
+                } else {
+                    // narrow rows: the whole strip at once into a buffer, then the rows
+                    let span = ((nr - 1) * wp + ow).next_multiple_of(SLACK);
+                    T::taps(wk, &offs, &phases, bias_v, &mut acc[..span]);
+                    for (orow, arow) in strip.chunks_exact_mut(ow).zip(acc.chunks(wp)) {
+                        orow.copy_from_slice(&arow[..ow]);
+                    }
                 }
                 if let Some(z) = epi.z {
                     let zp = &z[pi * plane + r0 * ow..pi * plane + (r0 + nr) * ow];

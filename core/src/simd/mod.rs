@@ -653,6 +653,12 @@ dispatch!(
 );
 
 dispatch!(
+    /// `dst[c][r] = src[r * lds + c]` for `r < rows`, `c < cols`: [`transpose_matrix`] into
+    /// rows that lie anywhere (each at least `rows` long).
+    fn transpose_to_rows / transpose_to_rows_on(src: &[f32], lds: usize, rows: usize, cols: usize, dst: &mut [&mut [f32]]) => transpose_to_rows
+);
+
+dispatch!(
     /// Depthwise taps over channel-interleaved rows of [`DW_BLOCK`] channels per position
     /// (the SIMD kernels' `dw_rows`): `out[r*n + i] = bias[i % 16] + sum over taps t of
     /// w[t*16 + i % 16] * src[r*pitch + offs[t] + i]`.

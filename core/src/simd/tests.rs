@@ -173,6 +173,10 @@ fn sgemm_matches_reference_across_blocking_edges() {
         (70, 9, 1),
         (200, 5, 40),
         (130, 12, 300),
+        // more than one band of A's rows (MS) and block of K (KC); several blocks of B's
+        // columns (NC) with two blocks of K
+        (530, 33, 780),
+        (40, 300, 800),
     ];
     for &(m, n, k) in &shapes {
         for &(ta, tb, alpha, beta) in &[
@@ -262,6 +266,9 @@ fn packed_and_row_operands_give_the_strided_product_on_every_isa() {
                 (8, 64, 257),
                 // several M blocks whatever the panel height (MC rounds up to whole panels)
                 (150, 40, 20),
+                // several bands of A (MS), blocks of K (KC) and of B's columns (NC)
+                (530, 40, 780),
+                (30, 300, 800),
                 // narrow C from packed A (the narrow product: blocks of 8, 4, 2 and 1
                 // columns, ragged last panels, one step of K)
                 (13, 8, 40),
@@ -651,6 +658,23 @@ fn kernels_agree_across_isas() {
                         x[r * lds + c],
                         "{isa:?} transpose {rows}x{cols} at ({r}, {c})"
                     );
+                }
+            }
+            // the same into separate rows (one spare row past `cols` stays untouched)
+            let mut rows_buf = alloc::vec![f32::NAN; (cols + 1) * (rows + 2)];
+            let mut dst: Vec<&mut [f32]> = rows_buf.chunks_mut(rows + 2).collect();
+            transpose_to_rows_on(isa, &x, lds, rows, cols, &mut dst);
+            for (c, row) in dst.iter().enumerate() {
+                for (r, &v) in row.iter().enumerate() {
+                    if c < cols && r < rows {
+                        assert_eq!(
+                            v,
+                            x[r * lds + c],
+                            "{isa:?} to rows {rows}x{cols} ({r}, {c})"
+                        );
+                    } else {
+                        assert!(v.is_nan(), "{isa:?} to rows {rows}x{cols} wrote ({r}, {c})");
+                    }
                 }
             }
         }

@@ -289,9 +289,8 @@ impl Kernel for BlockedConv {
                 pos(u1)
             };
             // blocked output: the blocks' spans of y; plain output: one unit's scratch per
-            // block and the channel-major copy of one (from the scratch pool: every element
-            // is written before it is read)
-            let mut scratch = crate::simd::scratch::<f32>(if plain { 3 * seg * NCHWC } else { 0 });
+            // block (from the scratch pool: every element is written before it is read)
+            let mut scratch = crate::simd::scratch::<f32>(if plain { 2 * seg * NCHWC } else { 0 });
             let span = |k: usize| {
                 let o = (img * mb + b0 + k) * out_blk + p0 * NCHWC;
                 debug_assert!(o + (p1 - p0) * NCHWC <= ylen);
@@ -300,14 +299,12 @@ impl Kernel for BlockedConv {
                 // `y`, and `y` is borrowed until `parallel_for_work` returns
                 unsafe { core::slice::from_raw_parts_mut(yp.get().add(o), (p1 - p0) * NCHWC) }
             };
-            let (d0, d1, tr): (&mut [f32], &mut [f32], &mut [f32]) = if plain {
-                let (a, rest) = scratch.split_at_mut(seg * NCHWC);
-                let (c, d) = rest.split_at_mut(seg * NCHWC);
-                (a, c, d)
+            let (d0, d1): (&mut [f32], &mut [f32]) = if plain {
+                scratch.split_at_mut(seg * NCHWC)
             } else {
                 let d0 = span(0);
                 let d1: &mut [f32] = if nb == 2 { span(1) } else { &mut [] };
-                (d0, d1, &mut [])
+                (d0, d1)
             };
             for u in u0..u1 {
                 let (row, s) = (u / per_row, u % per_row);
@@ -369,23 +366,21 @@ impl Kernel for BlockedConv {
                         simd::unary_inplace(a, seg_out);
                     }
                     if plain {
-                        // [position][16] to the block's real channels' rows of y
+                        // [position][16] straight into the block's real channels' rows of y
                         let npos = ow1 - ow0;
                         let c0 = (b0 + k) * NCHWC;
                         let cn = NCHWC.min(m - c0);
-                        let tr = &mut tr[..cn * npos];
-                        simd::transpose_matrix(seg_out, NCHWC, npos, cn, tr, npos);
                         let p = row * geo.ow + ow0;
-                        for (c, src) in tr.chunks_exact(npos).enumerate() {
+                        let mut rows: [&mut [f32]; NCHWC] = Default::default();
+                        for (c, r) in rows.iter_mut().take(cn).enumerate() {
                             let o = (img * m + c0 + c) * plane + p;
                             debug_assert!(o + npos <= ylen);
                             // SAFETY: channel c0 + c of image img at positions p..p + npos is
                             // written by this task alone (its block and unit), inside `y`,
                             // which is borrowed until `parallel_for_work` returns
-                            unsafe {
-                                core::ptr::copy_nonoverlapping(src.as_ptr(), yp.get().add(o), npos)
-                            };
+                            *r = unsafe { core::slice::from_raw_parts_mut(yp.get().add(o), npos) };
                         }
+                        simd::transpose_to_rows(seg_out, NCHWC, npos, cn, &mut rows);
                     }
                 }
             }
