@@ -510,6 +510,33 @@ fn im2col<T: Copy + Send + Sync>(
     });
 }
 
+/// The patches of a 1-D convolution without dilation whose windows for output positions
+/// `p0..p0+ncols` lie inside the input (no padding read): each channel's windows are rows of
+/// the input at the stride's step, so its block of patch rows is their transpose, taken a
+/// register block at a time (a per-row gather costs more than the product for a long kernel
+/// over a few positions: oww_melspectrogram's 512-tap STFT filters at stride 160). Returns
+/// false, writing nothing, for any other convolution.
+fn im2col_windows(x: &[f32], g: &Geom, p0: usize, ncols: usize, col: &mut [f32]) -> bool {
+    if g.nd() != 1 || g.d[0] != 1 || ncols == 0 {
+        return false;
+    }
+    let (w, k, s) = (g.inp[0], g.k[0], g.s[0]);
+    let first = (p0 * s) as isize - g.pb[0];
+    let last = ((p0 + ncols - 1) * s + k) as isize - g.pb[0];
+    if first < 0 || last > w as isize || k == 0 {
+        return false;
+    }
+    let channels = x.len() / w;
+    if col.len() < channels * k * ncols {
+        return false;
+    }
+    for (c, rows) in col.chunks_exact_mut(k * ncols).take(channels).enumerate() {
+        let src = &x[c * w + first as usize..(c + 1) * w];
+        crate::simd::transpose_matrix(src, s, ncols, k, rows, ncols);
+    }
+    true
+}
+
 /// The patches of output positions `p0..p0+ncols` (`rows` rows: channels times kernel
 /// offsets) written straight into the SGEMM's B panels (`nr` columns each, the layout of
 /// `Operand::Panels`; columns past `ncols` are zero), so the product packs nothing.
@@ -586,7 +613,13 @@ fn conv_tile_product<T: Num>(
     } else {
         &mut col[..kdim * nc]
     };
-    im2col(cx.cpu, xg, g, p0, nc, col, T::ZERO);
+    let windows = match (T::as_f32(xg), T::as_f32_mut(col)) {
+        (Some(x), Some(col)) => im2col_windows(x, g, p0, nc, col),
+        _ => false,
+    };
+    if !windows {
+        im2col(cx.cpu, xg, g, p0, nc, col, T::ZERO);
+    }
     let (_, nr) = crate::simd::gemm_tile();
     if let (Some(w), Some(wp), Some(b), Some(c), true) = (
         T::as_f32(wg),
@@ -3553,6 +3586,24 @@ mod tests {
                 st: vec![2, 3],
                 dil: vec![2, 1],
                 pads: vec![1, 0, 3, 2],
+            },
+            // 1-D, a long kernel over a few positions (the patches as transposed windows),
+            // inside the input and with pads (the gather again), two groups
+            Case {
+                xs: vec![2, 3, 300],
+                ws: vec![20, 3, 40],
+                group: 1,
+                st: vec![23],
+                dil: vec![1],
+                pads: vec![0, 0],
+            },
+            Case {
+                xs: vec![1, 4, 200],
+                ws: vec![6, 2, 33],
+                group: 2,
+                st: vec![17],
+                dil: vec![1],
+                pads: vec![5, 4],
             },
         ];
         for cs in &cases {
