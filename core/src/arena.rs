@@ -408,11 +408,7 @@ impl<'a> KernelCx<'a> {
     /// (see [`RawOut`]): never zero-filled.
     pub fn output_raw<T: Elem>(&self, k: usize, shape: &[usize]) -> Result<RawOut<T>> {
         let n = numel(shape)?;
-        let planned = self.planned(k, T::DT, shape).map(|r| OutBuf {
-            dtype: T::DT,
-            shape: shape.to_vec(),
-            mem: Mem::Arena(r),
-        });
+        let planned = self.output_planned::<T>(k, shape);
         let fresh = if planned.is_some() {
             Vec::new()
         } else {
@@ -435,9 +431,6 @@ impl<'a> KernelCx<'a> {
         Ok(b)
     }
 
-    /// Output 0 written over input `input` (which is `x`), when the plan made this step
-    /// in-place and `x` is exactly its planned arena region. The buffer then holds `x`'s
-    /// elements; the kernel must read them from the buffer, never from `x`.
     /// Output `k` in its planned arena region, or `None` where it has none (a graph output,
     /// an eager run): the kernel then makes its own vector (see [`OutBuf::from_vec`]).
     pub fn output_planned<T: Elem>(&self, k: usize, shape: &[usize]) -> Option<OutBuf<T>> {
@@ -449,6 +442,9 @@ impl<'a> KernelCx<'a> {
         })
     }
 
+    /// Output 0 written over input `input` (which is `x`), when the plan made this step
+    /// in-place and `x` is exactly its planned arena region. The buffer then holds `x`'s
+    /// elements; the kernel must read them from the buffer, never from `x`.
     pub fn output_in_place<T: Elem>(&self, input: usize, x: &Tensor) -> Option<OutBuf<T>> {
         let m = self.mem.as_ref()?;
         if m.in_place != Some(input) || x.dtype() != T::DT || !x.is_whole_storage() {
