@@ -72,6 +72,10 @@ trait Real: Float + AddAssign + SubAssign + MulAssign + Neg<Output = Self> + Ele
     ) -> bool {
         false
     }
+    /// Mean and variance of a row through the SIMD layer, where the type has one.
+    fn moments_simd(_x: &[Self]) -> Option<(f64, f64)> {
+        None
+    }
 }
 
 impl Real for f32 {
@@ -91,6 +95,9 @@ impl Real for f32 {
     ) -> bool {
         crate::simd::normalize_row(x, mean, inv_std, scale, bias, y);
         true
+    }
+    fn moments_simd(x: &[f32]) -> Option<(f64, f64)> {
+        Some(crate::simd::moments(x))
     }
     #[inline(always)]
     fn exp_nonpos(self) -> f32 {
@@ -307,10 +314,14 @@ fn par_out<T: Send>(
     });
 }
 
-/// Mean and population variance of a slice, accumulated in f64 (two passes).
+/// Mean and population variance of a slice (two passes): f32 rows through the SIMD layer
+/// (f32 lanes within blocks, f64 across), other types accumulated in f64.
 fn mean_var<R: Real>(xs: &[R]) -> (f64, f64) {
     if xs.is_empty() {
         return (0.0, 0.0);
+    }
+    if let Some(m) = R::moments_simd(xs) {
+        return m;
     }
     let n = xs.len() as f64;
     let mut acc = [0f64; 4];

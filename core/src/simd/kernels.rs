@@ -682,6 +682,50 @@ pub fn sum<V: VF32>(x: &[f32]) -> f32 {
     s
 }
 
+/// Mean and (population) variance of a slice, two passes: lanes accumulate in f32 over blocks
+/// of [`MOMENT_BLOCK`] elements, blocks in f64, so the error does not grow with the length.
+/// The second pass sums deviations from the f32-rounded mean and corrects for its rounding.
+#[inline(always)]
+pub fn moments<V: VF32>(x: &[f32]) -> (f64, f64) {
+    let n = x.len();
+    if n == 0 {
+        return (0.0, 0.0);
+    }
+    let s: f64 = x.chunks(MOMENT_BLOCK).map(|c| sum::<V>(c) as f64).sum();
+    let mean = s / n as f64;
+    let mf = mean as f32;
+    let mv = V::splat(mf);
+    let l = V::LANES;
+    let (mut q, mut d) = (0f64, 0f64);
+    for c in x.chunks(MOMENT_BLOCK) {
+        let (mut a0, mut a1) = (V::splat(0.0), V::splat(0.0));
+        let (mut d0, mut d1) = (V::splat(0.0), V::splat(0.0));
+        let mut i = 0;
+        while i + 2 * l <= c.len() {
+            let e0 = V::load(&c[i..]).sub(mv);
+            let e1 = V::load(&c[i + l..]).sub(mv);
+            a0 = e0.fma(e0, a0);
+            a1 = e1.fma(e1, a1);
+            d0 = d0.add(e0);
+            d1 = d1.add(e1);
+            i += 2 * l;
+        }
+        let (mut qs, mut ds) = (a0.add(a1).hsum(), d0.add(d1).hsum());
+        for &v in &c[i..] {
+            let e = v - mf;
+            qs += e * e;
+            ds += e;
+        }
+        q += qs as f64;
+        d += ds as f64;
+    }
+    let (nf, dm) = (n as f64, d / n as f64);
+    (mf as f64 + dm, (q / nf - dm * dm).max(0.0))
+}
+
+/// Block length of [`moments`]' f32 partial sums.
+pub const MOMENT_BLOCK: usize = 512;
+
 /// Maximum of the row's non-NaN values (a NaN may or may not win, by ISA); one pass.
 #[inline(always)]
 fn max_lanes<V: VF32>(x: &[f32]) -> f32 {

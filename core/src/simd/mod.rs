@@ -713,6 +713,11 @@ dispatch!(
 );
 
 dispatch!(
+    /// Mean and population variance of a slice (f32 lanes within blocks, f64 across them).
+    fn moments / moments_on(x: &[f32]) -> (f64, f64) => moments
+);
+
+dispatch!(
     /// Maximum of a non-empty slice (NaN propagates).
     fn max / max_on(x: &[f32]) -> f32 => max
 );

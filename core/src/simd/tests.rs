@@ -998,3 +998,35 @@ fn pair_max_folds_like_max_pooling_on_every_isa() {
         }
     }
 }
+
+#[test]
+fn moments_match_f64_two_pass_on_every_isa() {
+    // lengths around the lane widths and the f32 block edge, and rows far from zero (a large
+    // mean next to a small spread is where accumulating in f32 would go wrong)
+    for isa in available_isas() {
+        for &n in &[1usize, 7, 16, 33, 511, 512, 513, 768, 5000, 100_003] {
+            for &offset in &[0f32, 1000.0, -30000.0] {
+                let x: Vec<f32> = data(n, n as u32)
+                    .iter()
+                    .map(|v| v * 0.01 + offset)
+                    .collect();
+                let nf = n as f64;
+                let mean = x.iter().map(|&v| v as f64).sum::<f64>() / nf;
+                let var = x
+                    .iter()
+                    .map(|&v| (v as f64 - mean) * (v as f64 - mean))
+                    .sum::<f64>()
+                    / nf;
+                let (m, v) = moments_on(isa, &x);
+                assert!(
+                    (m - mean).abs() <= 1e-6 * mean.abs().max(1.0),
+                    "{isa:?} n={n} offset={offset}: mean {m} vs {mean}"
+                );
+                assert!(
+                    (v - var).abs() <= 1e-4 * var + 1e-9,
+                    "{isa:?} n={n} offset={offset}: variance {v} vs {var}"
+                );
+            }
+        }
+    }
+}
