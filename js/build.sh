@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Builds the wasm runtime into js/wasm/ (wasm-pack, web target, SIMD128, LTO), optimises it
-# with binaryen's wasm-opt, and prints its size raw and gzipped.
+# Builds the wasm runtime into js/wasm/ (wasm-pack, web target, LTO) twice: SIMD128
+# (nxrt_wasm_bg.wasm) and SIMD128 + relaxed-SIMD (nxrt_wasm_bg.relaxed.wasm); optimises both
+# with binaryen's wasm-opt and prints their sizes raw and gzipped.
 #   bash js/build.sh            release build
 #   NXRT_WASM_PROFILE=release bash js/build.sh   faster link, bigger file
 set -euo pipefail
@@ -15,14 +16,28 @@ cd "$ROOT"
 # --no-opt: we run wasm-opt ourselves with the features the module uses.
 wasm-pack build target-wasm --mode no-install --target web --weak-refs --no-pack --no-gitignore \
   --no-opt --profile "$PROFILE" --out-dir ../js/wasm
-WASM="$HERE/wasm/nxrt_wasm_bg.wasm"
-if command -v wasm-opt >/dev/null; then
-  wasm-opt -O3 --strip-debug --strip-producers --enable-simd --enable-bulk-memory --enable-nontrapping-float-to-int \
-    --enable-sign-ext --enable-mutable-globals --enable-reference-types --enable-multivalue \
-    "$WASM" -o "$WASM.opt"
-  mv "$WASM.opt" "$WASM"
+# The relaxed-SIMD build (the SIMD layer's fma becomes f32x4.relaxed_madd): same sources, its
+# own target folder (other RUSTFLAGS would rebuild the first one's every time), same exports,
+# so the one JS glue serves both; src/index.js loads it where the engine validates relaxed-SIMD.
+RELAXED_OUT="$(mktemp -d)"
+trap 'rm -rf "$RELAXED_OUT"' EXIT
+CARGO_TARGET_DIR="$ROOT/target/wasm-relaxed" RUSTFLAGS="-C target-feature=+simd128,+relaxed-simd" \
+  wasm-pack build target-wasm --mode no-install --target web --weak-refs --no-pack --no-gitignore \
+  --no-opt --profile "$PROFILE" --out-dir "$RELAXED_OUT"
+if ! cmp -s "$RELAXED_OUT/nxrt_wasm.js" "$HERE/wasm/nxrt_wasm.js"; then
+  echo "the relaxed-SIMD build's JS glue differs from the SIMD128 build's: one glue cannot load both" >&2
+  exit 1
 fi
+cp "$RELAXED_OUT/nxrt_wasm_bg.wasm" "$HERE/wasm/nxrt_wasm_bg.relaxed.wasm"
+for WASM in "$HERE/wasm/nxrt_wasm_bg.wasm" "$HERE/wasm/nxrt_wasm_bg.relaxed.wasm"; do
+  if command -v wasm-opt >/dev/null; then
+    wasm-opt -O3 --strip-debug --strip-producers --enable-simd --enable-relaxed-simd --enable-bulk-memory \
+      --enable-nontrapping-float-to-int --enable-sign-ext --enable-mutable-globals --enable-reference-types \
+      --enable-multivalue "$WASM" -o "$WASM.opt"
+    mv "$WASM.opt" "$WASM"
+  fi
+  RAW=$(stat -c %s "$WASM")
+  GZ=$(gzip -9 -c "$WASM" | wc -c)
+  echo "nxrt wasm: $RAW bytes raw, $GZ bytes gzip -9 ($WASM)"
+done
 rm -f "$HERE/wasm/package.json" "$HERE/wasm/README.md" "$HERE/wasm/.gitignore"
-RAW=$(stat -c %s "$WASM")
-GZ=$(gzip -9 -c "$WASM" | wc -c)
-echo "nxrt wasm: $RAW bytes raw, $GZ bytes gzip -9 ($WASM)"

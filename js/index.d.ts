@@ -60,9 +60,22 @@ export declare class InferenceSession {
   release(): Promise<void>;
 }
 
-export declare const env: { wasm: { wasmPaths?: string | URL; numThreads: number } };
-/** `note` says when a setting could not be honoured (e.g. numThreads > 1). */
-export declare function runtimeInfo(): Promise<{ version: string; simd: string; threads: number; note: string | null }>;
+/** `wasm.relaxedSimd: false` keeps to the SIMD128 build where the engine has relaxed-SIMD. */
+export declare const env: { wasm: { wasmPaths?: string | URL; numThreads: number; relaxedSimd?: boolean } };
+/**
+ * `note` says when a setting could not be honoured (e.g. numThreads > 1); `simd` is
+ * `simd128+relaxed` for the relaxed-SIMD build; `relaxedFallback` says why that build was not
+ * loaded where the engine has relaxed-SIMD.
+ */
+export declare function runtimeInfo(): Promise<{
+  version: string;
+  simd: string;
+  threads: number;
+  note: string | null;
+  relaxedFallback: string | null;
+}>;
+/** Whether this engine validates relaxed-SIMD wasm (where the relaxed build is loaded). */
+export declare function relaxedSimdSupported(): boolean;
 export declare function wasmMemoryBytes(): number;
 /** The small CNN built into nxrt (input `image` float32 [batch,1,16,16], output `probs` [batch,10]). */
 export declare function embeddedModel(): Promise<Uint8Array>;

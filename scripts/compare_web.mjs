@@ -3,7 +3,11 @@
 // runs) after a warm-up; prints a markdown table of medians and the nxrt/ORT ratio, plus both
 // runtimes' wasm sizes (raw and gzip -9).
 //
-//   node scripts/compare_web.mjs [--rounds R] [--runs K] [--models a,b,...] [--webgpu]
+//   node scripts/compare_web.mjs [--rounds R] [--runs K] [--models a,b,...] [--webgpu] [--no-relaxed]
+//
+// nxrt loads its relaxed-SIMD build where Chromium validates relaxed-SIMD (every current one);
+// --no-relaxed keeps it to the SIMD128 build (what a browser without relaxed-SIMD runs). The
+// table's header names the build that ran.
 //
 // --webgpu compares the WebGPU providers instead (nxrt ['webgpu', 'wasm'] vs onnxruntime-web's
 // webgpu bundle with ['webgpu', 'wasm']). Headless Chromium's adapter is SwiftShader, a CPU
@@ -35,7 +39,8 @@ if (!existsSync(pinned) || JSON.parse(readFileSync(pinned, 'utf8')).version !== 
   console.error(`installing onnxruntime-web@${VERSION} into ${ortDir}`);
   execFileSync('npm', ['install', '--no-audit', '--no-fund', '--prefix', ortDir, `onnxruntime-web@${VERSION}`], { stdio: 'inherit' });
 }
-const nxWasm = join(REPO, 'js', 'wasm', 'nxrt_wasm_bg.wasm');
+const NO_RELAXED = process.argv.includes('--no-relaxed');
+const nxWasm = join(REPO, 'js', 'wasm', NO_RELAXED ? 'nxrt_wasm_bg.wasm' : 'nxrt_wasm_bg.relaxed.wasm');
 if (!existsSync(nxWasm)) throw new Error('no wasm build: run bash js/build.sh');
 
 const median = (xs) => {
@@ -53,12 +58,14 @@ const models = opt('--models') ? opt('--models').split(',') : corpusModels();
 const srv = await serve({ '/': join(REPO, 'js', 'bench'), '/nxrt/': join(REPO, 'js'), '/ort/': ortDist, '/corpus/': CORPUS });
 const browser = await launchChromium();
 const rows = [];
+let nxIsa = null;
 try {
   for (const model of models) {
     // a fresh page per model, so neither runtime inherits the other's heap
     const page = await browser.newPage();
     page.on('pageerror', (e) => console.error(`${model}: page error ${e.message}`));
-    await page.goto(`${srv.url}/compare.html${WEBGPU ? '?webgpu' : ''}`);
+    const query = [WEBGPU && 'webgpu', NO_RELAXED && 'norelaxed'].filter(Boolean).join('&');
+    await page.goto(`${srv.url}/compare.html${query ? `?${query}` : ''}`);
     await page.waitForFunction(() => window.ready === true, null, { timeout: 60000 });
     const c = corpusCases(model)[0];
     const res = { model, nxrt: [], ort: [], err: {}, batch: 1 };
@@ -80,6 +87,7 @@ try {
         res[which].push(...(await page.evaluate(([w, n, b]) => window.time(w, n, b), [which, RUNS, res.batch])));
       }
     }
+    if (!nxIsa) nxIsa = (await page.evaluate(() => window.nxInfo())).simd;
     await page.evaluate(() => window.unload());
     await page.close();
     rows.push(res);
@@ -96,7 +104,7 @@ if (WEBGPU) {
   console.log(`\nnxrt ['webgpu', 'wasm'] vs onnxruntime-web ${VERSION} webgpu bundle ['webgpu', 'wasm'], ${info}, headless;`);
   console.log('the adapter is SwiftShader (CPU emulation of a GPU): not GPU speed, see the script header;');
 } else {
-  console.log(`\nnxrt (wasm, SIMD128, 1 thread) vs onnxruntime-web ${VERSION} (wasm EP, 1 thread), ${info}, headless;`);
+  console.log(`\nnxrt (wasm, ${nxIsa}, 1 thread) vs onnxruntime-web ${VERSION} (wasm EP, 1 thread), ${info}, headless;`);
 }
 console.log(`median ms per run over ${ROUNDS} interleaved rounds x ${RUNS} samples each (after 15 warm-up runs; a sample is one run, or the mean of a batch of runs where a run takes under 5 ms), first reference case's inputs.\n`);
 console.log('| model | nxrt ms | ORT-web ms | nxrt/ORT | runs per sample |');
@@ -114,6 +122,6 @@ const ortWasm = ['ort-wasm-simd-threaded.jsep.wasm', 'ort-wasm-simd-threaded.asy
 const o = size(ortWasm);
 console.log('\n| wasm file | raw MB | gzip -9 MB |');
 console.log('|---|---:|---:|');
-console.log(`| nxrt \`nxrt_wasm_bg.wasm\` | ${mb(n.raw)} | ${mb(n.gz)} |`);
+console.log(`| nxrt \`${nxWasm.split('/').pop()}\` | ${mb(n.raw)} | ${mb(n.gz)} |`);
 console.log(`| onnxruntime-web \`${ortWasm.split('/').pop()}\` | ${mb(o.raw)} | ${mb(o.gz)} |`);
 console.log(`| ratio nxrt/ORT | ${(n.raw / o.raw).toFixed(2)} | ${(n.gz / o.gz).toFixed(2)} |`);

@@ -71,7 +71,7 @@ step "ONNX backend node tests (native CPU) against tests/conformance/native.json
 step "docs/operators.md is current (cargo run -p nxrt-tests --bin operators)"
 ./target/release/operators --check
 
-step "wasm package (js/build.sh: wasm-pack, SIMD128, wasm-opt)"
+step "wasm package (js/build.sh: wasm-pack, SIMD128 and relaxed-SIMD builds, wasm-opt)"
 bash js/build.sh
 
 step "ONNX backend node tests (wasm in Node) against tests/conformance/wasm.json"

@@ -18,12 +18,37 @@ const isNode =
 
 /**
  * Settings, shaped like onnxruntime-web's `ort.env`. `wasm.wasmPaths`: a folder URL to fetch
- * `nxrt_wasm_bg.wasm` from (before first use). `wasm.numThreads`: this build runs on one
+ * the wasm files from (before first use). `wasm.numThreads`: this build runs on one
  * thread; asking for more is reported once on the console and in `runtimeInfo()`, never
- * silently dropped.
+ * silently dropped. `wasm.relaxedSimd`: `false` keeps to the SIMD128 build even where the
+ * engine has relaxed-SIMD (by default the relaxed build, `nxrt_wasm_bg.relaxed.wasm`, is
+ * loaded where `WebAssembly.validate` accepts relaxed-SIMD code and the file is there).
  */
-export const env = { wasm: { wasmPaths: undefined, numThreads: 1 } };
+export const env = { wasm: { wasmPaths: undefined, numThreads: 1, relaxedSimd: undefined } };
+
+// The smallest module that uses relaxed-SIMD: one function returning
+// f32x4.relaxed_madd(0, 0, 0). It validates exactly where the engine has relaxed-SIMD.
+const RELAXED_PROBE = new Uint8Array([
+  0x00, 0x61, 0x73, 0x6d, 0x01, 0x00, 0x00, 0x00, // magic, version
+  0x01, 0x05, 0x01, 0x60, 0x00, 0x01, 0x7b, // types: () -> v128
+  0x03, 0x02, 0x01, 0x00, // one function of type 0
+  0x0a, 0x3d, 0x01, 0x3b, 0x00, // code: one body of 59 bytes, no locals
+  ...[0, 1, 2].flatMap(() => [0xfd, 0x0c, ...new Array(16).fill(0)]), // v128.const 0, three times
+  0xfd, 0x85, 0x02, // f32x4.relaxed_madd (0xfd 0x105)
+  0x0b, // end
+]);
+
+/** Whether this engine runs relaxed-SIMD wasm (checked by validation, never by failing). */
+export function relaxedSimdSupported() {
+  try {
+    return typeof WebAssembly === 'object' && WebAssembly.validate(RELAXED_PROBE);
+  } catch {
+    return false;
+  }
+}
 let warnedThreads = false;
+// why the relaxed-SIMD build was not loaded where the engine has relaxed-SIMD (runtimeInfo)
+let relaxedFallback = null;
 
 function threadNote() {
   const n = env.wasm.numThreads;
@@ -34,15 +59,33 @@ function threadNote() {
 async function ensureWasm() {
   if (!loading) {
     loading = (async () => {
-      const url = env.wasm.wasmPaths
-        ? new URL('nxrt_wasm_bg.wasm', env.wasm.wasmPaths)
-        : new URL('../wasm/nxrt_wasm_bg.wasm', import.meta.url);
-      let source = url;
-      if (isNode && url.protocol === 'file:') {
-        const { readFile } = await import('node:fs/promises');
-        source = await readFile(url);
+      // each URL written out whole, so that bundlers see the files (new URL(literal, import.meta.url))
+      const at = (file) =>
+        env.wasm.wasmPaths
+          ? new URL(file, env.wasm.wasmPaths)
+          : file === 'nxrt_wasm_bg.wasm'
+            ? new URL('../wasm/nxrt_wasm_bg.wasm', import.meta.url)
+            : new URL('../wasm/nxrt_wasm_bg.relaxed.wasm', import.meta.url);
+      const load = async (url) => {
+        if (isNode && url.protocol === 'file:') {
+          const { readFile } = await import('node:fs/promises');
+          return readFile(url);
+        }
+        return url;
+      };
+      const base = at('nxrt_wasm_bg.wasm');
+      let done = false;
+      if (env.wasm.relaxedSimd !== false && relaxedSimdSupported()) {
+        // the relaxed build where the engine has relaxed-SIMD; a package or server without
+        // the file falls back to the SIMD128 build
+        try {
+          exportsObj = await init({ module_or_path: await load(at('nxrt_wasm_bg.relaxed.wasm')) });
+          done = true;
+        } catch (e) {
+          relaxedFallback = `relaxed-SIMD build not loaded (${e?.message ?? e}); running the SIMD128 build`;
+        }
       }
-      exportsObj = await init({ module_or_path: source });
+      if (!done) exportsObj = await init({ module_or_path: await load(base) });
     })().catch((e) => {
       loading = null;
       throw e;
@@ -56,10 +99,14 @@ export function wasmMemoryBytes() {
   return exportsObj ? exportsObj.memory.buffer.byteLength : 0;
 }
 
-/** Runtime facts: version and the SIMD instruction set the kernels use. */
+/**
+ * Runtime facts: version, the SIMD instruction set the kernels use (`simd128+relaxed` for the
+ * relaxed-SIMD build), and `relaxedFallback`: why the relaxed build was not loaded where the
+ * engine has relaxed-SIMD (null when it was, or when the engine lacks it).
+ */
 export async function runtimeInfo() {
   await ensureWasm();
-  return { version: wasm.version(), simd: wasm.simdIsa(), threads: 1, note: threadNote() };
+  return { version: wasm.version(), simd: wasm.simdIsa(), threads: 1, note: threadNote(), relaxedFallback };
 }
 
 /**

@@ -15,7 +15,7 @@ test('npm pack produces an installable package that runs the embedded model', ()
     const out = execFileSync('npm', ['pack', '--json', '--pack-destination', dir], { cwd: join(REPO, 'js'), encoding: 'utf8' });
     const info = JSON.parse(out)[0];
     const files = info.files.map((f) => f.path);
-    for (const f of ['src/index.js', 'src/npy.js', 'index.d.ts', 'wasm/nxrt_wasm.js', 'wasm/nxrt_wasm_bg.wasm']) {
+    for (const f of ['src/index.js', 'src/npy.js', 'index.d.ts', 'wasm/nxrt_wasm.js', 'wasm/nxrt_wasm_bg.wasm', 'wasm/nxrt_wasm_bg.relaxed.wasm']) {
       assert.ok(files.includes(f), `${f} is in the tarball (${files.join(', ')})`);
     }
     assert.ok(!files.some((f) => f.startsWith('test/') || f.startsWith('bench/')), 'tests stay out');

@@ -476,6 +476,11 @@ pub fn scratch<T: bytemuck::Pod>(len: usize) -> Scratch<T> {
 
 /// Which instruction set the dispatcher picks on this machine (for reports).
 pub fn isa_name() -> &'static str {
+    // the relaxed-SIMD wasm build says so (its fma is relaxed madd)
+    #[cfg(all(target_arch = "wasm32", target_feature = "relaxed-simd"))]
+    if isa() == Isa::Simd128 {
+        return "simd128+relaxed";
+    }
     isa().name()
 }
 

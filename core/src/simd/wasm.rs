@@ -43,8 +43,17 @@ impl VF32 for V128 {
     }
     #[inline(always)]
     fn fma(self, b: Self, c: Self) -> Self {
-        // relaxed-simd's madd is not in every browser yet: multiply, then add
-        V128(f32x4_add(f32x4_mul(self.0, b.0), c.0))
+        // the relaxed-SIMD build (js/build.sh builds both; the npm package loads it where the
+        // browser validates relaxed-SIMD) takes the madd, fused where the machine has FMA;
+        // the SIMD128 build multiplies, then adds
+        #[cfg(target_feature = "relaxed-simd")]
+        {
+            V128(f32x4_relaxed_madd(self.0, b.0, c.0))
+        }
+        #[cfg(not(target_feature = "relaxed-simd"))]
+        {
+            V128(f32x4_add(f32x4_mul(self.0, b.0), c.0))
+        }
     }
     #[inline(always)]
     fn max(self, o: Self) -> Self {
