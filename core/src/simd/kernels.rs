@@ -720,7 +720,9 @@ pub fn moments<V: VF32>(x: &[f32]) -> (f64, f64) {
         d += ds as f64;
     }
     let (nf, dm) = (n as f64, d / n as f64);
-    (mf as f64 + dm, (q / nf - dm * dm).max(0.0))
+    // clamped at zero against rounding, but a NaN (from a NaN or an infinity in x) stays NaN
+    let var = q / nf - dm * dm;
+    (mf as f64 + dm, if var < 0.0 { 0.0 } else { var })
 }
 
 /// Block length of [`moments`]' f32 partial sums.

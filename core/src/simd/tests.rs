@@ -1028,5 +1028,15 @@ fn moments_match_f64_two_pass_on_every_isa() {
                 );
             }
         }
+        // a NaN or an infinity in the row makes both statistics NaN, as f64 sums would
+        for bad in [f32::NAN, f32::INFINITY] {
+            let mut x = data(100, 3);
+            x[37] = bad;
+            let (m, v) = moments_on(isa, &x);
+            assert!(
+                v.is_nan() && (m.is_nan() || m.is_infinite()),
+                "{isa:?} {bad}: {m} {v}"
+            );
+        }
     }
 }
