@@ -1067,7 +1067,13 @@ fn conv_depthwise<T: Num>(
     let per = planes.div_ceil(4 * cpu.threads().max(1)).max(1);
     par_chunks_mut(cpu, y, per * plane, kh * kw + 2, &|ti, outs| {
         let mut phases = crate::simd::scratch::<T>(sh * sw * phase_len + SLACK);
-        let mut acc = crate::simd::scratch::<T>((rows * wp).next_multiple_of(SLACK));
+        // the strip buffer only narrow rows use (wide ones are computed in place)
+        let acc_len = if ow >= SLACK {
+            0
+        } else {
+            (rows * wp).next_multiple_of(SLACK)
+        };
+        let mut acc = crate::simd::scratch::<T>(acc_len);
         let mut tmp = crate::simd::scratch::<T>(wp * sw);
         phases[sh * sw * phase_len..].fill(T::ZERO);
         for (k, out) in outs.chunks_exact_mut(plane).enumerate() {
