@@ -252,7 +252,8 @@ fn map<V: VF32>(a: Act, x: &[f32], out: &mut [f32]) {
 }
 
 /// `acc[i] = bias + sum over taps t of ws[t] * src[offs[t] + i]`: four vectors of outputs at
-/// a time held in registers over all taps, then one vector, then scalars.
+/// a time held in registers over all taps (the last four ending at the end); fewer than four
+/// vectors in all as that many chains; scalars only for fewer outputs than one vector.
 #[inline(always)]
 pub fn conv_taps<V: VF32>(ws: &[f32], offs: &[usize], src: &[f32], bias: f32, acc: &mut [f32]) {
     // the common kernels (3x3, 5x5) keep their weights and offsets in registers
@@ -275,13 +276,18 @@ fn conv_taps_n<V: VF32, const T: usize>(
 ) {
     let l = V::LANES;
     let n = acc.len();
-    let wv: [V; T] = core::array::from_fn(|q| V::splat(ws[q]));
     let of: [usize; T] = core::array::from_fn(|q| offs[q]);
+    if n < 4 * l {
+        // fewer than four vectors: one chain per vector, the last ending at n (before the
+        // weights are splatted into registers that this path would not use)
+        return conv_taps_short::<V>(&ws[..T], &of, src, bias, acc);
+    }
+    let wv: [V; T] = core::array::from_fn(|q| V::splat(ws[q]));
     let reach = of.iter().max().map_or(0, |&o| o + n);
     assert!(reach <= src.len(), "conv taps read past their source");
     let bv = V::splat(bias);
     let mut i = 0;
-    while i < n && n >= 4 * l {
+    while i < n {
         // the last block of four vectors ends at n, overlapping the one before it (the
         // outputs are stored, not added: recomputed ones are the same), so that no output is
         // left to the one-vector loop, whose single chain of FMAs waits on each one
@@ -300,23 +306,68 @@ fn conv_taps_n<V: VF32, const T: usize>(
         }
         i += 4 * l;
     }
-    while i + l <= n {
-        let mut a = bv;
-        for q in 0..T {
-            // SAFETY: as above, with i + l <= n
-            let s = unsafe { src.get_unchecked(of[q] + i..of[q] + i + l) };
-            a = wv[q].fma(V::load(s), a);
+}
+
+/// [`conv_taps`] for fewer than four vectors of outputs: one independent chain of FMAs per
+/// vector, the last vector ending at the end (overlapping the one before it: outputs are
+/// stored, not added, so recomputed ones are the same), so that neither a lone chain waiting
+/// on each FMA nor scalar sums take the outputs past the whole vectors; scalars only for
+/// fewer outputs than one vector.
+#[inline(always)]
+fn conv_taps_short<V: VF32>(ws: &[f32], of: &[usize], src: &[f32], bias: f32, acc: &mut [f32]) {
+    let (l, n) = (V::LANES, acc.len());
+    let reach = of.iter().max().map_or(0, |&o| o + n);
+    assert!(
+        reach <= src.len() && ws.len() == of.len(),
+        "conv taps read past their source"
+    );
+    let bv = V::splat(bias);
+    match n.div_ceil(l) {
+        _ if n < l => {
+            for (j, o) in acc.iter_mut().enumerate() {
+                *o = ws
+                    .iter()
+                    .zip(of)
+                    .fold(bias, |a, (&w, &q)| a + w * src[q + j]);
+            }
         }
-        a.store(&mut acc[i..]);
-        i += l;
+        // as many chains as vectors (a latency-bound chain costs as much as four at once)
+        1 => taps_block::<V>(ws, of, src, bv, [0; 4], acc),
+        2 => taps_block::<V>(ws, of, src, bv, [0, n - l, 0, n - l], acc),
+        3 => taps_block::<V>(ws, of, src, bv, [0, l, n - l, l], acc),
+        _ => taps_block::<V>(ws, of, src, bv, [0, l, 2 * l, n - l], acc),
     }
-    for (j, o) in acc.iter_mut().enumerate().skip(i) {
-        let mut a = bias;
-        for q in 0..T {
-            a += ws[q] * src[of[q] + j];
+}
+
+/// Four vectors of outputs starting at `at` (not necessarily distinct: a repeated start
+/// stores the same values twice), all taps, as four independent chains. The caller checked
+/// every read: each `at[k] + LANES <= acc.len()` and every offset plus `acc.len()` inside
+/// `src`.
+#[inline(always)]
+fn taps_block<V: VF32>(
+    ws: &[f32],
+    of: &[usize],
+    src: &[f32],
+    bv: V,
+    at: [usize; 4],
+    acc: &mut [f32],
+) {
+    let l = V::LANES;
+    let (mut a0, mut a1, mut a2, mut a3) = (bv, bv, bv, bv);
+    for (&w, &o) in ws.iter().zip(of) {
+        let w = V::splat(w);
+        // SAFETY: o + at[k] + l <= o + acc.len() <= src.len() (checked by the caller)
+        unsafe {
+            a0 = w.fma(V::load(src.get_unchecked(o + at[0]..o + at[0] + l)), a0);
+            a1 = w.fma(V::load(src.get_unchecked(o + at[1]..o + at[1] + l)), a1);
+            a2 = w.fma(V::load(src.get_unchecked(o + at[2]..o + at[2] + l)), a2);
+            a3 = w.fma(V::load(src.get_unchecked(o + at[3]..o + at[3] + l)), a3);
         }
-        *o = a;
     }
+    a0.store(&mut acc[at[0]..at[0] + l]);
+    a1.store(&mut acc[at[1]..at[1] + l]);
+    a2.store(&mut acc[at[2]..at[2] + l]);
+    a3.store(&mut acc[at[3]..at[3] + l]);
 }
 
 /// `dst[c * ldd + r] = src[r * lds + c]` for `r < rows`, `c < cols`, a `LANES x LANES` block
@@ -604,43 +655,21 @@ fn dw_chunk<V: VF32, const K: usize>(
 /// [`conv_taps`] for any number of taps.
 #[inline(always)]
 fn conv_taps_any<V: VF32>(ws: &[f32], offs: &[usize], src: &[f32], bias: f32, acc: &mut [f32]) {
-    let l = V::LANES;
-    let n = acc.len();
+    let (l, n) = (V::LANES, acc.len());
     let t = ws.len().min(offs.len());
     let (ws, offs) = (&ws[..t], &offs[..t]);
+    if n < 4 * l {
+        return conv_taps_short::<V>(ws, offs, src, bias, acc);
+    }
+    let reach = offs.iter().max().map_or(0, |&o| o + n);
+    assert!(reach <= src.len(), "conv taps read past their source");
     let bv = V::splat(bias);
     let mut i = 0;
-    while i < n && n >= 4 * l {
+    while i < n {
         // the last block overlaps the one before it (as in conv_taps_n)
         i = i.min(n - 4 * l);
-        let mut a = [bv; 4];
-        for q in 0..t {
-            let wv = V::splat(ws[q]);
-            let s = &src[offs[q] + i..offs[q] + i + 4 * l];
-            a[0] = wv.fma(V::load(s), a[0]);
-            a[1] = wv.fma(V::load(&s[l..]), a[1]);
-            a[2] = wv.fma(V::load(&s[2 * l..]), a[2]);
-            a[3] = wv.fma(V::load(&s[3 * l..]), a[3]);
-        }
-        for (q, v) in a.iter().enumerate() {
-            v.store(&mut acc[i + q * l..]);
-        }
+        taps_block::<V>(ws, offs, src, bv, [i, i + l, i + 2 * l, i + 3 * l], acc);
         i += 4 * l;
-    }
-    while i + l <= n {
-        let mut a = bv;
-        for q in 0..t {
-            a = V::splat(ws[q]).fma(V::load(&src[offs[q] + i..]), a);
-        }
-        a.store(&mut acc[i..]);
-        i += l;
-    }
-    for (j, o) in acc.iter_mut().enumerate().skip(i) {
-        let mut a = bias;
-        for q in 0..t {
-            a += ws[q] * src[offs[q] + j];
-        }
-        *o = a;
     }
 }
 

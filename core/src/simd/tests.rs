@@ -599,7 +599,7 @@ fn kernels_agree_across_isas() {
         ];
         for ((ws, offs), n) in tap_sets
             .iter()
-            .flat_map(|t| [1usize, 7, 16, 63, 64, 65, 200, 900].map(|n| (t, n)))
+            .flat_map(|t| [1usize, 7, 16, 20, 33, 40, 47, 63, 64, 65, 200, 900].map(|n| (t, n)))
         {
             let mut acc = alloc::vec![f32::NAN; n];
             conv_taps_on(isa, ws, offs, &x, 0.75, &mut acc);
