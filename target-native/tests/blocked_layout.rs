@@ -44,7 +44,8 @@ fn conv(
     n
 }
 
-/// x -> stem (3x3, stride 2, asymmetric pads) -> HardSwish -> depthwise -> Relu = d;
+/// x -> stem (3x3, stride 2, asymmetric pads) -> HardSwish -> depthwise -> Relu -> times a
+/// constant, from a constant (`Mul(a, .)`, `Sub(o, .)`) = d;
 /// SE: GlobalAveragePool(d) -> 1x1 -> Relu -> 1x1 -> HardSigmoid -> Mul(d) = e;
 /// pointwise(e) = p; pointwise(p) + p -> Relu = y; `tap` = Neg(d) reads d plain.
 fn model(n: &Net) -> Vec<u8> {
@@ -56,7 +57,10 @@ fn model(n: &Net) -> Vec<u8> {
         conv("x", "w0", Some("b0"), "t0", 3, 2, [1, 0, 1, 1], 1, 1),
         node("HardSwish", &["t0"], &["t1"]),
         conv("t1", "w1", Some("b1"), "t2", k, 1, [pp; 4], m, n.dw_dil),
-        node("Relu", &["t2"], &["d"]),
+        node("Relu", &["t2"], &["t3"]),
+        // one-element constants as the first operand (the blocked value second)
+        node("Mul", &["a", "t3"], &["t4"]),
+        node("Sub", &["o", "t4"], &["d"]),
         node("GlobalAveragePool", &["d"], &["g"]),
         conv("g", "w2", Some("b2"), "g1", 1, 1, [0; 4], 1, 1),
         node("Relu", &["g1"], &["g2"]),
@@ -83,6 +87,8 @@ fn model(n: &Net) -> Vec<u8> {
         f32s("w4", &[mi, mi, 1, 1], &data(m * m, 9)),
         f32s("w5", &[mi, mi, 1, 1], &data(m * m, 10)),
         f32s("b5", &[mi], &data(m, 11)),
+        f32s("a", &[1, 1, 1, 1], &[0.75]),
+        f32s("o", &[], &[0.25]),
     ];
     let (h, w) = (n.hw.0.to_string(), n.hw.1.to_string());
     opset17_model(GraphProto {

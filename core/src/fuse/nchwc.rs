@@ -15,7 +15,8 @@
 //!   reader may take it (a convolution or one of the ops below), else the plain form itself
 //!   (`plain_output`), row segment by row segment from cache, with no blocked tensor between.
 //! - Element-wise activations, and Add/Mul/Sub/Div of two blocked values with the same
-//!   channels (or of a blocked value and a one-element constant), run on the blocked values
+//!   channels (or of a blocked value and a one-element constant, in either order), run on
+//!   the blocked values
 //!   (the layout is the same for both operands, so broadcasting over N, H, W is unchanged);
 //!   GlobalAveragePool becomes `nxrt:GlobalAveragePool`.
 //! - Any other reader of a value, a graph output, or a subgraph capture gets the plain value
@@ -227,27 +228,38 @@ pub fn block_convolutions(g: &mut Graph) -> Result<usize> {
                 continue;
             }
         }
-        // element-wise ops and GlobalAveragePool on blocked values
-        if let (Some((xb, ch)), Some(y), true) = (b0, y, node.outputs.len() == 1) {
+        // element-wise ops and GlobalAveragePool on blocked values; a binary op's blocked
+        // operand may be either one when the other is a one-element constant (`Mul(a, x)`)
+        let scalar = |v: Option<ValueId>| {
+            v.and_then(|v| const_of(g, v))
+                .is_some_and(|t| t.len() == 1 && t.shape().len() <= 4)
+        };
+        let binary_op = node.domain.is_empty()
+            && BINARY.contains(&node.op_type.as_str())
+            && node.inputs.len() == 2;
+        let in1 = node.inputs.get(1).copied().flatten();
+        // (the blocked operand's position, its blocked form and channels)
+        let lead = match (b0, in1.and_then(|v| blocked[v])) {
+            (Some(b), _) => Some((0, b)),
+            (None, Some(b)) if binary_op && scalar(in0) => Some((1, b)),
+            _ => None,
+        };
+        if let (Some((pos, (xb, ch))), Some(y), true) = (lead, y, node.outputs.len() == 1) {
             let op = node.op_type.as_str();
-            let unary = node.domain.is_empty() && UNARY.contains(&op);
-            let other = node.inputs.get(1).copied().flatten();
-            let binary = node.domain.is_empty()
-                && BINARY.contains(&op)
-                && node.inputs.len() == 2
-                && other.is_some_and(|o| {
-                    blocked[o].is_some_and(|(_, c)| c == ch)
-                        || const_of(g, o).is_some_and(|t| t.len() == 1 && t.shape().len() <= 4)
-                });
-            let gap = is_op(&node, "GlobalAveragePool");
+            let unary = pos == 0 && node.domain.is_empty() && UNARY.contains(&op);
+            let other = node.inputs.get(1 - pos).copied().flatten();
+            let binary = binary_op
+                && (scalar(other)
+                    || other.is_some_and(|o| blocked[o].is_some_and(|(_, c)| c == ch)));
+            let gap = pos == 0 && is_op(&node, "GlobalAveragePool");
             if unary || binary || gap {
                 let yb = blocked_value(g, y);
                 let mut n = node.clone();
-                n.inputs[0] = Some(xb);
+                n.inputs[pos] = Some(xb);
                 if binary {
                     let o = other.expect("checked");
                     if let Some((ob, _)) = blocked[o] {
-                        n.inputs[1] = Some(ob);
+                        n.inputs[1 - pos] = Some(ob);
                     }
                 }
                 if gap {
