@@ -4,6 +4,7 @@ use alloc::borrow::Cow;
 use alloc::boxed::Box;
 use alloc::vec;
 use alloc::vec::Vec;
+use core::mem::MaybeUninit;
 use core::ops::{AddAssign, MulAssign, Neg, SubAssign};
 use core::sync::atomic::{AtomicU32, Ordering};
 
@@ -1734,18 +1735,81 @@ fn gather_typed<T: FromF64Lossy>(
     extrap: f64,
 ) -> Result<Tensor> {
     let xs = x.as_slice::<T>()?;
-    let ys = run_planes(cx, &xs, g, 1, &|src, d, o, scratch: &mut Vec<Vec<T>>| {
-        let _ = scratch;
-        gather_row(
-            src,
-            d,
-            o,
-            &tabs[g.k0..],
-            &g.in_shape[g.k0..],
-            T::from_f64_lossy(extrap),
-        );
-    });
+    let k0 = g.k0;
+    let (tabs, in_dims) = (&tabs[k0..], &g.in_shape[k0..]);
+    let in_block = prod(in_dims);
+    let rows_out = g.out_shape[k0];
+    let sub_out = prod(&g.out_shape[k0 + 1..]);
+    let total = prod(g.out_shape);
+    if xs.is_empty() {
+        return Tensor::from_vec(g.out_shape, Vec::<T>::new());
+    }
+    // every output element is written below (by a gather or a copy of a row before it), so
+    // the result is built in the vector's spare capacity without a fill first; the input is
+    // read as initialized `MaybeUninit` values of the same layout
+    let xs: &[MaybeUninit<T>] =
+        // SAFETY: MaybeUninit<T> has T's size and alignment, and every T is a valid one
+        unsafe { core::slice::from_raw_parts(xs.as_ptr().cast(), xs.len()) };
+    let extrap = MaybeUninit::new(T::from_f64_lossy(extrap));
+    let rep = tabs
+        .last()
+        .and_then(|t| repeat_factor(t, in_dims[in_dims.len() - 1]));
+    let mut ys: Vec<T> = Vec::with_capacity(total);
+    par_out(
+        cx,
+        &mut ys.spare_capacity_mut()[..total],
+        sub_out,
+        total,
+        &|first, run| {
+            let mut prev: Option<(usize, usize)> = None;
+            let mut at = 0;
+            while at < run.len() {
+                let u = first + at / sub_out;
+                let (p, o) = (u / rows_out, u % rows_out);
+                let (done, d) = run.split_at_mut(at);
+                let d = &mut d[..sub_out];
+                match prev {
+                    // an output row that repeats the one before it (upsampling) is a copy of it
+                    Some((pp, po)) if pp == p && same_source(&tabs[0], po, o) => {
+                        d.copy_from_slice(&done[at - sub_out..]);
+                    }
+                    _ => gather_row(
+                        &xs[p * in_block..][..in_block],
+                        d,
+                        o,
+                        tabs,
+                        in_dims,
+                        extrap,
+                        rep,
+                    ),
+                }
+                prev = Some((p, o));
+                at += sub_out;
+            }
+        },
+    );
+    // SAFETY: par_out hands out every unit of 0..total once, and each unit's row is written
+    // whole (gather_row writes every element of its row; a copied row is a written one)
+    unsafe { ys.set_len(total) };
     Tensor::from_vec(g.out_shape, ys)
+}
+
+/// `r` where a nearest table repeats each of its axis's `n_in` input positions `r` times in
+/// order (an upsampling by a whole factor: output `o` reads input `o / r`).
+fn repeat_factor(t: &AxisTab<f64>, n_in: usize) -> Option<usize> {
+    let n_out = t.idx.len();
+    if t.taps != 1 || n_in == 0 || !n_out.is_multiple_of(n_in) {
+        return None;
+    }
+    let r = n_out / n_in;
+    (r > 1 && !t.oob.contains(&true) && t.idx.iter().enumerate().all(|(o, &i)| i == o / r))
+        .then_some(r)
+}
+
+/// Whether output positions `a` and `b` of an axis read the same input position (neither
+/// outside the input).
+fn same_source(t: &AxisTab<f64>, a: usize, b: usize) -> bool {
+    !t.oob[a] && !t.oob[b] && t.idx[a] == t.idx[b]
 }
 
 /// Computes one output row of a resize: (plane input, row output, row index, scratch).
@@ -1782,6 +1846,7 @@ fn run_planes<T: Copy + Send + Sync>(
 
 /// Output row `o` of the first axis of `tabs` (nearest gather): `d` gets the resized
 /// sub-block of `src` (dims `in_dims`).
+#[allow(clippy::too_many_arguments)]
 fn gather_row<T: Copy>(
     src: &[T],
     d: &mut [T],
@@ -1789,6 +1854,7 @@ fn gather_row<T: Copy>(
     tabs: &[AxisTab<f64>],
     in_dims: &[usize],
     extrap: T,
+    rep: Option<usize>,
 ) {
     let t = &tabs[0];
     if t.oob[o] {
@@ -1800,16 +1866,18 @@ fn gather_row<T: Copy>(
     if tabs.len() == 1 {
         d[0] = s[0];
     } else {
-        gather_level(s, d, &tabs[1..], &in_dims[1..], extrap);
+        gather_level(s, d, &tabs[1..], &in_dims[1..], extrap, rep);
     }
 }
 
+/// `rep`: the last axis's [`repeat_factor`], if it has one.
 fn gather_level<T: Copy>(
     src: &[T],
     dst: &mut [T],
     tabs: &[AxisTab<f64>],
     in_dims: &[usize],
     extrap: T,
+    rep: Option<usize>,
 ) {
     let t = &tabs[0];
     if t.tail_identity {
@@ -1817,14 +1885,41 @@ fn gather_level<T: Copy>(
         return;
     }
     if tabs.len() == 1 {
-        for ((o, &i), &b) in dst.iter_mut().zip(&t.idx).zip(&t.oob) {
-            *o = if b { extrap } else { src[i] };
+        match rep {
+            // each input value `r` times: whole-factor upsampling, without an index per value
+            Some(2) => {
+                for (d, &v) in dst.chunks_exact_mut(2).zip(src) {
+                    d[0] = v;
+                    d[1] = v;
+                }
+            }
+            Some(r) => {
+                for (d, &v) in dst.chunks_exact_mut(r).zip(src) {
+                    d.fill(v);
+                }
+            }
+            None if t.oob.contains(&true) => {
+                for ((o, &i), &b) in dst.iter_mut().zip(&t.idx).zip(&t.oob) {
+                    *o = if b { extrap } else { src[i] };
+                }
+            }
+            None => {
+                for (o, &i) in dst.iter_mut().zip(&t.idx) {
+                    *o = src[i];
+                }
+            }
         }
         return;
     }
     let sub_out = dst.len() / t.oob.len();
-    for (o, d) in dst.chunks_mut(sub_out).enumerate() {
-        gather_row(src, d, o, tabs, in_dims, extrap);
+    for o in 0..t.oob.len() {
+        let (done, d) = dst.split_at_mut(o * sub_out);
+        let d = &mut d[..sub_out];
+        if o > 0 && same_source(t, o - 1, o) {
+            d.copy_from_slice(&done[(o - 1) * sub_out..]);
+        } else {
+            gather_row(src, d, o, tabs, in_dims, extrap, rep);
+        }
     }
 }
 
@@ -2304,6 +2399,58 @@ mod tests {
         );
         let want = naive_bilinear(&x, c, h, w, oh, ow);
         close(&y.unwrap()[0], &[1, c, oh, ow], &want, 1e-5);
+    }
+
+    #[test]
+    fn resize_nearest_upsampling_matches_naive() {
+        // whole factors (each value repeated, rows copied), one axis only, a fraction
+        // (the index gather, rows repeating unevenly) and a downsampling, over two images of
+        // three channels (sequential and threaded)
+        let n = node(
+            "Resize",
+            19,
+            4,
+            1,
+            vec![
+                ("mode", s("nearest")),
+                ("coordinate_transformation_mode", s("asymmetric")),
+                ("nearest_mode", s("floor")),
+            ],
+        );
+        let (b, c, w) = (2, 3, 7);
+        // (an input one row high: every output row of a plane repeats the same input row,
+        // and the next plane's first row must not be taken for a repeat of the last)
+        for (h, oh, ow) in [
+            (5, 10, 14),
+            (5, 15, 21),
+            (5, 5, 14),
+            (5, 10, 7),
+            (5, 8, 11),
+            (5, 3, 4),
+            (1, 3, 14),
+        ] {
+            let x = xs(b * c * h * w);
+            let y = run(
+                &n,
+                &[
+                    t(&[b, c, h, w], &x),
+                    None,
+                    None,
+                    ti(&[b as i64, c as i64, oh as i64, ow as i64]),
+                ],
+            )
+            .unwrap();
+            let mut want = Vec::new();
+            for p in 0..b * c {
+                for i in 0..oh {
+                    for j in 0..ow {
+                        // asymmetric, floor: input (i * h / oh, j * w / ow), rounded down
+                        want.push(x[(p * h + i * h / oh) * w + j * w / ow]);
+                    }
+                }
+            }
+            close(&y[0], &[b, c, oh, ow], &want, 0.0);
+        }
     }
 
     #[test]
