@@ -743,6 +743,55 @@ fn col2im<T: Num>(cpu: &dyn CpuBackend, col: &[T], g: &Geom, p0: usize, ncols: u
     });
 }
 
+/// [`col2im`] for a 2-D transposed convolution whose kernel equals its stride (no padding,
+/// no dilation, output = input x stride): output pixel (i*sh + ki, j*sw + kj) of channel m
+/// is `bias[m] + col[(m, ki, kj), (i, j)]`, one tap each, so the tile's columns (input
+/// positions `p0..p0 + ncols`) are stored, not added, and the bias goes with them.
+fn taps_to_pixels<T: Num>(
+    cpu: &dyn CpuBackend,
+    col: &[T],
+    g: &Geom,
+    p0: usize,
+    ncols: usize,
+    bias: Option<&[T]>,
+    y: &mut [T],
+) {
+    let ((sh, sw), iw, ow) = ((g.s[0], g.s[1]), g.inp[1], g.out[1]);
+    let kk = sh * sw;
+    let plane = g.out[0] * ow;
+    par_chunks_mut(cpu, y, plane, kk, &|m, yp| {
+        let b = bias.map_or(T::ZERO, |b| b[m]);
+        let mut p = p0;
+        while p < p0 + ncols {
+            // one input row's run of the tile: row i, columns j0..j1
+            let (i, j0) = (p / iw, p % iw);
+            let j1 = iw.min(j0 + p0 + ncols - p);
+            let at = p - p0;
+            for ki in 0..sh {
+                let out = &mut yp[(i * sh + ki) * ow + j0 * sw..(i * sh + ki) * ow + j1 * sw];
+                let tap = |kj: usize| {
+                    let r = m * kk + ki * sw + kj;
+                    &col[r * ncols + at..r * ncols + at + (j1 - j0)]
+                };
+                if sw == 2 {
+                    let (c0, c1) = (tap(0), tap(1));
+                    for ((o, &a), &c) in out.chunks_exact_mut(2).zip(c0).zip(c1) {
+                        o[0] = a.add(b);
+                        o[1] = c.add(b);
+                    }
+                } else {
+                    for kj in 0..sw {
+                        for (o, &v) in out[kj..].iter_mut().step_by(sw).zip(tap(kj)) {
+                            *o = v.add(b);
+                        }
+                    }
+                }
+            }
+            p += j1 - j0;
+        }
+    });
+}
+
 // ----------------------------------------------------------------------------- Conv
 
 /// Shapes and geometry of one convolution call.
@@ -2283,7 +2332,18 @@ fn conv_transpose_compute<T: Num>(
     if y.is_empty() {
         return y;
     }
-    if let Some(b) = bias {
+    // kernel == stride, no padding, no dilation, the natural output extent: every output
+    // element takes exactly one tap, written (with the bias) straight from the GEMM's tile
+    let shuffle = g.nd() == 2
+        && g.k == g.s
+        && g.d.iter().all(|&d| d == 1)
+        && g.pb.iter().all(|&p| p == 0)
+        && g.out
+            .iter()
+            .zip(&g.inp)
+            .zip(&g.s)
+            .all(|((&o, &i), &s)| o == i * s);
+    if let (Some(b), false) = (bias, shuffle) {
         for (pi, plane) in y.chunks_mut(out_plane).enumerate() {
             plane.fill(b[pi % m]);
         }
@@ -2317,7 +2377,12 @@ fn conv_transpose_compute<T: Num>(
                     beta: 0.0,
                 };
                 T::gemm(cx, &gm, wg, &xg[p0..], colt);
-                col2im(cx.cpu, colt, g, p0, nc, yg);
+                if shuffle {
+                    let bg = bias.map(|b| &b[gi * mg..(gi + 1) * mg]);
+                    taps_to_pixels(cx.cpu, colt, g, p0, nc, bg, yg);
+                } else {
+                    col2im(cx.cpu, colt, g, p0, nc, yg);
+                }
                 p0 += nc;
             }
         }
@@ -3964,6 +4029,60 @@ mod tests {
             ],
             1e-5,
         );
+    }
+
+    #[test]
+    fn conv_transpose_kernel_equal_to_stride_matches_naive() {
+        // kernel == stride (each output pixel one tap, stored straight from the GEMM tile):
+        // strides 2x2 (the paired store), 3x2 and 2x3, two groups, with and without bias,
+        // and a plane large enough that the GEMM's tiles end inside an input row
+        for (c, m, group, (h, w), (sh, sw), with_bias) in [
+            (3, 4, 1, (5, 7), (2, 2), true),
+            (4, 6, 2, (4, 5), (3, 2), true),
+            (2, 3, 1, (3, 6), (2, 3), false),
+            (2, 1, 1, (170, 210), (2, 2), true),
+        ] {
+            let (cg, mg) = (c / group, m / group);
+            let x = seq(c * h * w, 7, 13, 0.25);
+            let wt = seq(c * mg * sh * sw, 5, 11, 0.125);
+            let b = seq(m, 3, 7, 0.5);
+            let mut ins = vec![
+                Some(t32(&[1, c, h, w], x.clone())),
+                Some(t32(&[c, mg, sh, sw], wt.clone())),
+            ];
+            if with_bias {
+                ins.push(Some(t32(&[m], b.clone())));
+            }
+            let n = node(
+                "ConvTranspose",
+                11,
+                vec![
+                    ("group", AttrValue::Int(group as i64)),
+                    ("strides", ints(&[sh as i64, sw as i64])),
+                    ("kernel_shape", ints(&[sh as i64, sw as i64])),
+                ],
+                1,
+            );
+            let ys = run(&n, &ins).unwrap();
+            let (oh, ow) = (h * sh, w * sw);
+            assert_eq!(ys[0].shape(), &[1, m, oh, ow]);
+            let mut want = vec![0f32; m * oh * ow];
+            for oc in 0..m {
+                let (gi, ml) = (oc / mg, oc % mg);
+                for oi in 0..oh {
+                    for oj in 0..ow {
+                        let (i, ki, j, kj) = (oi / sh, oi % sh, oj / sw, oj % sw);
+                        let mut acc = if with_bias { b[oc] as f64 } else { 0.0 };
+                        for ci in gi * cg..(gi + 1) * cg {
+                            let wv = wt[((ci * mg + ml) * sh + ki) * sw + kj];
+                            acc += x[(ci * h + i) * w + j] as f64 * wv as f64;
+                        }
+                        want[(oc * oh + oi) * ow + oj] = acc as f32;
+                    }
+                }
+            }
+            close(&ys[0].to_f32_vec().unwrap(), &want, 1e-5);
+        }
     }
 
     #[test]
