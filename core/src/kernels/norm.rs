@@ -2177,9 +2177,9 @@ mod tests {
         close(&y.unwrap()[0], &[1, 1, 4, 4], &want, 1e-6);
     }
 
-    #[test]
-    fn resize_asymmetric_nearest_floor_sizes() {
-        let n = node(
+    /// A Resize (opset 19): nearest, asymmetric coordinates, rounded down.
+    fn nearest_asymmetric_floor() -> Node {
+        node(
             "Resize",
             19,
             4,
@@ -2189,7 +2189,12 @@ mod tests {
                 ("coordinate_transformation_mode", s("asymmetric")),
                 ("nearest_mode", s("floor")),
             ],
-        );
+        )
+    }
+
+    #[test]
+    fn resize_asymmetric_nearest_floor_sizes() {
+        let n = nearest_asymmetric_floor();
         let x: Vec<f32> = (1..=8).map(|v| v as f32).collect();
         let y = run(&n, &[t(&[1, 1, 2, 4], &x), None, None, ti(&[1, 1, 3, 7])]).unwrap();
         #[rustfmt::skip]
@@ -2406,17 +2411,7 @@ mod tests {
         // whole factors (each value repeated, rows copied), one axis only, a fraction
         // (the index gather, rows repeating unevenly) and a downsampling, over two images of
         // three channels (sequential and threaded)
-        let n = node(
-            "Resize",
-            19,
-            4,
-            1,
-            vec![
-                ("mode", s("nearest")),
-                ("coordinate_transformation_mode", s("asymmetric")),
-                ("nearest_mode", s("floor")),
-            ],
-        );
+        let n = nearest_asymmetric_floor();
         let (b, c, w) = (2, 3, 7);
         // (an input one row high: every output row of a plane repeats the same input row,
         // and the next plane's first row must not be taken for a repeat of the last)
