@@ -1197,6 +1197,88 @@ fn conv_depthwise<T: Num>(
     });
 }
 
+/// Depthwise convolution of f32 planes with horizontal stride 1, read straight from the
+/// input (`simd::dw_plane_rows`: no padded copy of the plane; the taps of padding rows are
+/// left out and the few columns at the edges summed over the taps inside the row). The
+/// activation runs in registers unless a residual `Z` comes first; then each strip of rows
+/// takes `Z` and the activation while it is in cache.
+#[allow(clippy::too_many_arguments)]
+fn conv_depthwise_direct<T: Num>(
+    cpu: &dyn CpuBackend,
+    x: &[f32],
+    w: &[f32],
+    bias: Option<&[f32]>,
+    c: usize,
+    geo: Dw2d,
+    y: &mut [T],
+    epi: ConvEpilogue<'_, T>,
+) {
+    let Dw2d {
+        ih,
+        iw,
+        oh,
+        ow,
+        kh,
+        kw,
+        sh,
+        dh,
+        dw,
+        ph,
+        pw,
+        ..
+    } = geo;
+    let plane = oh * ow;
+    if plane == 0 || c == 0 {
+        return;
+    }
+    let g = simd::DwPlane {
+        ih,
+        iw,
+        oh,
+        ow,
+        kh,
+        kw,
+        sh,
+        dh,
+        dw,
+        ph,
+        pw,
+    };
+    // in registers when nothing comes between the sums and the activation
+    let (in_regs, after) = match (epi.z, epi.simd_act.and_then(simd::Clamp::of)) {
+        (None, Some(c)) => (Some(c), None),
+        _ => (None, epi.act),
+    };
+    let rows = (DW_STRIP / ow).clamp(1, oh);
+    let planes = y.len() / plane;
+    let per = planes.div_ceil(4 * cpu.threads().max(1)).max(1);
+    par_chunks_mut(cpu, y, per * plane, kh * kw + 2, &|ti, outs| {
+        for (k, out) in outs.chunks_exact_mut(plane).enumerate() {
+            let pi = ti * per + k;
+            let ch = pi % c;
+            let xp = &x[pi * ih * iw..(pi + 1) * ih * iw];
+            let wk = &w[ch * kh * kw..(ch + 1) * kh * kw];
+            let b = bias.map_or(0.0, |b| b[ch]);
+            if epi.z.is_none() && after.is_none() {
+                let out32 = T::as_f32_mut(out).expect("an f32 output for f32 inputs");
+                simd::dw_plane_rows(&g, xp, wk, b, in_regs, 0, out32);
+                continue;
+            }
+            for (si, strip) in out.chunks_mut(rows * ow).enumerate() {
+                let s32 = T::as_f32_mut(strip).expect("an f32 output for f32 inputs");
+                simd::dw_plane_rows(&g, xp, wk, b, in_regs, si * rows, s32);
+                if let Some(z) = epi.z {
+                    let zp = &z[pi * plane + si * rows * ow..][..strip.len()];
+                    strip.iter_mut().zip(zp).for_each(|(o, &v)| *o = o.add(v));
+                }
+                if let Some(act) = after {
+                    act(strip);
+                }
+            }
+        }
+    });
+}
+
 /// An in-place epilogue over a run of outputs.
 pub(crate) type TileFn<'a, T> = &'a (dyn Fn(&mut [T]) + Sync);
 
@@ -1206,10 +1288,17 @@ pub(crate) type TileFn<'a, T> = &'a (dyn Fn(&mut [T]) + Sync);
 pub(crate) struct ConvEpilogue<'a, T> {
     pub z: Option<&'a [T]>,
     pub act: Option<TileFn<'a, T>>,
+    /// What `act` computes, as the SIMD layer's activation, where it is one (kernels that
+    /// apply it in registers take this instead of calling `act` on their outputs).
+    pub simd_act: Option<simd::Act>,
 }
 
 impl<T: 'static> ConvEpilogue<'static, T> {
-    const NONE: ConvEpilogue<'static, T> = ConvEpilogue { z: None, act: None };
+    const NONE: ConvEpilogue<'static, T> = ConvEpilogue {
+        z: None,
+        act: None,
+        simd_act: None,
+    };
 }
 
 /// Convolution of `x` ([N, C, inp..]) with `w` ([M, C/group, k..]; `wp`: the same packed by
@@ -1243,6 +1332,9 @@ fn conv_compute_into<T: Num>(
         if let (Some(x32), Some(w32), true) = (T::as_f32(x), T::as_f32(w), dw_blocked_pays(&geo)) {
             let b32 = bias.and_then(T::as_f32);
             conv_depthwise_blocked(cx.cpu, x32, w32, b32, c, geo, y, epi);
+        } else if let (Some(x32), Some(w32), 1) = (T::as_f32(x), T::as_f32(w), geo.sw) {
+            let b32 = bias.and_then(T::as_f32);
+            conv_depthwise_direct(cx.cpu, x32, w32, b32, c, geo, y, epi);
         } else {
             conv_depthwise(cx.cpu, x, w, bias, c, g, y, epi);
         }
@@ -2036,6 +2128,7 @@ impl ConvKernel {
         let epi = ConvEpilogue {
             z: zv.as_deref(),
             act: act.map(|_| &f as TileFn<'_, f32>),
+            simd_act: act,
         };
         out1(conv_typed::<f32>(
             cx,

@@ -3,6 +3,7 @@
 
 use super::gemm::{scale_c, Gemm, Operand};
 use super::VF32;
+use alloc::vec::Vec;
 
 pub use super::nchwc::{nchwc_conv_seg, nchwc_dw_seg};
 
@@ -58,6 +59,73 @@ pub enum Act {
     },
     Exp,
     Erf,
+}
+
+/// What a kernel does to a vector of results before it stores them (a trait rather than a
+/// closure: closures do not inherit the instruction set a kernel is compiled for, so their
+/// intrinsics would not inline).
+pub(crate) trait Then: Copy {
+    fn then<V: VF32>(self, v: V) -> V;
+    /// The same on one value.
+    fn then1(self, v: f32) -> f32;
+}
+
+/// Stores results as they are.
+#[derive(Clone, Copy)]
+pub(crate) struct Keep;
+
+impl Then for Keep {
+    #[inline(always)]
+    fn then<V: VF32>(self, v: V) -> V {
+        v
+    }
+    #[inline(always)]
+    fn then1(self, v: f32) -> f32 {
+        v
+    }
+}
+
+/// `min(max(v, lo), hi)` (`v` first: a NaN stays): Relu, Clip and Relu6 in registers.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Clamp {
+    pub lo: f32,
+    pub hi: f32,
+}
+
+impl Clamp {
+    /// The clamp that computes `a` bit for bit, where there is one.
+    pub fn of(a: Act) -> Option<Clamp> {
+        match a {
+            Act::Relu => Some(Clamp {
+                lo: 0.0,
+                hi: f32::INFINITY,
+            }),
+            Act::Clip(lo, hi) => Some(Clamp { lo, hi }),
+            Act::Identity => Some(Clamp {
+                lo: f32::NEG_INFINITY,
+                hi: f32::INFINITY,
+            }),
+            _ => None,
+        }
+    }
+}
+
+impl Then for Clamp {
+    #[inline(always)]
+    fn then<V: VF32>(self, v: V) -> V {
+        v.max(V::splat(self.lo)).min(V::splat(self.hi))
+    }
+    #[inline(always)]
+    fn then1(self, v: f32) -> f32 {
+        // comparisons, so that a NaN stays as the vector max/min keep it
+        if v < self.lo {
+            self.lo
+        } else if v > self.hi {
+            self.hi
+        } else {
+            v
+        }
+    }
 }
 
 /// Applies `act` to a vector.
@@ -256,11 +324,25 @@ fn map<V: VF32>(a: Act, x: &[f32], out: &mut [f32]) {
 /// vectors in all as that many chains; scalars only for fewer outputs than one vector.
 #[inline(always)]
 pub fn conv_taps<V: VF32>(ws: &[f32], offs: &[usize], src: &[f32], bias: f32, acc: &mut [f32]) {
+    conv_taps_then::<V>(ws, offs, src, bias, Keep, acc)
+}
+
+/// [`conv_taps`] with `epi` applied to each vector of sums before it is stored (an
+/// activation while the sums are in registers).
+#[inline(always)]
+fn conv_taps_then<V: VF32>(
+    ws: &[f32],
+    offs: &[usize],
+    src: &[f32],
+    bias: f32,
+    epi: impl Then,
+    acc: &mut [f32],
+) {
     // the common kernels (3x3, 5x5) keep their weights and offsets in registers
     match ws.len().min(offs.len()) {
-        9 => conv_taps_n::<V, 9>(ws, offs, src, bias, acc),
-        25 => conv_taps_n::<V, 25>(ws, offs, src, bias, acc),
-        _ => conv_taps_any::<V>(ws, offs, src, bias, acc),
+        9 => conv_taps_n::<V, 9>(ws, offs, src, bias, epi, acc),
+        25 => conv_taps_n::<V, 25>(ws, offs, src, bias, epi, acc),
+        _ => conv_taps_any::<V>(ws, offs, src, bias, epi, acc),
     }
 }
 
@@ -272,17 +354,24 @@ fn conv_taps_n<V: VF32, const T: usize>(
     offs: &[usize],
     src: &[f32],
     bias: f32,
+    epi: impl Then,
     acc: &mut [f32],
 ) {
     let l = V::LANES;
     let n = acc.len();
-    let of: [usize; T] = core::array::from_fn(|q| offs[q]);
+    // (loops, not `array::from_fn`: its closure would not inherit the kernel's instruction
+    // set, leaving the splats as calls)
+    let mut of = [0usize; T];
+    of.copy_from_slice(&offs[..T]);
     if n < 4 * l {
         // fewer than four vectors: one chain per vector, the last ending at n (before the
         // weights are splatted into registers that this path would not use)
-        return conv_taps_short::<V>(&ws[..T], &of, src, bias, acc);
+        return conv_taps_short::<V>(&ws[..T], &of, src, bias, epi, acc);
     }
-    let wv: [V; T] = core::array::from_fn(|q| V::splat(ws[q]));
+    let mut wv = [V::splat(0.0); T];
+    for (v, &w) in wv.iter_mut().zip(&ws[..T]) {
+        *v = V::splat(w);
+    }
     let reach = of.iter().max().map_or(0, |&o| o + n);
     assert!(reach <= src.len(), "conv taps read past their source");
     let bv = V::splat(bias);
@@ -301,8 +390,8 @@ fn conv_taps_n<V: VF32, const T: usize>(
             a[2] = wv[q].fma(V::load(&s[2 * l..]), a[2]);
             a[3] = wv[q].fma(V::load(&s[3 * l..]), a[3]);
         }
-        for (q, v) in a.iter().enumerate() {
-            v.store(&mut acc[i + q * l..]);
+        for (q, &v) in a.iter().enumerate() {
+            epi.then(v).store(&mut acc[i + q * l..]);
         }
         i += 4 * l;
     }
@@ -314,7 +403,14 @@ fn conv_taps_n<V: VF32, const T: usize>(
 /// on each FMA nor scalar sums take the outputs past the whole vectors; scalars only for
 /// fewer outputs than one vector.
 #[inline(always)]
-fn conv_taps_short<V: VF32>(ws: &[f32], of: &[usize], src: &[f32], bias: f32, acc: &mut [f32]) {
+fn conv_taps_short<V: VF32>(
+    ws: &[f32],
+    of: &[usize],
+    src: &[f32],
+    bias: f32,
+    epi: impl Then,
+    acc: &mut [f32],
+) {
     let (l, n) = (V::LANES, acc.len());
     let reach = of.iter().max().map_or(0, |&o| o + n);
     assert!(
@@ -330,12 +426,13 @@ fn conv_taps_short<V: VF32>(ws: &[f32], of: &[usize], src: &[f32], bias: f32, ac
                     .zip(of)
                     .fold(bias, |a, (&w, &q)| a + w * src[q + j]);
             }
+            scalars_then::<V>(acc, epi);
         }
         // as many chains as vectors (a latency-bound chain costs as much as four at once)
-        1 => taps_block::<V>(ws, of, src, bv, [0; 4], acc),
-        2 => taps_block::<V>(ws, of, src, bv, [0, n - l, 0, n - l], acc),
-        3 => taps_block::<V>(ws, of, src, bv, [0, l, n - l, l], acc),
-        _ => taps_block::<V>(ws, of, src, bv, [0, l, 2 * l, n - l], acc),
+        1 => taps_block::<V>(ws, of, src, bv, [0; 4], epi, acc),
+        2 => taps_block::<V>(ws, of, src, bv, [0, n - l, 0, n - l], epi, acc),
+        3 => taps_block::<V>(ws, of, src, bv, [0, l, n - l, l], epi, acc),
+        _ => taps_block::<V>(ws, of, src, bv, [0, l, 2 * l, n - l], epi, acc),
     }
 }
 
@@ -350,6 +447,7 @@ fn taps_block<V: VF32>(
     src: &[f32],
     bv: V,
     at: [usize; 4],
+    epi: impl Then,
     acc: &mut [f32],
 ) {
     let l = V::LANES;
@@ -364,10 +462,190 @@ fn taps_block<V: VF32>(
             a3 = w.fma(V::load(src.get_unchecked(o + at[3]..o + at[3] + l)), a3);
         }
     }
-    a0.store(&mut acc[at[0]..at[0] + l]);
-    a1.store(&mut acc[at[1]..at[1] + l]);
-    a2.store(&mut acc[at[2]..at[2] + l]);
-    a3.store(&mut acc[at[3]..at[3] + l]);
+    epi.then(a0).store(&mut acc[at[0]..at[0] + l]);
+    epi.then(a1).store(&mut acc[at[1]..at[1] + l]);
+    epi.then(a2).store(&mut acc[at[2]..at[2] + l]);
+    epi.then(a3).store(&mut acc[at[3]..at[3] + l]);
+}
+
+/// Applies a vector epilogue to a few values (fewer than a vector, or any number) through a
+/// zero-padded vector, so that scalars get exactly the vector path's results.
+#[inline(always)]
+fn scalars_then<V: VF32>(vals: &mut [f32], epi: impl Then) {
+    let l = V::LANES;
+    let mut buf = [0.0f32; 64];
+    for chunk in vals.chunks_mut(l) {
+        buf[..chunk.len()].copy_from_slice(chunk);
+        epi.then(V::load(&buf[..l])).store(&mut buf[..l]);
+        chunk.copy_from_slice(&buf[..chunk.len()]);
+    }
+}
+
+/// One plane of a depthwise convolution whose taps step one input column per output column
+/// (horizontal stride 1), for [`dw_plane_rows`]: input `ih x iw`, output `oh x ow`, kernel
+/// `kh x kw`, vertical stride `sh`, dilations `dh`, `dw`, leading pads `ph`, `pw` (output
+/// `(i, j)` reads input `(i*sh + ki*dh - ph, j + kj*dw - pw)`, zero outside the plane).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DwPlane {
+    pub ih: usize,
+    pub iw: usize,
+    pub oh: usize,
+    pub ow: usize,
+    pub kh: usize,
+    pub kw: usize,
+    pub sh: usize,
+    pub dh: usize,
+    pub dw: usize,
+    pub ph: isize,
+    pub pw: isize,
+}
+
+impl DwPlane {
+    /// The output columns `jl..jh` whose taps all lie inside the input row (the rest read
+    /// padding).
+    pub fn inner_cols(&self) -> (usize, usize) {
+        let ow = self.ow as isize;
+        let jl = self.pw.clamp(0, ow);
+        let reach = ((self.kw.max(1) - 1) * self.dw) as isize;
+        let jh = (self.iw as isize + self.pw - reach).clamp(jl, ow);
+        (jl as usize, jh as usize)
+    }
+}
+
+/// Output rows `r0..r0 + y.len() / ow` of one plane of a depthwise convolution read straight
+/// from its input plane `x` (no padded copy): `y = act(bias + sum of taps)`. The columns whose
+/// taps all lie inside the row are whole vectors ([`conv_taps`]'s kernels, over the taps of
+/// the input rows that exist: padding rows are left out), the few at the edges scalar sums of
+/// the taps inside the plane; `clamp` (Relu, Clip) runs on the sums in registers.
+#[inline(always)]
+pub fn dw_plane_rows<V: VF32>(
+    g: &DwPlane,
+    x: &[f32],
+    w: &[f32],
+    bias: f32,
+    clamp: Option<Clamp>,
+    r0: usize,
+    y: &mut [f32],
+) {
+    match clamp {
+        None => dw_plane_rows_then::<V>(g, x, w, bias, Keep, r0, y),
+        Some(c) => dw_plane_rows_then::<V>(g, x, w, bias, c, r0, y),
+    }
+}
+
+#[inline(always)]
+fn dw_plane_rows_then<V: VF32>(
+    g: &DwPlane,
+    x: &[f32],
+    w: &[f32],
+    bias: f32,
+    epi: impl Then,
+    r0: usize,
+    y: &mut [f32],
+) {
+    let DwPlane {
+        ih,
+        iw,
+        oh,
+        ow,
+        kh,
+        kw,
+        sh,
+        dh,
+        dw,
+        ph,
+        pw,
+    } = *g;
+    if ow == 0 || y.is_empty() {
+        return;
+    }
+    assert!(
+        x.len() >= ih * iw && w.len() >= kh * kw && y.len().is_multiple_of(ow),
+        "dw_plane_rows: plane, kernel or rows short"
+    );
+    assert!(
+        r0 + y.len() / ow <= oh,
+        "dw_plane_rows: rows past the plane"
+    );
+    let x = &x[..ih * iw];
+    let l = V::LANES;
+    let (jl, jh) = g.inner_cols();
+    // the vector path takes columns jl..jh when they fill a vector; every other column is an
+    // edge column, summed over its taps kj in lo..hi (those inside the row)
+    let vector = jh - jl >= l;
+    let edges: Vec<(usize, usize, usize)> = (0..ow)
+        .filter(|&j| !(vector && (jl..jh).contains(&j)))
+        .map(|j| {
+            let c0 = j as isize - pw;
+            let lo = (0..kw).find(|&kj| c0 + (kj * dw) as isize >= 0);
+            let hi = (0..kw)
+                .rev()
+                .find(|&kj| c0 + ((kj * dw) as isize) < iw as isize);
+            match (lo, hi) {
+                (Some(lo), Some(hi)) if lo <= hi => (j, lo, hi + 1),
+                _ => (j, 0, 0),
+            }
+        })
+        .collect();
+    // the taps of a row whose kernel rows all lie inside the plane, relative to its top row
+    let full: Vec<usize> = (0..kh * kw)
+        .map(|t| (t / kw) * dh * iw + (t % kw) * dw)
+        .collect();
+    let w = &w[..kh * kw];
+    // the taps of a row at the top or bottom (those of the kernel rows inside the plane)
+    let mut ws: Vec<f32> = Vec::with_capacity(kh * kw);
+    let mut offs: Vec<usize> = Vec::with_capacity(kh * kw);
+    let mut rows: Vec<usize> = Vec::with_capacity(kh);
+    let last = ((kh.max(1) - 1) * dh) as isize;
+    for (r, yrow) in y.chunks_exact_mut(ow).enumerate() {
+        let top = ((r0 + r) * sh) as isize - ph;
+        rows.clear();
+        let inside = top >= 0 && top + last < ih as isize;
+        if inside {
+            rows.extend((0..kh).map(|ki| (top as usize + ki * dh) * iw));
+        } else {
+            ws.clear();
+            offs.clear();
+            for ki in 0..kh {
+                let ir = top + (ki * dh) as isize;
+                if ir < 0 || ir >= ih as isize {
+                    continue;
+                }
+                rows.push(ir as usize * iw);
+                for kj in 0..kw {
+                    ws.push(w[ki * kw + kj]);
+                    offs.push(ir as usize * iw + kj * dw);
+                }
+            }
+        }
+        let (ws, offs, at) = if inside {
+            (w, &full[..], top as usize * iw)
+        } else {
+            (&ws[..], &offs[..], 0)
+        };
+        if vector {
+            if ws.is_empty() {
+                yrow[jl..jh].fill(bias);
+                scalars_then::<V>(&mut yrow[jl..jh], epi);
+            } else {
+                // column jl reads input column jl - pw (>= 0) at tap kj = 0
+                let base = at + (jl as isize - pw) as usize;
+                conv_taps_then::<V>(ws, offs, &x[base..], bias, epi, &mut yrow[jl..jh]);
+            }
+        }
+        // the edge columns
+        for &(j, lo, hi) in &edges {
+            let c0 = j as isize - pw;
+            let mut s = bias;
+            for (q, &row) in rows.iter().enumerate() {
+                let wr = &ws[q * kw..q * kw + kw];
+                for kj in lo..hi {
+                    s += wr[kj] * x[row + (c0 + (kj * dw) as isize) as usize];
+                }
+            }
+            yrow[j] = epi.then1(s);
+        }
+    }
 }
 
 /// `dst[c * ldd + r] = src[r * lds + c]` for `r < rows`, `c < cols`, a `LANES x LANES` block
@@ -654,12 +932,19 @@ fn dw_chunk<V: VF32, const K: usize>(
 
 /// [`conv_taps`] for any number of taps.
 #[inline(always)]
-fn conv_taps_any<V: VF32>(ws: &[f32], offs: &[usize], src: &[f32], bias: f32, acc: &mut [f32]) {
+fn conv_taps_any<V: VF32>(
+    ws: &[f32],
+    offs: &[usize],
+    src: &[f32],
+    bias: f32,
+    epi: impl Then,
+    acc: &mut [f32],
+) {
     let (l, n) = (V::LANES, acc.len());
     let t = ws.len().min(offs.len());
     let (ws, offs) = (&ws[..t], &offs[..t]);
     if n < 4 * l {
-        return conv_taps_short::<V>(ws, offs, src, bias, acc);
+        return conv_taps_short::<V>(ws, offs, src, bias, epi, acc);
     }
     let reach = offs.iter().max().map_or(0, |&o| o + n);
     assert!(reach <= src.len(), "conv taps read past their source");
@@ -668,7 +953,15 @@ fn conv_taps_any<V: VF32>(ws: &[f32], offs: &[usize], src: &[f32], bias: f32, ac
     while i < n {
         // the last block overlaps the one before it (as in conv_taps_n)
         i = i.min(n - 4 * l);
-        taps_block::<V>(ws, offs, src, bv, [i, i + l, i + 2 * l, i + 3 * l], acc);
+        taps_block::<V>(
+            ws,
+            offs,
+            src,
+            bv,
+            [i, i + l, i + 2 * l, i + 3 * l],
+            epi,
+            acc,
+        );
         i += 4 * l;
     }
 }

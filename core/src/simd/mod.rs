@@ -31,7 +31,7 @@ mod wasm;
 mod x86;
 
 pub use gemm::{Gemm, Operand};
-pub use kernels::{Act, BinOp, DW_BLOCK};
+pub use kernels::{Act, BinOp, Clamp, DwPlane, DW_BLOCK};
 pub use nchwc::{NcGeom, NCHWC};
 pub use portable::Portable;
 
@@ -637,6 +637,12 @@ dispatch!(
 dispatch!(
     /// `acc[i] = bias + sum over taps t of ws[t] * src[offs[t] + i]` (direct convolution taps).
     fn conv_taps / conv_taps_on(ws: &[f32], offs: &[usize], src: &[f32], bias: f32, acc: &mut [f32]) => conv_taps
+);
+
+dispatch!(
+    /// Output rows `r0..` of one plane of a depthwise convolution with horizontal stride 1,
+    /// read straight from the input plane, clamped (see [`DwPlane`]).
+    fn dw_plane_rows / dw_plane_rows_on(g: &DwPlane, x: &[f32], w: &[f32], bias: f32, clamp: Option<Clamp>, r0: usize, y: &mut [f32]) => dw_plane_rows
 );
 
 dispatch!(

@@ -1040,3 +1040,90 @@ fn moments_match_f64_two_pass_on_every_isa() {
         }
     }
 }
+
+/// A depthwise plane as plain sums over the taps inside the plane, in f64, then clamped.
+fn dw_plane_naive(g: &DwPlane, x: &[f32], w: &[f32], bias: f32, clamp: Option<Clamp>) -> Vec<f32> {
+    let mut y = Vec::with_capacity(g.oh * g.ow);
+    for i in 0..g.oh {
+        for j in 0..g.ow {
+            let mut s = bias as f64;
+            for ki in 0..g.kh {
+                for kj in 0..g.kw {
+                    let r = (i * g.sh + ki * g.dh) as isize - g.ph;
+                    let c = (j + kj * g.dw) as isize - g.pw;
+                    if r >= 0 && c >= 0 && (r as usize) < g.ih && (c as usize) < g.iw {
+                        s += w[ki * g.kw + kj] as f64 * x[r as usize * g.iw + c as usize] as f64;
+                    }
+                }
+            }
+            let v = s as f32;
+            y.push(clamp.map_or(v, |c| v.max(c.lo).min(c.hi)));
+        }
+    }
+    y
+}
+
+#[test]
+fn dw_plane_rows_match_naive_sums_on_every_isa() {
+    // (kh, kw, dh, dw, sh, ph, pw, ih, iw): 3x3 and 5x5 (taps in registers), 7x7, 1x7 and 3x1
+    // (any number), dilation, row stride 2, pads wider than the kernel reach, no pads
+    // (nothing at the edges), rows with no vector inside and rows of several vectors
+    let geoms = [
+        (3, 3, 1, 1, 1, 1, 1, 9, 112),
+        (3, 3, 1, 1, 1, 1, 1, 6, 20),
+        (3, 3, 1, 1, 2, 1, 1, 9, 47),
+        (5, 5, 1, 1, 1, 2, 2, 7, 40),
+        (5, 5, 1, 1, 1, 2, 2, 3, 33),
+        (3, 3, 2, 2, 1, 2, 2, 8, 70),
+        (7, 7, 1, 1, 1, 3, 3, 9, 65),
+        (1, 7, 1, 1, 1, 0, 3, 4, 90),
+        (3, 1, 1, 1, 1, 1, 0, 6, 48),
+        (3, 3, 1, 1, 1, 0, 0, 7, 50),
+        (3, 3, 1, 1, 1, 4, 3, 5, 24),
+        (3, 3, 1, 1, 1, 1, 1, 4, 10),
+    ];
+    let clamps = [None, Clamp::of(Act::Relu), Clamp::of(Act::Clip(-1.5, 2.0))];
+    for isa in available_isas() {
+        for (gi, &(kh, kw, dh, dw, sh, ph, pw, ih, iw)) in geoms.iter().enumerate() {
+            let oh = (ih + 2 * ph - (kh - 1) * dh - 1) / sh + 1;
+            let ow = iw + 2 * pw - (kw - 1) * dw;
+            let g = DwPlane {
+                ih,
+                iw,
+                oh,
+                ow,
+                kh,
+                kw,
+                sh,
+                dh,
+                dw,
+                ph: ph as isize,
+                pw: pw as isize,
+            };
+            let x = data(ih * iw, gi as u32 + 3);
+            let w: Vec<f32> = data(kh * kw, gi as u32 + 90)
+                .iter()
+                .map(|v| v / 10.0)
+                .collect();
+            for &clamp in &clamps {
+                let want = dw_plane_naive(&g, &x, &w, 0.25, clamp);
+                // the whole plane, then the rows in two calls from r0 = 0 and r0 = oh / 2
+                let mut got = alloc::vec![f32::NAN; oh * ow];
+                dw_plane_rows_on(isa, &g, &x, &w, 0.25, clamp, 0, &mut got);
+                let half = oh / 2;
+                let mut parts = alloc::vec![f32::NAN; oh * ow];
+                let (a, b) = parts.split_at_mut(half * ow);
+                dw_plane_rows_on(isa, &g, &x, &w, 0.25, clamp, 0, a);
+                dw_plane_rows_on(isa, &g, &x, &w, 0.25, clamp, half, b);
+                for (k, ((&gv, &pv), &wv)) in got.iter().zip(&parts).zip(&want).enumerate() {
+                    assert!(
+                        close(gv, wv, 1e-5, 1e-4) && close(pv, wv, 1e-5, 1e-4),
+                        "{isa:?} geometry {gi} clamp {clamp:?} at ({}, {}): {gv} / {pv}, want {wv}",
+                        k / ow,
+                        k % ow
+                    );
+                }
+            }
+        }
+    }
+}
