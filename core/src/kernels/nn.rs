@@ -1332,7 +1332,7 @@ fn conv_compute_into<T: Num>(
         if let (Some(x32), Some(w32), true) = (T::as_f32(x), T::as_f32(w), dw_blocked_pays(&geo)) {
             let b32 = bias.and_then(T::as_f32);
             conv_depthwise_blocked(cx.cpu, x32, w32, b32, c, geo, y, epi);
-        } else if let (Some(x32), Some(w32), 1) = (T::as_f32(x), T::as_f32(w), geo.sw) {
+        } else if let (Some(x32), Some(w32), true) = (T::as_f32(x), T::as_f32(w), geo.sw == 1) {
             let b32 = bias.and_then(T::as_f32);
             conv_depthwise_direct(cx.cpu, x32, w32, b32, c, geo, y, epi);
         } else {
@@ -1906,9 +1906,33 @@ fn conv_typed<T: Num>(
     };
     let mut shape = vec![cs.n, cs.m];
     shape.extend_from_slice(&cs.g.out);
+    if T::as_f32(&[]).is_some() && takes_dw_direct(cs) {
+        // conv_depthwise_direct writes every output before it reads any: a fresh output (a
+        // graph output, an eager run) is not zero-filled first
+        let mut y = cx.output_raw::<T>(0, &shape)?;
+        let len = y.len();
+        // SAFETY: the `len` elements from the pointer are the output's; the kernel writes
+        // each of them before any is read (f32 elements, no drop)
+        let ys = unsafe { core::slice::from_raw_parts_mut(y.as_mut_ptr(), len) };
+        conv_compute_into(cx, &xv, &wv, wp, bv.as_deref(), cs, ys, epi);
+        // SAFETY: every element was written (above)
+        return Ok(unsafe { y.assume_written() }?.into_tensor());
+    }
     let mut y = cx.output::<T>(0, &shape)?;
     conv_compute_into(cx, &xv, &wv, wp, bv.as_deref(), cs, &mut y, epi);
     Ok(y.into_tensor())
+}
+
+/// Whether [`conv_compute_into`] gives an f32 convolution of this shape to
+/// [`conv_depthwise_direct`]: depthwise, at most two spatial axes, horizontal stride 1, where
+/// the channel-blocked kernel does not pay.
+fn takes_dw_direct(cs: &ConvShape) -> bool {
+    let g = cs.g.simplified();
+    if cs.group != cs.c || cs.m != cs.c || g.nd() > 2 {
+        return false;
+    }
+    let geo = Dw2d::of(&g);
+    geo.sw == 1 && !dw_blocked_pays(&geo)
 }
 
 /// Packs convolution weights W ([M, C/group, k..]) into the SGEMM's A panels, group by group

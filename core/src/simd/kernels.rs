@@ -93,6 +93,12 @@ pub struct Clamp {
 }
 
 impl Clamp {
+    /// Values as they are (a NaN, -0.0 and the infinities too).
+    pub const IDENTITY: Clamp = Clamp {
+        lo: f32::NEG_INFINITY,
+        hi: f32::INFINITY,
+    };
+
     /// The clamp that computes `a` bit for bit, where there is one.
     pub fn of(a: Act) -> Option<Clamp> {
         match a {
@@ -101,10 +107,7 @@ impl Clamp {
                 hi: f32::INFINITY,
             }),
             Act::Clip(lo, hi) => Some(Clamp { lo, hi }),
-            Act::Identity => Some(Clamp {
-                lo: f32::NEG_INFINITY,
-                hi: f32::INFINITY,
-            }),
+            Act::Identity => Some(Clamp::IDENTITY),
             _ => None,
         }
     }
@@ -696,15 +699,44 @@ pub fn transpose_to_rows<V: VF32>(
         dst.len() >= cols && dst[..cols].iter().all(|d| d.len() >= rows),
         "transpose: destination rows too short"
     );
-    transpose_blocks::<V>(src, lds, rows, cols, |c, r0, hr, v: V, part| {
-        let d = &mut dst[c][r0..];
+    let l = V::LANES;
+    let (full_r, full_c) = (rows / l * l, cols / l * l);
+    // whole blocks: loops of fixed counts, so that the block stays in registers
+    for c0 in (0..full_c).step_by(l) {
+        let d = &mut dst[c0..c0 + l];
+        for r0 in (0..full_r).step_by(l) {
+            let mut blk = [V::splat(0.0); 16];
+            for (q, v) in blk.iter_mut().enumerate().take(l) {
+                *v = V::load(&src[(r0 + q) * lds + c0..]);
+            }
+            V::transpose(&mut blk[..l]);
+            for (q, v) in blk.iter().enumerate().take(l) {
+                v.store(&mut d[q][r0..r0 + l]);
+            }
+        }
+    }
+    // the ragged rest: the last rows of every column, then the last columns of the rows above
+    let put = |dst: &mut [&mut [f32]], c: usize, r: usize, hr: usize, v: V, part: &mut [f32]| {
+        let d = &mut dst[c][r..];
         if hr == V::LANES {
             v.store(d);
         } else {
             v.store(part);
             d[..hr].copy_from_slice(&part[..hr]);
         }
-    })
+    };
+    if full_r < rows {
+        let rest = &src[full_r * lds..];
+        transpose_blocks::<V>(rest, lds, rows - full_r, cols, |c, r0, hr, v: V, part| {
+            put(dst, c, full_r + r0, hr, v, part)
+        });
+    }
+    if full_c < cols && full_r > 0 {
+        let rest = &src[full_c..];
+        transpose_blocks::<V>(rest, lds, full_r, cols - full_c, |c, r0, hr, v: V, part| {
+            put(dst, full_c + c, r0, hr, v, part)
+        });
+    }
 }
 
 /// The register blocks of a transpose: for each `LANES x LANES` block of `src` (rows `r0..`,

@@ -9,7 +9,8 @@
 //! step, no phase split); the few positions at the borders take a one-position path that
 //! skips the taps falling in the padding.
 
-use super::VF32;
+use super::kernels::Then;
+use super::{Clamp, VF32};
 
 /// Channels per block of the blocked layout.
 pub const NCHWC: usize = 16;
@@ -39,6 +40,9 @@ pub struct NcGeom {
     pub dw: usize,
     pub ph: usize,
     pub pw: usize,
+    /// Relu or Clip applied in registers as the finished sums are stored (after the last
+    /// input channels); `None`: stored as they are.
+    pub clamp: Option<Clamp>,
 }
 
 impl NcGeom {
@@ -401,10 +405,14 @@ fn conv_tile<V: VF32, const NV: usize, const R: usize, const CHECK: bool, const 
         }
         c += lanes;
     }
+    // (always a clamp, the identity where there is none: a branch at the stores would keep
+    // the sums on the stack)
+    let k = stored_clamp(g, c1);
     for (r, a) in acc.iter().enumerate() {
         for v in 0..NV {
             let d = if v < vpb { &mut *y.0 } else { &mut *y.1 };
-            a[v].store(&mut d[(s + r) * NCHWC + (v % vpb) * l..]);
+            k.then(a[v])
+                .store(&mut d[(s + r) * NCHWC + (v % vpb) * l..]);
         }
     }
 }
@@ -473,10 +481,21 @@ fn conv_point<V: VF32, const NV: usize, const CHECK: bool>(
         }
         c += lanes;
     }
+    let k = stored_clamp(g, c1);
     for v in 0..NV {
-        let sum = acc[0][v].add(acc[1][v]).add(acc[2][v].add(acc[3][v]));
+        let sum = k.then(acc[0][v].add(acc[1][v]).add(acc[2][v].add(acc[3][v])));
         let d = if v < vpb { &mut *y.0 } else { &mut *y.1 };
         sum.store(&mut d[s * NCHWC + (v % vpb) * l..]);
+    }
+}
+
+/// The clamp of sums stored after input channels `..c1`: the geometry's after the last ones,
+/// else the identity (partial sums are stored as they are).
+#[inline(always)]
+fn stored_clamp(g: &NcGeom, c1: usize) -> Clamp {
+    match g.clamp {
+        Some(k) if c1 == g.cin => k,
+        _ => Clamp::IDENTITY,
     }
 }
 
@@ -620,9 +639,10 @@ fn dw_tile<V: VF32, const NV: usize, const R: usize, const CHECK: bool>(
             }
         }
     }
+    let k = g.clamp.unwrap_or(Clamp::IDENTITY);
     for (r, a) in acc.iter().enumerate() {
         for v in 0..NV {
-            a[v].store(&mut y[(s + r) * NCHWC + v * l..]);
+            k.then(a[v]).store(&mut y[(s + r) * NCHWC + v * l..]);
         }
     }
 }

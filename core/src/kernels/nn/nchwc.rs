@@ -179,6 +179,7 @@ impl BlockedConv {
             dw: g.d[1],
             ph: pad(g.pb[0])?,
             pw: pad(g.pb[1])?,
+            clamp: None,
         };
         Ok((cs, geo))
     }
@@ -265,7 +266,9 @@ impl Kernel for BlockedConv {
         let per = units.div_ceil(chunks);
         let chunks = units.div_ceil(per);
         let work = n * mb * out_blk * if depthwise { geo.kh * geo.kw } else { macs };
-        let act = self.act;
+        // Relu and Clip in the kernels' registers, unless a residual is added first
+        geo.clamp = self.act.and_then(simd::Clamp::of).filter(|_| zv.is_none());
+        let act = self.act.filter(|_| geo.clamp.is_none());
         let plain = self.plain;
         let plane = oh * ow;
         let yp = SyncPtr(y.as_mut_ptr());
