@@ -1332,7 +1332,9 @@ fn conv_compute_into<T: Num>(
         if let (Some(x32), Some(w32), true) = (T::as_f32(x), T::as_f32(w), dw_blocked_pays(&geo)) {
             let b32 = bias.and_then(T::as_f32);
             conv_depthwise_blocked(cx.cpu, x32, w32, b32, c, geo, y, epi);
-        } else if let (Some(x32), Some(w32), true) = (T::as_f32(x), T::as_f32(w), geo.sw == 1) {
+        } else if let (Some(x32), Some(w32), true) =
+            (T::as_f32(x), T::as_f32(w), dw_direct_takes(&geo))
+        {
             let b32 = bias.and_then(T::as_f32);
             conv_depthwise_direct(cx.cpu, x32, w32, b32, c, geo, y, epi);
         } else {
@@ -1924,15 +1926,20 @@ fn conv_typed<T: Num>(
 }
 
 /// Whether [`conv_compute_into`] gives an f32 convolution of this shape to
-/// [`conv_depthwise_direct`]: depthwise, at most two spatial axes, horizontal stride 1, where
-/// the channel-blocked kernel does not pay.
+/// [`conv_depthwise_direct`] (depthwise, at most two spatial axes, [`dw_direct_takes`]).
 fn takes_dw_direct(cs: &ConvShape) -> bool {
-    let g = cs.g.simplified();
-    if cs.group != cs.c || cs.m != cs.c || g.nd() > 2 {
+    if cs.group != cs.c || cs.m != cs.c {
         return false;
     }
-    let geo = Dw2d::of(&g);
-    geo.sw == 1 && !dw_blocked_pays(&geo)
+    let g = cs.g.simplified();
+    g.nd() <= 2 && dw_direct_takes(&Dw2d::of(&g))
+}
+
+/// Whether an f32 depthwise convolution of this geometry takes [`conv_depthwise_direct`]:
+/// horizontal stride 1, where the channel-blocked kernel does not pay. The one decision both
+/// the kernel choice and the output allocation (not zero-filled for this kernel) follow.
+fn dw_direct_takes(geo: &Dw2d) -> bool {
+    geo.sw == 1 && !dw_blocked_pays(geo)
 }
 
 /// Packs convolution weights W ([M, C/group, k..]) into the SGEMM's A panels, group by group

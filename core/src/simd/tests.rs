@@ -773,18 +773,11 @@ impl NcCase {
     }
 }
 
-/// `v` clamped as [`Clamp`] defines it (comparisons: a NaN stays), or as it is.
+/// `v` clamped one value at a time ([`Clamp`]'s scalar form), or as it is.
 fn clamped(mut v: Vec<f32>, c: Option<Clamp>) -> Vec<f32> {
+    use kernels::Then;
     if let Some(c) = c {
-        for x in &mut v {
-            *x = if *x < c.lo {
-                c.lo
-            } else if *x > c.hi {
-                c.hi
-            } else {
-                *x
-            };
-        }
+        v.iter_mut().for_each(|x| *x = c.then1(*x));
     }
     v
 }
@@ -1080,7 +1073,7 @@ fn dw_plane_naive(g: &DwPlane, x: &[f32], w: &[f32], bias: f32, clamp: Option<Cl
                 }
             }
             let v = s as f32;
-            y.push(clamp.map_or(v, |c| v.max(c.lo).min(c.hi)));
+            y.push(clamp.map_or(v, |c| kernels::Then::then1(c, v)));
         }
     }
     y
