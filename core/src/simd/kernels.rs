@@ -1851,10 +1851,12 @@ fn sgemm_few_rows<V: VF32>(g: &Gemm, a: &[f32], b: &[f32], c: &mut [f32]) -> boo
 }
 
 /// `C (+)= alpha*A*B` for a few rows of A (fewer than [`SMALL_M`]) from B's packed panels
-/// (weights packed at load): A's rows (alpha folded in) interleaved in a small buffer, then one
-/// panel at a time, read front to back as one stream (panels side by side would be streams a
-/// power of two apart when K is one, all in the same L1 sets), with `U` sets of sums over K
-/// for enough independent multiply-adds. A GEMV at memory speed, none of a packed A's padding.
+/// (weights packed at load): A's rows (alpha folded in) interleaved in a small buffer, then
+/// `NP` panels at a time, one from each of `NP` equal runs of consecutive panels: `NP` long
+/// sequential streams through B whatever K is. (Adjacent panels as the `NP` streams made each
+/// stream as short as one panel, `K x NR` floats; at K = 256 in wasm that halved the GEMV's
+/// speed, and one stream alone reads memory slower than several.) A GEMV at memory speed, none
+/// of a packed A's padding.
 /// Taken (by `sgemm_ops`) for a strided A of 1 to 3 rows with B packed; a function of its
 /// own, since inlined into the blocked SGEMM it changes that function's register allocation.
 #[inline(always)]
@@ -1912,45 +1914,47 @@ fn few_rows_panels_r<V: VF32, const R: usize, const NP: usize>(
     }
     let at = &at[..k * R];
     let npan = n.div_ceil(nr);
-    let mut pj = 0;
-    while pj < npan {
-        let (bp, j0) = (&bp[pj * k * nr..], pj * nr);
-        if pj + NP <= npan {
-            let sums = panels_sums::<V, R, NP>(at, bp, k);
-            put_sums::<V, R, NP>(g, &sums, j0, c, store);
-            pj += NP;
-        } else {
-            let sums = panel_sums_unrolled::<V, R>(at, bp, k);
-            put_sums::<V, R, 1>(g, &[sums], j0, c, store);
-            pj += 1;
-        }
+    let pan = k * nr;
+    // NP streams, each through a contiguous run of `span` panels (stream q from panel q*span
+    // on), so every stream is long and sequential whatever K is; the few panels past NP*span
+    // one at a time
+    let span = if NP > 1 { npan / NP } else { 0 };
+    for i in 0..span {
+        let pans: [&[f32]; NP] = core::array::from_fn(|q| &bp[(q * span + i) * pan..][..pan]);
+        let sums = panels_sums::<V, R, NP>(at, pans, k);
+        put_sums::<V, R, NP>(g, &sums, i * nr, span * nr, c, store);
+    }
+    for pj in NP * span..npan {
+        let sums = panel_sums_unrolled::<V, R>(at, &bp[pj * pan..], k);
+        put_sums::<V, R, 1>(g, &[sums], pj * nr, 0, c, store);
     }
 }
 
-/// Sums over K of `R` rows times `NP` panels side by side (one broadcast of A feeds `2 NP`
-/// multiply-adds), as `[panel][row][half]`.
+/// Sums over K of `R` rows times `NP` panels (`pans`, each `k` rows of one panel; one
+/// broadcast of A feeds `2 NP` multiply-adds), as `[panel][row][half]`.
 #[inline(always)]
 fn panels_sums<V: VF32, const R: usize, const NP: usize>(
     at: &[f32],
-    bp: &[f32],
+    pans: [&[f32]; NP],
     k: usize,
 ) -> [[[V; 2]; R]; NP] {
     let l = V::LANES;
     let nr = 2 * l;
-    let pans: [&[f32]; NP] = core::array::from_fn(|q| &bp[q * k * nr..(q + 1) * k * nr]);
     let z = V::splat(0.0);
     let mut acc = [[[z; 2]; R]; NP];
-    for (p, ap) in at.chunks_exact(R).enumerate().take(k) {
-        let mut bv = [[z; 2]; NP];
+    for (p, ap) in at[..k * R].chunks_exact(R).enumerate() {
+        let mut av = [z; R];
+        for r in 0..R {
+            av[r] = V::splat(ap[r]);
+        }
+        // each panel's two vectors feed its sums as soon as they are loaded: the fewest
+        // values live at once (a wasm engine's 16 registers hold them without spilling)
         for q in 0..NP {
             let row = &pans[q][p * nr..p * nr + nr];
-            bv[q] = [V::load(row), V::load(&row[l..])];
-        }
-        for r in 0..R {
-            let av = V::splat(ap[r]);
-            for q in 0..NP {
-                acc[q][r][0] = av.fma(bv[q][0], acc[q][r][0]);
-                acc[q][r][1] = av.fma(bv[q][1], acc[q][r][1]);
+            let (b0, b1) = (V::load(row), V::load(&row[l..]));
+            for r in 0..R {
+                acc[q][r][0] = av[r].fma(b0, acc[q][r][0]);
+                acc[q][r][1] = av[r].fma(b1, acc[q][r][1]);
             }
         }
     }
@@ -2000,13 +2004,14 @@ fn panel_sums_unrolled<V: VF32, const R: usize>(at: &[f32], bp: &[f32], k: usize
     out
 }
 
-/// Writes (or with `store` false adds) the first `m` rows of `NP` panels' sums into C from
-/// column `j0` on.
+/// Writes (or with `store` false adds) the first `m` rows of `NP` panels' sums into C, panel
+/// `q` from column `j0 + q * dj` on.
 #[inline(always)]
 fn put_sums<V: VF32, const R: usize, const NP: usize>(
     g: &Gemm,
     sums: &[[[V; 2]; R]; NP],
     j0: usize,
+    dj: usize,
     c: &mut [f32],
     store: bool,
 ) {
@@ -2014,7 +2019,7 @@ fn put_sums<V: VF32, const R: usize, const NP: usize>(
     let nr = 2 * l;
     let mut buf = [0f32; 32];
     for (q, sq) in sums.iter().enumerate() {
-        let j = j0 + q * nr;
+        let j = j0 + q * dj;
         let w = nr.min(g.n - j);
         for (r, s) in sq.iter().enumerate().take(g.m) {
             let o = r * g.ldc + j;

@@ -276,9 +276,12 @@ fn packed_and_row_operands_give_the_strided_product_on_every_isa() {
                 (100, 3, 64),
                 (12, 1, 1),
                 (30, 15, 2),
-                // one to three rows against packed B (the few-row product: groups of
-                // panels, a ragged last group and panel, K not a multiple of its unroll)
+                // one to three rows against packed B (the few-row product: streams of
+                // panels, the panels past them, K not a multiple of its unroll; the ragged
+                // last panel at the end of the last stream)
                 (1, 300, 37),
+                (1, 250, 20),
+                (2, 250, 7),
                 (2, 70, 9),
                 (3, 129, 64),
                 (1, 33, 1),
