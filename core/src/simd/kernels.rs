@@ -595,6 +595,22 @@ fn dw_plane_rows_then<V: VF32>(
         .map(|t| (t / kw) * dh * iw + (t % kw) * dw)
         .collect();
     let w = &w[..kh * kw];
+    // the edge columns' taps in a row whose kernel rows all lie inside the plane, as
+    // (weight, offset from the row's top-left input) runs, one run per edge column: a
+    // flat loop per column with two sums, not a walk over the kernel's rows and columns
+    let mut etaps: Vec<(f32, usize)> = Vec::with_capacity(edges.len() * kh * kw);
+    let mut eruns: Vec<(usize, usize, usize)> = Vec::with_capacity(edges.len());
+    for &(j, lo, hi) in &edges {
+        let start = etaps.len();
+        let c0 = j as isize - pw;
+        for ki in 0..kh {
+            for kj in lo..hi {
+                let col = (c0 + (kj * dw) as isize) as usize;
+                etaps.push((w[ki * kw + kj], ki * dh * iw + col));
+            }
+        }
+        eruns.push((j, start, etaps.len()));
+    }
     // the taps of a row at the top or bottom (those of the kernel rows inside the plane)
     let mut ws: Vec<f32> = Vec::with_capacity(kh * kw);
     let mut offs: Vec<usize> = Vec::with_capacity(kh * kw);
@@ -637,6 +653,22 @@ fn dw_plane_rows_then<V: VF32>(
             }
         }
         // the edge columns
+        if inside {
+            let xr = &x[at..];
+            for &(j, t0, t1) in &eruns {
+                let (mut s0, mut s1) = (bias, 0.0f32);
+                let mut pairs = etaps[t0..t1].chunks_exact(2);
+                for t in &mut pairs {
+                    s0 += t[0].0 * xr[t[0].1];
+                    s1 += t[1].0 * xr[t[1].1];
+                }
+                if let [(wt, o)] = pairs.remainder() {
+                    s0 += wt * xr[*o];
+                }
+                yrow[j] = epi.then1(s0 + s1);
+            }
+            continue;
+        }
         for &(j, lo, hi) in &edges {
             let c0 = j as isize - pw;
             let mut s = bias;
