@@ -616,8 +616,33 @@ fn dw_plane_rows_then<V: VF32>(
     let mut offs: Vec<usize> = Vec::with_capacity(kh * kw);
     let mut rows: Vec<usize> = Vec::with_capacity(kh);
     let last = ((kh.max(1) - 1) * dh) as isize;
-    for (r, yrow) in y.chunks_exact_mut(ow).enumerate() {
+    // a 3x3 kernel at vertical stride and dilation 1 computes two output rows per pass where
+    // both lie inside: the four input rows they read are loaded once for both (48 loads for
+    // 72 multiply-adds per block instead of 72: the single row's unaligned loads, each across
+    // two cache lines, were what bounded it)
+    let pv = if V::GEMM_MR >= 8 { 4 } else { 2 };
+    let pairs = vector && kh == 3 && kw == 3 && sh == 1 && dh == 1 && jh - jl >= pv * l;
+    let nrows = y.len() / ow;
+    let mut r = 0;
+    while r < nrows {
         let top = ((r0 + r) * sh) as isize - ph;
+        if pairs && r + 1 < nrows && top >= 0 && top + 3 < ih as isize {
+            let at = top as usize * iw;
+            let (ya, yb) = y[r * ow..(r + 2) * ow].split_at_mut(ow);
+            let base = at + (jl as isize - pw) as usize;
+            let src = &x[base..];
+            if pv == 4 {
+                conv_taps_pair::<V, 4>(w, dw, iw, src, bias, epi, &mut ya[jl..jh], &mut yb[jl..jh]);
+            } else {
+                conv_taps_pair::<V, 2>(w, dw, iw, src, bias, epi, &mut ya[jl..jh], &mut yb[jl..jh]);
+            }
+            edge_runs(&etaps, &eruns, &x[at..], bias, epi, ya);
+            edge_runs(&etaps, &eruns, &x[at + iw..], bias, epi, yb);
+            r += 2;
+            continue;
+        }
+        let yrow = &mut y[r * ow..(r + 1) * ow];
+        r += 1;
         rows.clear();
         let inside = top >= 0 && top + last < ih as isize;
         if inside {
@@ -654,19 +679,7 @@ fn dw_plane_rows_then<V: VF32>(
         }
         // the edge columns
         if inside {
-            let xr = &x[at..];
-            for &(j, t0, t1) in &eruns {
-                let (mut s0, mut s1) = (bias, 0.0f32);
-                let mut pairs = etaps[t0..t1].chunks_exact(2);
-                for t in &mut pairs {
-                    s0 += t[0].0 * xr[t[0].1];
-                    s1 += t[1].0 * xr[t[1].1];
-                }
-                if let [(wt, o)] = pairs.remainder() {
-                    s0 += wt * xr[*o];
-                }
-                yrow[j] = epi.then1(s0 + s1);
-            }
+            edge_runs(&etaps, &eruns, &x[at..], bias, epi, yrow);
             continue;
         }
         for &(j, lo, hi) in &edges {
@@ -680,6 +693,90 @@ fn dw_plane_rows_then<V: VF32>(
             }
             yrow[j] = epi.then1(s);
         }
+    }
+}
+
+/// The edge columns of a row whose kernel rows lie inside the plane: `y[j] = epi(bias + sum
+/// of the run's taps)` per run `(j, t0, t1)` of `etaps` (weight, offset from `xr`'s start), in
+/// two sums.
+#[inline(always)]
+fn edge_runs(
+    etaps: &[(f32, usize)],
+    eruns: &[(usize, usize, usize)],
+    xr: &[f32],
+    bias: f32,
+    epi: impl Then,
+    y: &mut [f32],
+) {
+    for &(j, t0, t1) in eruns {
+        let (mut s0, mut s1) = (bias, 0.0f32);
+        let mut pairs = etaps[t0..t1].chunks_exact(2);
+        for t in &mut pairs {
+            s0 += t[0].0 * xr[t[0].1];
+            s1 += t[1].0 * xr[t[1].1];
+        }
+        if let [(wt, o)] = pairs.remainder() {
+            s0 += wt * xr[*o];
+        }
+        y[j] = epi.then1(s0 + s1);
+    }
+}
+
+/// Two consecutive output rows of a 3x3 kernel (`w`, row-major) at vertical stride and
+/// dilation 1: `y0[i] = epi(bias + sum of w[ki][kj] src[ki iw + kj dw + i])`, `y1` the same one
+/// input row down. Each of the four input rows' vectors is loaded once and feeds both rows'
+/// sums, in blocks of `NV` vectors (the last ending at the rows' end, overlapping the one
+/// before it: outputs are stored, so recomputed ones are the same). Needs `NV` vectors of
+/// outputs at least.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn conv_taps_pair<V: VF32, const NV: usize>(
+    w: &[f32],
+    dw: usize,
+    iw: usize,
+    src: &[f32],
+    bias: f32,
+    epi: impl Then,
+    y0: &mut [f32],
+    y1: &mut [f32],
+) {
+    let l = V::LANES;
+    let n = y0.len();
+    assert!(
+        n >= NV * l && y1.len() == n && w.len() >= 9 && 3 * iw + 2 * dw + n <= src.len(),
+        "conv_taps_pair: rows short or reads past the source"
+    );
+    let mut wv = [V::splat(0.0); 9];
+    for (v, &wt) in wv.iter_mut().zip(&w[..9]) {
+        *v = V::splat(wt);
+    }
+    let bv = V::splat(bias);
+    let mut i = 0;
+    while i < n {
+        i = i.min(n - NV * l);
+        let mut a0 = [bv; NV];
+        let mut a1 = [bv; NV];
+        for ir in 0..4 {
+            for kj in 0..3 {
+                let o = ir * iw + kj * dw + i;
+                // SAFETY: o + NV l <= 3 iw + 2 dw + n <= src.len() (asserted above)
+                let s = unsafe { src.get_unchecked(o..o + NV * l) };
+                for v in 0..NV {
+                    let xv = V::load(&s[v * l..]);
+                    if ir < 3 {
+                        a0[v] = wv[ir * 3 + kj].fma(xv, a0[v]);
+                    }
+                    if ir > 0 {
+                        a1[v] = wv[(ir - 1) * 3 + kj].fma(xv, a1[v]);
+                    }
+                }
+            }
+        }
+        for v in 0..NV {
+            epi.then(a0[v]).store(&mut y0[i + v * l..]);
+            epi.then(a1[v]).store(&mut y1[i + v * l..]);
+        }
+        i += NV * l;
     }
 }
 

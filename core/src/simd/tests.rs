@@ -1100,6 +1100,10 @@ fn dw_plane_rows_match_naive_sums_on_every_isa() {
         (3, 3, 1, 1, 1, 0, 0, 7, 50),
         (3, 3, 1, 1, 1, 4, 3, 5, 24),
         (3, 3, 1, 1, 1, 1, 1, 4, 10),
+        // two rows per pass (3x3, vertical stride and dilation 1): horizontal dilation, an
+        // even number of rows, a last block overlapping the one before it
+        (3, 3, 1, 2, 1, 1, 2, 8, 150),
+        (3, 3, 1, 1, 1, 1, 1, 10, 200),
     ];
     let clamps = [None, Clamp::of(Act::Relu), Clamp::of(Act::Clip(-1.5, 2.0))];
     for isa in available_isas() {
