@@ -2044,14 +2044,23 @@ fn few_rows_panels_r<V: VF32, const R: usize, const NP: usize>(
     let at = &at[..k * R];
     let npan = n.div_ceil(nr);
     let pan = k * nr;
-    // NP streams, each through a contiguous run of `span` panels (stream q from panel q*span
-    // on), so every stream is long and sequential whatever K is; the few panels past NP*span
-    // one at a time
+    // NP streams through B. Panels shorter than 64 KiB, or panel rows shorter than a cache
+    // line (4 lanes): stream q runs through the q-th of NP contiguous runs of `span` panels, so
+    // every stream is long and sequential whatever K is (NP adjacent short panels were NP
+    // streams that each ended after one panel: in wasm at K = 256 half the speed; in wasm the
+    // runs were faster at K = 2048 and 4096 too). Otherwise NP adjacent panels, each a long
+    // stream already (there the runs, far apart in memory, measured 10-20% slower with
+    // AVX-512's 128-byte panel rows). The few panels past NP*span one at a time.
     let span = if NP > 1 { npan / NP } else { 0 };
+    let (step, dq) = if pan * 4 < 64 * 1024 || nr * 4 < 64 {
+        (1, span)
+    } else {
+        (NP, 1)
+    };
     for i in 0..span {
-        let pans: [&[f32]; NP] = core::array::from_fn(|q| &bp[(q * span + i) * pan..][..pan]);
+        let pans: [&[f32]; NP] = core::array::from_fn(|q| &bp[(i * step + q * dq) * pan..][..pan]);
         let sums = panels_sums::<V, R, NP>(at, pans, k);
-        put_sums::<V, R, NP>(g, &sums, i * nr, span * nr, c, store);
+        put_sums::<V, R, NP>(g, &sums, i * step * nr, dq * nr, c, store);
     }
     for pj in NP * span..npan {
         let sums = panel_sums_unrolled::<V, R>(at, &bp[pj * pan..], k);

@@ -282,6 +282,9 @@ fn packed_and_row_operands_give_the_strided_product_on_every_isa() {
                 (1, 300, 37),
                 (1, 250, 20),
                 (2, 250, 7),
+                // panels of 64 KiB and more (adjacent panels as the streams)
+                (1, 300, 2100),
+                (2, 70, 2100),
                 (2, 70, 9),
                 (3, 129, 64),
                 (1, 33, 1),
