@@ -645,9 +645,9 @@ fn dw_plane_rows_then<V: VF32>(
         r += 1;
         rows.clear();
         let inside = top >= 0 && top + last < ih as isize;
-        if inside {
-            rows.extend((0..kh).map(|ki| (top as usize + ki * dh) * iw));
-        } else {
+        // (an inside row's edge columns take the runs made above; `rows`, `ws` and `offs`
+        // are a border row's)
+        if !inside {
             ws.clear();
             offs.clear();
             for ki in 0..kh {
@@ -1981,11 +1981,10 @@ fn sgemm_few_rows<V: VF32>(g: &Gemm, a: &[f32], b: &[f32], c: &mut [f32]) -> boo
 
 /// `C (+)= alpha*A*B` for a few rows of A (fewer than [`SMALL_M`]) from B's packed panels
 /// (weights packed at load): A's rows (alpha folded in) interleaved in a small buffer, then
-/// `NP` panels at a time, one from each of `NP` equal runs of consecutive panels: `NP` long
-/// sequential streams through B whatever K is. (Adjacent panels as the `NP` streams made each
-/// stream as short as one panel, `K x NR` floats; at K = 256 in wasm that halved the GEMV's
-/// speed, and one stream alone reads memory slower than several.) A GEMV at memory speed, none
-/// of a packed A's padding.
+/// `NP` panels at a time as `NP` long sequential streams through B: one panel from each of
+/// `NP` equal runs of consecutive panels where panels are short or narrow, `NP` adjacent
+/// panels (each a long stream itself) otherwise; see `few_rows_panels_r`. A GEMV at memory
+/// speed, none of a packed A's padding.
 /// Taken (by `sgemm_ops`) for a strided A of 1 to 3 rows with B packed; a function of its
 /// own, since inlined into the blocked SGEMM it changes that function's register allocation.
 #[inline(always)]
@@ -2051,7 +2050,7 @@ fn few_rows_panels_r<V: VF32, const R: usize, const NP: usize>(
     // runs were faster at K = 2048 and 4096 too). Otherwise NP adjacent panels, each a long
     // stream already (there the runs, far apart in memory, measured 10-20% slower with
     // AVX-512's 128-byte panel rows). The few panels past NP*span one at a time.
-    let span = if NP > 1 { npan / NP } else { 0 };
+    let span = npan / NP;
     let (step, dq) = if pan * 4 < 64 * 1024 || nr * 4 < 64 {
         (1, span)
     } else {
