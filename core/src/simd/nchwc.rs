@@ -118,6 +118,14 @@ pub fn nchwc_conv_seg<V: VF32>(
         "nchwc_conv_seg: the input is shorter than its geometry"
     );
     let vpb = NCHWC / V::LANES;
+    if two && few_regs_narrow::<V>() {
+        // a pair is eight vectors of sums here: one block at a time in two-position tiles
+        // keeps sums, weights and the input in the registers
+        let (y0, y1) = y;
+        conv_seg_nv::<V, 4>(g, x, (w.0, &[]), (b.0, &[]), oh, ow0, ow1, (y0, &mut []));
+        conv_seg_nv::<V, 4>(g, x, (w.1, &[]), (b.1, &[]), oh, ow0, ow1, (y1, &mut []));
+        return;
+    }
     match (if two { 2 } else { 1 }) * vpb {
         1 => conv_seg_nv::<V, 1>(g, x, w, b, oh, ow0, ow1, y),
         2 => conv_seg_nv::<V, 2>(g, x, w, b, oh, ow0, ow1, y),
@@ -130,6 +138,13 @@ pub fn nchwc_conv_seg<V: VF32>(
 #[inline(always)]
 fn many_regs<V: VF32>() -> bool {
     V::LANES == 16 || V::GEMM_MR >= 8
+}
+
+/// Four-lane vectors and 16 registers (SIMD128; V8 keeps one of them as its scratch): a block
+/// is four vectors of sums.
+#[inline(always)]
+fn few_regs_narrow<V: VF32>() -> bool {
+    V::LANES == 4 && !many_regs::<V>()
 }
 
 /// Bytes of weights one pass over a row segment keeps in use: the input channels are taken in
@@ -209,6 +224,9 @@ fn conv_tiles_nv<V: VF32, const NV: usize, const STEP: usize>(
         }
         (2, false) | (4, true) => {
             conv_tiles::<V, NV, 6, STEP>(g, x, w, b, ks, cs, add, oh, span, ow0, y)
+        }
+        (4, false) if few_regs_narrow::<V>() => {
+            conv_tiles::<V, NV, 2, STEP>(g, x, w, b, ks, cs, add, oh, span, ow0, y)
         }
         (4, false) | (8, true) => {
             conv_tiles::<V, NV, 3, STEP>(g, x, w, b, ks, cs, add, oh, span, ow0, y)
@@ -324,7 +342,13 @@ fn start_sums<V: VF32, const NV: usize>(
 /// column falls in the padding (border positions); otherwise every tap is inside the input (the
 /// caller chose interior positions). `STEP`: the distance between the positions' inputs when
 /// it is known here (0: `sw * x_pos`).
-#[inline(always)]
+///
+/// On wasm a tile (and [`conv_point`]) is a function of its own: inlined into the one function
+/// of every tile variant, V8's register allocator kept sums, weights and loop bounds on the
+/// stack (36 of 140 instructions of the inner loop); alone, the loop keeps them in registers
+/// (oww_embedding_model 6.7 -> 4.9 ms in Node, 1 thread).
+#[cfg_attr(target_arch = "wasm32", inline(never))]
+#[cfg_attr(not(target_arch = "wasm32"), inline(always))]
 #[allow(clippy::too_many_arguments)]
 fn conv_tile<V: VF32, const NV: usize, const R: usize, const CHECK: bool, const STEP: usize>(
     g: &NcGeom,
@@ -420,7 +444,8 @@ fn conv_tile<V: VF32, const NV: usize, const R: usize, const CHECK: bool, const 
 /// One position (column `o`, segment position `s`) as [`conv_tile`] computes it, with the input
 /// channels split over up to four partial sums: a single position's sums are one chain of
 /// dependent multiply-adds otherwise, waiting on each other's latency.
-#[inline(always)]
+#[cfg_attr(target_arch = "wasm32", inline(never))]
+#[cfg_attr(not(target_arch = "wasm32"), inline(always))]
 #[allow(clippy::too_many_arguments)]
 fn conv_point<V: VF32, const NV: usize, const CHECK: bool>(
     g: &NcGeom,
