@@ -20,6 +20,7 @@ use crate::tensor::{Location, Tensor};
 use crate::value::Value;
 
 pub mod attention;
+pub mod contrib;
 pub mod elementwise;
 pub mod linalg;
 pub mod loss;
@@ -47,6 +48,7 @@ pub fn cpu_registry() -> KernelRegistry {
     for fam in [
         elementwise::KERNELS,
         attention::KERNELS,
+        contrib::KERNELS,
         shape::KERNELS,
         linalg::KERNELS,
         nn::KERNELS,

@@ -1,0 +1,921 @@
+//! Kernel family: the decoder operators onnxruntime-genai's model builder and ONNX Runtime's
+//! transformer optimizer emit (domain `com.microsoft`, and `SimplifiedLayerNormalization`,
+//! which ONNX Runtime registers in the ONNX domain): GroupQueryAttention, the RMS norms with
+//! and without a residual input. Float32; the semantics follow ONNX Runtime's CPU kernels
+//! (docs/operators.md lists what each accepts).
+
+use alloc::boxed::Box;
+use alloc::vec;
+use alloc::vec::Vec;
+
+use super::{def, def_in, opt_tensor_in, tensor_in, LATEST};
+use crate::dtype::DataType;
+use crate::error::Result;
+use crate::ir::Node;
+use crate::provider::{Kernel, KernelCx, KernelDef};
+use crate::tensor::Tensor;
+use crate::value::Value;
+use crate::{bail, unsupported};
+
+const MS: &str = "com.microsoft";
+const F32: &[DataType] = &[DataType::Float];
+
+pub(crate) const KERNELS: &[KernelDef] = &[
+    def(
+        "SimplifiedLayerNormalization",
+        1,
+        LATEST,
+        build_simplified_ln,
+    )
+    .types(F32),
+    def_in(
+        MS,
+        "SimplifiedLayerNormalization",
+        1,
+        1,
+        build_simplified_ln,
+    )
+    .types(F32),
+    def_in(
+        MS,
+        "SkipSimplifiedLayerNormalization",
+        1,
+        1,
+        build_skip_simplified_ln,
+    )
+    .types(F32),
+    def_in(MS, "GroupQueryAttention", 1, 1, build_gqa).types(F32),
+];
+
+/// An unused optional output's placeholder (the executor drops outputs the node leaves unnamed).
+fn none() -> Value {
+    Value::Tensor(Tensor::from_vec::<f32>(&[0], Vec::new()).expect("an empty tensor"))
+}
+
+/// `y = v / sqrt(mean(v^2) + eps) * gamma` for one row, in f32 with a sequential sum of
+/// squares (ONNX Runtime's order); returns `1 / sqrt(mean(v^2) + eps)`.
+fn rms_row(v: &[f32], gamma: &[f32], eps: f32, y: &mut [f32]) -> f32 {
+    let mut ss = 0f32;
+    for &x in v {
+        ss += x * x;
+    }
+    let d = libm::sqrtf(ss / v.len() as f32 + eps);
+    for ((o, &x), &g) in y.iter_mut().zip(v).zip(gamma) {
+        *o = x / d * g;
+    }
+    1.0 / d
+}
+
+// ----------------------------------------------------------------------------- RMS norms
+
+/// SimplifiedLayerNormalization: RMS normalisation over the axes from `axis` on; output 1 is
+/// `inv_std_var` (shape X's leading dims, then ones).
+fn build_simplified_ln(node: &Node) -> Result<Box<dyn Kernel>> {
+    let axis = node.get_i("axis", -1)?;
+    let eps = node.get_f("epsilon", 1e-5)?;
+    let stash = node.get_i("stash_type", 1)?;
+    if stash != 1 {
+        unsupported!("SimplifiedLayerNormalization with stash_type {stash} (only 1 = float)");
+    }
+    let n_out = node.outputs.len().clamp(1, 2);
+    Ok(Box::new(
+        move |cx: &KernelCx<'_>, inputs: &[Option<&Value>]| -> Result<Vec<Value>> {
+            let x = tensor_in(inputs, 0)?;
+            let scale = tensor_in(inputs, 1)?;
+            let shape = x.shape();
+            let ax = super::norm_axis(axis, shape.len())?;
+            let n: usize = shape[ax..].iter().product();
+            if scale.len() != n {
+                bail!(
+                    "scale has {} elements, the normalised shape {:?} {n}",
+                    scale.len(),
+                    &shape[ax..]
+                );
+            }
+            let (xs, g) = (x.as_slice::<f32>()?, scale.as_slice::<f32>()?);
+            let rows = xs.len().checked_div(n).unwrap_or(0);
+            let mut y = cx.output::<f32>(0, shape)?;
+            let mut inv = vec![0f32; rows];
+            for (r, iv) in inv.iter_mut().enumerate() {
+                *iv = rms_row(&xs[r * n..][..n], &g, eps, &mut y[r * n..][..n]);
+            }
+            let mut outs = vec![Value::Tensor(y.into_tensor())];
+            if n_out > 1 {
+                let mut s = shape[..ax].to_vec();
+                s.resize(shape.len(), 1);
+                outs.push(Value::Tensor(Tensor::from_vec(&s, inv)?));
+            }
+            Ok(outs)
+        },
+    ))
+}
+
+/// SkipSimplifiedLayerNormalization: `v = input + skip (+ bias)`, RMS-normalised over the last
+/// axis and scaled by gamma; output 3 is `v`. `skip` is input's shape or a trailing part of it
+/// ((1, S, H) or (S, H)), repeated over the leading rows. Outputs 1 and 2 (mean, inv_std_var)
+/// are not produced by ONNX Runtime's CPU kernel and are refused here.
+fn build_skip_simplified_ln(node: &Node) -> Result<Box<dyn Kernel>> {
+    let eps = node.get_f("epsilon", 1e-12)?;
+    let wired = |k: usize| node.outputs.get(k).copied().flatten().is_some();
+    if wired(1) || wired(2) {
+        unsupported!(
+            "SkipSimplifiedLayerNormalization's mean and inv_std_var outputs are not produced"
+        );
+    }
+    let want_sum = wired(3);
+    let n_out = node.outputs.len().clamp(1, 4);
+    Ok(Box::new(
+        move |cx: &KernelCx<'_>, inputs: &[Option<&Value>]| -> Result<Vec<Value>> {
+            let x = tensor_in(inputs, 0)?;
+            let skip = tensor_in(inputs, 1)?;
+            let gamma = tensor_in(inputs, 2)?;
+            let bias = opt_tensor_in(inputs, 3)?;
+            let shape = x.shape();
+            let h = *shape.last().unwrap_or(&0);
+            if shape.len() < 2 || h == 0 {
+                bail!("SkipSimplifiedLayerNormalization: input of shape {shape:?}");
+            }
+            let xs = x.as_slice::<f32>()?;
+            let ss = skip.as_slice::<f32>()?;
+            if ss.is_empty() || xs.len() % ss.len() != 0 || ss.len() % h != 0 {
+                bail!(
+                    "skip of shape {:?} does not repeat over input {shape:?}",
+                    skip.shape()
+                );
+            }
+            let g = gamma.as_slice::<f32>()?;
+            if g.len() != h {
+                bail!("gamma has {} elements, the hidden size is {h}", g.len());
+            }
+            let b = match bias {
+                Some(b) if b.len() != h => {
+                    bail!("bias has {} elements, the hidden size is {h}", b.len())
+                }
+                Some(b) => Some(b.as_slice::<f32>()?),
+                None => None,
+            };
+            let mut y = cx.output::<f32>(0, shape)?;
+            let mut sum = vec![0f32; if want_sum { xs.len() } else { h }];
+            for r in 0..xs.len() / h {
+                let v = if want_sum {
+                    &mut sum[r * h..][..h]
+                } else {
+                    &mut sum[..]
+                };
+                let xr = &xs[r * h..][..h];
+                let sr = &ss[(r * h) % ss.len()..][..h];
+                for j in 0..h {
+                    v[j] = xr[j] + sr[j];
+                }
+                if let Some(b) = &b {
+                    for j in 0..h {
+                        v[j] += b[j];
+                    }
+                }
+                rms_row(v, &g, eps, &mut y[r * h..][..h]);
+            }
+            let mut outs = vec![Value::Tensor(y.into_tensor())];
+            while outs.len() < n_out {
+                if outs.len() == 3 && want_sum {
+                    outs.push(Value::Tensor(Tensor::from_vec(
+                        shape,
+                        core::mem::take(&mut sum),
+                    )?));
+                } else {
+                    outs.push(none());
+                }
+            }
+            Ok(outs)
+        },
+    ))
+}
+
+// ----------------------------------------------------------------------------- GQA
+
+struct Gqa {
+    heads: usize,
+    kv_heads: usize,
+    scale: f32,
+    softcap: f32,
+    window: i64,
+    rotary: bool,
+    interleaved: bool,
+    smooth: bool,
+}
+
+fn build_gqa(node: &Node) -> Result<Box<dyn Kernel>> {
+    let heads = node.get_i("num_heads", 0)?;
+    let kv_heads = node.get_i("kv_num_heads", 0)?;
+    if heads <= 0 || kv_heads <= 0 || heads % kv_heads != 0 {
+        bail!("GroupQueryAttention: num_heads {heads} and kv_num_heads {kv_heads}");
+    }
+    let qk = node.get_i("qk_output", 0)?;
+    if qk != 0 {
+        unsupported!("GroupQueryAttention with qk_output {qk} (only 0)");
+    }
+    let smooth = node.get_i("smooth_softmax", 0)? != 0;
+    Ok(Box::new(Gqa {
+        heads: heads as usize,
+        kv_heads: kv_heads as usize,
+        scale: node.get_f("scale", 0.0)?,
+        softcap: node.get_f("softcap", 0.0)?,
+        window: node.get_i("local_window_size", -1)?,
+        rotary: node.get_i("do_rotary", 0)? != 0,
+        interleaved: node.get_i("rotary_interleaved", 0)? != 0,
+        smooth,
+    }))
+}
+
+/// Rotates the first `2 * cos.len()` elements of `x` by the angles of one position.
+fn rope(x: &mut [f32], cos: &[f32], sin: &[f32], interleaved: bool) {
+    let h2 = cos.len();
+    for i in 0..h2 {
+        let (a, b) = if interleaved {
+            (2 * i, 2 * i + 1)
+        } else {
+            (i, i + h2)
+        };
+        let (xa, xb) = (x[a], x[b]);
+        x[a] = xa * cos[i] - xb * sin[i];
+        x[b] = xb * cos[i] + xa * sin[i];
+    }
+}
+
+fn ints32(t: &Tensor, what: &str) -> Result<Vec<i64>> {
+    if t.dtype() != DataType::Int32 {
+        bail!(
+            "GroupQueryAttention: {what} must be int32, is {}",
+            t.dtype()
+        );
+    }
+    t.to_i64_vec()
+}
+
+impl Kernel for Gqa {
+    fn compute(&self, cx: &KernelCx<'_>, inputs: &[Option<&Value>]) -> Result<Vec<Value>> {
+        let (nh, nkv) = (self.heads, self.kv_heads);
+        let q = tensor_in(inputs, 0)?;
+        let key = opt_tensor_in(inputs, 1)?;
+        let value = opt_tensor_in(inputs, 2)?;
+        let past_k = opt_tensor_in(inputs, 3)?;
+        let past_v = opt_tensor_in(inputs, 4)?;
+        let seqlens = ints32(tensor_in(inputs, 5)?, "seqlens_k")?;
+        let total = ints32(tensor_in(inputs, 6)?, "total_sequence_length")?;
+        let cos = opt_tensor_in(inputs, 7)?;
+        let sin = opt_tensor_in(inputs, 8)?;
+        let pos_ids = opt_tensor_in(inputs, 9)?;
+        let bias = opt_tensor_in(inputs, 10)?;
+        let sink = opt_tensor_in(inputs, 11)?;
+        let [b, s, qdim] = match *q.shape() {
+            [b, s, d] => [b, s, d],
+            ref sh => bail!("GroupQueryAttention: query of shape {sh:?}, expected 3-D"),
+        };
+        let packed = key.is_none();
+        if packed != value.is_none() {
+            bail!("GroupQueryAttention: key and value must both be given or both be absent");
+        }
+        let h = if packed {
+            qdim / (nh + 2 * nkv)
+        } else {
+            qdim / nh
+        };
+        if h == 0 || (packed && qdim != (nh + 2 * nkv) * h) || (!packed && qdim != nh * h) {
+            bail!("GroupQueryAttention: query width {qdim} does not split into {nh} heads (+{nkv} kv heads)");
+        }
+        if let (Some(k), Some(v)) = (key, value) {
+            let want = [b, s, nkv * h];
+            if k.shape() != want || v.shape() != want {
+                bail!(
+                    "GroupQueryAttention: key {:?} / value {:?}, expected {want:?}",
+                    k.shape(),
+                    v.shape()
+                );
+            }
+        }
+        if seqlens.len() != b || total.len() != 1 {
+            bail!(
+                "GroupQueryAttention: seqlens_k has {} values for batch {b}, total_sequence_length {}",
+                seqlens.len(),
+                total.len()
+            );
+        }
+        let total = usize::try_from(total[0])
+            .map_err(|_| crate::error::Error::Other("negative total_sequence_length".into()))?;
+        let past_len = match (past_k, past_v) {
+            (Some(pk), Some(pv)) => {
+                let ps = pk.shape();
+                if ps.len() != 4 || ps[0] != b || ps[1] != nkv || ps[3] != h || pv.shape() != ps {
+                    bail!(
+                        "GroupQueryAttention: past key {ps:?} / value {:?}, expected [{b}, {nkv}, P, {h}]",
+                        pv.shape()
+                    );
+                }
+                ps[2]
+            }
+            (None, None) => 0,
+            _ => bail!(
+                "GroupQueryAttention: past_key and past_value must both be given or both be absent"
+            ),
+        };
+        let first = s == total;
+        if !first && s > 1 && b > 1 {
+            unsupported!("GroupQueryAttention: a continued prompt ({s} new of {total} tokens) with batch {b} > 1");
+        }
+        if !first && s != 1 && s > total {
+            bail!("GroupQueryAttention: {s} new tokens but total_sequence_length {total}");
+        }
+        let plen = total.max(past_len);
+        // rotary tables
+        let rot = if self.rotary {
+            let (Some(c), Some(sn)) = (cos, sin) else {
+                bail!("GroupQueryAttention: do_rotary needs cos_cache and sin_cache");
+            };
+            let cs = c.shape();
+            if cs.len() != 2 || sn.shape() != cs || 2 * cs[1] > h {
+                bail!(
+                    "GroupQueryAttention: cos/sin caches {cs:?} / {:?} for head size {h}",
+                    sn.shape()
+                );
+            }
+            Some((c.as_slice::<f32>()?, sn.as_slice::<f32>()?, cs[0], cs[1]))
+        } else {
+            None
+        };
+        let pos_ids = match pos_ids {
+            Some(p) => {
+                if p.len() < b * s && (!first || p.is_empty()) {
+                    bail!("GroupQueryAttention: position_ids of shape {:?}", p.shape());
+                }
+                Some(p.to_i64_vec()?)
+            }
+            None => None,
+        };
+        let bias_v = match bias {
+            Some(t) => {
+                let bs = t.shape();
+                if bs.len() != 4
+                    || (bs[0] != 1 && bs[0] != b)
+                    || (bs[1] != 1 && bs[1] != nh)
+                    || bs[2] != s
+                    || bs[3] != total
+                {
+                    bail!("GroupQueryAttention: attention_bias of shape {bs:?}");
+                }
+                Some((t.as_slice::<f32>()?, bs[0], bs[1]))
+            }
+            None => None,
+        };
+        let sink_v = match sink {
+            Some(t) if t.len() == nh => Some(t.as_slice::<f32>()?),
+            Some(t) => bail!("GroupQueryAttention: head_sink of shape {:?}", t.shape()),
+            None => None,
+        };
+        let qv = q.as_slice::<f32>()?;
+        let kv_in = match (key, value) {
+            (Some(k), Some(v)) => Some((k.as_slice::<f32>()?, v.as_slice::<f32>()?)),
+            _ => None,
+        };
+        let pk = match past_k {
+            Some(t) => Some(t.as_slice::<f32>()?),
+            None => None,
+        };
+        let pv = match past_v {
+            Some(t) => Some(t.as_slice::<f32>()?),
+            None => None,
+        };
+        let alpha = if self.scale == 0.0 {
+            1.0 / libm::sqrtf(h as f32)
+        } else {
+            self.scale
+        };
+        let group = nh / nkv;
+        let row = |bi: usize, si: usize| (bi * s + si) * qdim;
+        let mut present_k = vec![0f32; b * nkv * plen * h];
+        let mut present_v = vec![0f32; b * nkv * plen * h];
+        let mut out = vec![0f32; b * s * nh * h];
+        let mut qrot = vec![0f32; s * nh * h];
+        let mut scores = vec![0f32; plen];
+        for bi in 0..b {
+            let total_b = usize::try_from(seqlens[bi] + 1)
+                .ok()
+                .filter(|&t| t <= plen && (first || t >= s))
+                .ok_or_else(|| {
+                    crate::error::Error::Other(alloc::format!(
+                        "GroupQueryAttention: seqlens_k[{bi}] = {} outside 0..{plen} for {s} new tokens",
+                        seqlens[bi]
+                    ))
+                })?;
+            let past_b = if first { 0 } else { total_b - s };
+            if past_b > past_len {
+                bail!("GroupQueryAttention: {past_b} past tokens, the past holds {past_len}");
+            }
+            let position = |si: usize| -> Result<usize> {
+                let p = match &pos_ids {
+                    Some(ids) if first => ids[0] + si as i64,
+                    Some(ids) => ids[bi * s + si],
+                    None => (past_b + si) as i64,
+                };
+                usize::try_from(p).map_err(|_| {
+                    crate::error::Error::Other(alloc::format!("GroupQueryAttention: position {p}"))
+                })
+            };
+            // past rows, then the new rows (keys rotated) into present
+            for j in 0..nkv {
+                let base = (bi * nkv + j) * plen * h;
+                if let (Some(pk), Some(pv)) = (&pk, &pv) {
+                    let src = (bi * nkv + j) * past_len * h;
+                    present_k[base..base + past_b * h].copy_from_slice(&pk[src..src + past_b * h]);
+                    present_v[base..base + past_b * h].copy_from_slice(&pv[src..src + past_b * h]);
+                }
+                for si in 0..s {
+                    let (kr, vr) = match &kv_in {
+                        Some((k, v)) => {
+                            let o = (bi * s + si) * nkv * h + j * h;
+                            (&k[o..o + h], &v[o..o + h])
+                        }
+                        None => {
+                            let o = row(bi, si) + (nh + j) * h;
+                            let ov = row(bi, si) + (nh + nkv + j) * h;
+                            (&qv[o..o + h], &qv[ov..ov + h])
+                        }
+                    };
+                    let at = base + (past_b + si) * h;
+                    present_k[at..at + h].copy_from_slice(kr);
+                    present_v[at..at + h].copy_from_slice(vr);
+                    if let Some((c, sn, rows, h2)) = &rot {
+                        let p = position(si)?;
+                        if p >= *rows {
+                            bail!("GroupQueryAttention: position {p} past the {rows}-row rotary cache");
+                        }
+                        rope(
+                            &mut present_k[at..at + h],
+                            &c[p * h2..][..*h2],
+                            &sn[p * h2..][..*h2],
+                            self.interleaved,
+                        );
+                    }
+                }
+            }
+            // queries, rotated
+            for si in 0..s {
+                for n in 0..nh {
+                    let dst = &mut qrot[(si * nh + n) * h..][..h];
+                    dst.copy_from_slice(&qv[row(bi, si) + n * h..][..h]);
+                    if let Some((c, sn, rows, h2)) = &rot {
+                        let p = position(si)?;
+                        if p >= *rows {
+                            bail!("GroupQueryAttention: position {p} past the {rows}-row rotary cache");
+                        }
+                        rope(
+                            dst,
+                            &c[p * h2..][..*h2],
+                            &sn[p * h2..][..*h2],
+                            self.interleaved,
+                        );
+                    }
+                }
+            }
+            // scores over the causal (and windowed) keys, softmax, weighted values
+            for n in 0..nh {
+                let j = n / group;
+                let kb = &present_k[(bi * nkv + j) * plen * h..][..plen * h];
+                let vb = &present_v[(bi * nkv + j) * plen * h..][..plen * h];
+                for si in 0..s {
+                    let len = (past_b + si + 1).min(total_b);
+                    let start = if self.window >= 0 && len > self.window as usize {
+                        len - self.window as usize
+                    } else {
+                        0
+                    };
+                    let qr = &qrot[(si * nh + n) * h..][..h];
+                    let mut mx = f32::NEG_INFINITY;
+                    for t in start..len {
+                        let kr = &kb[t * h..][..h];
+                        let mut d = 0f32;
+                        for e in 0..h {
+                            d += qr[e] * kr[e];
+                        }
+                        let mut x = d * alpha;
+                        if self.softcap > 0.0 {
+                            x = self.softcap * libm::tanhf(x / self.softcap);
+                        }
+                        if let Some((bv, b0, b1)) = &bias_v {
+                            let bb = if *b0 == 1 { 0 } else { bi };
+                            let bn = if *b1 == 1 { 0 } else { n };
+                            x += bv[((bb * b1 + bn) * s + si) * total + t];
+                        }
+                        scores[t] = x;
+                        mx = mx.max(x);
+                    }
+                    let sink_x = match &sink_v {
+                        Some(sv) => Some(sv[n]),
+                        None if self.smooth => Some(0.0),
+                        None => None,
+                    };
+                    if let Some(sx) = sink_x {
+                        mx = mx.max(sx);
+                    }
+                    let mut den = 0f32;
+                    for x in &mut scores[start..len] {
+                        *x = libm::expf(*x - mx);
+                        den += *x;
+                    }
+                    if let Some(sx) = sink_x {
+                        den += libm::expf(sx - mx);
+                    }
+                    let o = &mut out[((bi * s + si) * nh + n) * h..][..h];
+                    if len > start && den > 0.0 {
+                        let inv = 1.0 / den;
+                        for t in start..len {
+                            let p = scores[t] * inv;
+                            let vr = &vb[t * h..][..h];
+                            for e in 0..h {
+                                o[e] += p * vr[e];
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        let _ = cx;
+        let pshape = [b, nkv, plen, h];
+        Ok(vec![
+            Value::Tensor(Tensor::from_vec(&[b, s, nh * h], out)?),
+            Value::Tensor(Tensor::from_vec(&pshape, present_k)?),
+            Value::Tensor(Tensor::from_vec(&pshape, present_v)?),
+        ])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use alloc::string::String;
+    use alloc::vec;
+    use alloc::vec::Vec;
+
+    use super::super::test_util::{close, node, run, seq, t32};
+    use crate::ir::{AttrValue, Node};
+    use crate::tensor::Tensor;
+
+    fn ms(mut n: Node) -> Node {
+        n.domain = String::from("com.microsoft");
+        n
+    }
+
+    fn i32s(shape: &[usize], v: Vec<i32>) -> Tensor {
+        Tensor::from_vec(shape, v).unwrap()
+    }
+
+    /// RMS norm of one row in f64, straight from the definition.
+    fn rms(v: &[f64], g: &[f64], eps: f64) -> Vec<f64> {
+        let ms = v.iter().map(|x| x * x).sum::<f64>() / v.len() as f64;
+        let d = (ms + eps).sqrt();
+        v.iter().zip(g).map(|(x, g)| x / d * g).collect()
+    }
+
+    #[test]
+    fn simplified_layer_norm_matches_the_definition_over_trailing_axes() {
+        let x = seq(24, 7, 11, 0.3);
+        let g = seq(12, 5, 7, 0.2);
+        let n = node(
+            "SimplifiedLayerNormalization",
+            22,
+            vec![
+                ("axis", AttrValue::Int(1)),
+                ("epsilon", AttrValue::Float(1e-3)),
+            ],
+            2,
+        );
+        let out = run(
+            &n,
+            &[
+                Some(t32(&[2, 3, 4], x.clone())),
+                Some(t32(&[3, 4], g.clone())),
+            ],
+        )
+        .unwrap();
+        assert_eq!(out[1].shape(), &[2, 1, 1]);
+        let g64: Vec<f64> = g.iter().map(|&v| v as f64).collect();
+        let mut want = Vec::new();
+        let mut inv = Vec::new();
+        for r in 0..2 {
+            let row: Vec<f64> = x[r * 12..(r + 1) * 12].iter().map(|&v| v as f64).collect();
+            want.extend(rms(&row, &g64, 1e-3).into_iter().map(|v| v as f32));
+            let ms = row.iter().map(|v| v * v).sum::<f64>() / 12.0;
+            inv.push((1.0 / (ms + 1e-3).sqrt()) as f32);
+        }
+        close(&out[0].to_f32_vec().unwrap(), &want, 1e-5);
+        close(&out[1].to_f32_vec().unwrap(), &inv, 1e-5);
+    }
+
+    #[test]
+    fn skip_simplified_layer_norm_adds_a_repeated_skip_and_the_bias_first() {
+        let x = seq(24, 7, 11, 0.3);
+        let skip = seq(12, 3, 5, 0.4);
+        let g = seq(4, 5, 7, 0.2);
+        let b = seq(4, 2, 9, 0.1);
+        let mut n = ms(node(
+            "SkipSimplifiedLayerNormalization",
+            1,
+            vec![("epsilon", AttrValue::Float(1e-4))],
+            4,
+        ));
+        n.outputs = vec![Some(0), None, None, Some(3)];
+        let out = run(
+            &n,
+            &[
+                Some(t32(&[2, 3, 4], x.clone())),
+                Some(t32(&[3, 4], skip.clone())),
+                Some(t32(&[4], g.clone())),
+                Some(t32(&[4], b.clone())),
+            ],
+        )
+        .unwrap();
+        let g64: Vec<f64> = g.iter().map(|&v| v as f64).collect();
+        let (mut want, mut sum) = (Vec::new(), Vec::new());
+        for r in 0..6 {
+            let v: Vec<f64> = (0..4)
+                .map(|j| x[r * 4 + j] as f64 + skip[(r % 3) * 4 + j] as f64 + b[j] as f64)
+                .collect();
+            sum.extend(v.iter().map(|&s| s as f32));
+            want.extend(rms(&v, &g64, 1e-4).into_iter().map(|v| v as f32));
+        }
+        close(&out[0].to_f32_vec().unwrap(), &want, 1e-5);
+        close(&out[3].to_f32_vec().unwrap(), &sum, 1e-6);
+        // the mean and inv_std_var outputs are refused at build time, not left unwritten
+        n.outputs = vec![Some(0), Some(1)];
+        assert!(run(&n, &[None]).is_err());
+    }
+
+    /// One GroupQueryAttention case, written out the long way in f64: every batch's full key and
+    /// value rows (the valid past, then the new tokens), rotation by angle pairs, an explicit
+    /// key range per query, softmax with the optional sink.
+    struct Case {
+        b: usize,
+        s: usize,
+        nh: usize,
+        nkv: usize,
+        h: usize,
+        past: usize,
+        seqlens: Vec<i32>,
+        total: usize,
+        packed: bool,
+        rot_half: usize,
+        interleaved: bool,
+        window: i64,
+        softcap: f32,
+        bias: bool,
+        smooth: bool,
+    }
+
+    fn gqa_case(c: &Case) {
+        let qd = if c.packed {
+            (c.nh + 2 * c.nkv) * c.h
+        } else {
+            c.nh * c.h
+        };
+        let kd = c.nkv * c.h;
+        let q = seq(c.b * c.s * qd, 13, 17, 0.11);
+        let k = seq(c.b * c.s * kd, 7, 19, 0.09);
+        let v = seq(c.b * c.s * kd, 5, 23, 0.13);
+        let pk = seq(c.b * c.nkv * c.past * c.h, 11, 13, 0.1);
+        let pv = seq(c.b * c.nkv * c.past * c.h, 3, 29, 0.07);
+        let rows = 16;
+        // angles of position p, pair i: p * (i + 1) * 0.1
+        let ang = |p: usize, i: usize| p as f64 * (i + 1) as f64 * 0.1;
+        let mut cos = Vec::new();
+        let mut sin = Vec::new();
+        for p in 0..rows {
+            for i in 0..c.rot_half {
+                cos.push(libm::cos(ang(p, i)) as f32);
+                sin.push(libm::sin(ang(p, i)) as f32);
+            }
+        }
+        let bias = seq(c.b * c.s * c.total, 7, 9, 0.3);
+        let mut n = ms(node(
+            "GroupQueryAttention",
+            1,
+            vec![
+                ("num_heads", AttrValue::Int(c.nh as i64)),
+                ("kv_num_heads", AttrValue::Int(c.nkv as i64)),
+                ("do_rotary", AttrValue::Int(1)),
+                ("rotary_interleaved", AttrValue::Int(c.interleaved as i64)),
+                ("local_window_size", AttrValue::Int(c.window)),
+                ("softcap", AttrValue::Float(c.softcap)),
+                ("smooth_softmax", AttrValue::Int(c.smooth as i64)),
+            ],
+            3,
+        ));
+        n.inputs = (0..11).map(Some).collect();
+        let mut ins: Vec<Option<Tensor>> = vec![
+            Some(t32(&[c.b, c.s, qd], q.clone())),
+            None,
+            None,
+            None,
+            None,
+            Some(i32s(&[c.b], c.seqlens.clone())),
+            Some(i32s(&[1], vec![c.total as i32])),
+            Some(t32(&[rows, c.rot_half], cos)),
+            Some(t32(&[rows, c.rot_half], sin)),
+            None,
+            None,
+        ];
+        if !c.packed {
+            ins[1] = Some(t32(&[c.b, c.s, kd], k.clone()));
+            ins[2] = Some(t32(&[c.b, c.s, kd], v.clone()));
+        }
+        if c.past > 0 {
+            ins[3] = Some(t32(&[c.b, c.nkv, c.past, c.h], pk.clone()));
+            ins[4] = Some(t32(&[c.b, c.nkv, c.past, c.h], pv.clone()));
+        }
+        if c.bias {
+            ins[10] = Some(t32(&[c.b, 1, c.s, c.total], bias.clone()));
+        }
+        let out = run(&n, &ins).unwrap();
+        let plen = c.total.max(c.past);
+        let first = c.s == c.total;
+        let rotate = |x: &mut [f64], p: usize| {
+            for i in 0..c.rot_half {
+                let (a, b) = if c.interleaved {
+                    (2 * i, 2 * i + 1)
+                } else {
+                    (i, i + c.rot_half)
+                };
+                let (cs, sn) = (libm::cos(ang(p, i)), libm::sin(ang(p, i)));
+                let (xa, xb) = (x[a], x[b]);
+                x[a] = xa * cs - xb * sn;
+                x[b] = xa * sn + xb * cs;
+            }
+        };
+        let (mut want, mut want_k, mut want_v) = (
+            vec![0f32; c.b * c.s * c.nh * c.h],
+            vec![0f32; c.b * c.nkv * plen * c.h],
+            vec![0f32; c.b * c.nkv * plen * c.h],
+        );
+        for bi in 0..c.b {
+            let total_b = c.seqlens[bi] as usize + 1;
+            let past_b = if first { 0 } else { total_b - c.s };
+            for j in 0..c.nkv {
+                // the key and value rows of kv head j
+                let mut keys: Vec<Vec<f64>> = Vec::new();
+                let mut vals: Vec<Vec<f64>> = Vec::new();
+                for t in 0..past_b {
+                    let o = ((bi * c.nkv + j) * c.past + t) * c.h;
+                    keys.push(pk[o..o + c.h].iter().map(|&x| x as f64).collect());
+                    vals.push(pv[o..o + c.h].iter().map(|&x| x as f64).collect());
+                }
+                for si in 0..c.s {
+                    let (kr, vr): (Vec<f64>, Vec<f64>) = if c.packed {
+                        let o = (bi * c.s + si) * qd;
+                        (
+                            q[o + (c.nh + j) * c.h..][..c.h]
+                                .iter()
+                                .map(|&x| x as f64)
+                                .collect(),
+                            q[o + (c.nh + c.nkv + j) * c.h..][..c.h]
+                                .iter()
+                                .map(|&x| x as f64)
+                                .collect(),
+                        )
+                    } else {
+                        let o = ((bi * c.s + si) * c.nkv + j) * c.h;
+                        (
+                            k[o..o + c.h].iter().map(|&x| x as f64).collect(),
+                            v[o..o + c.h].iter().map(|&x| x as f64).collect(),
+                        )
+                    };
+                    let mut kr = kr;
+                    rotate(&mut kr, past_b + si);
+                    keys.push(kr);
+                    vals.push(vr);
+                }
+                for (t, (kr, vr)) in keys.iter().zip(&vals).enumerate() {
+                    let o = ((bi * c.nkv + j) * plen + t) * c.h;
+                    for e in 0..c.h {
+                        want_k[o + e] = kr[e] as f32;
+                        want_v[o + e] = vr[e] as f32;
+                    }
+                }
+                for n in (0..c.nh).filter(|n| n / (c.nh / c.nkv) == j) {
+                    for si in 0..c.s {
+                        let o = (bi * c.s + si) * qd + n * c.h;
+                        let mut qr: Vec<f64> = q[o..o + c.h].iter().map(|&x| x as f64).collect();
+                        let p = past_b + si;
+                        rotate(&mut qr, p);
+                        // keys 0..=p, the last `window` of them when windowed
+                        let hi = p + 1;
+                        let lo = if c.window >= 0 {
+                            hi.saturating_sub(c.window as usize)
+                        } else {
+                            0
+                        };
+                        let mut sc: Vec<f64> = (lo..hi)
+                            .map(|t| {
+                                let d: f64 = qr.iter().zip(&keys[t]).map(|(a, b)| a * b).sum();
+                                let mut x = d / (c.h as f64).sqrt();
+                                if c.softcap > 0.0 {
+                                    let cap = c.softcap as f64;
+                                    x = cap * (x / cap).tanh();
+                                }
+                                if c.bias {
+                                    x += bias[(bi * c.s + si) * c.total + t] as f64;
+                                }
+                                x
+                            })
+                            .collect();
+                        let mut m = sc.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                        if c.smooth {
+                            m = m.max(0.0);
+                        }
+                        let mut den = 0.0;
+                        for x in &mut sc {
+                            *x = (*x - m).exp();
+                            den += *x;
+                        }
+                        if c.smooth {
+                            den += (-m).exp();
+                        }
+                        for e in 0..c.h {
+                            let acc: f64 = sc
+                                .iter()
+                                .enumerate()
+                                .map(|(i, p)| p * vals[lo + i][e])
+                                .sum();
+                            want[((bi * c.s + si) * c.nh + n) * c.h + e] = (acc / den) as f32;
+                        }
+                    }
+                }
+            }
+        }
+        assert_eq!(out[0].shape(), &[c.b, c.s, c.nh * c.h]);
+        assert_eq!(out[1].shape(), &[c.b, c.nkv, plen, c.h]);
+        close(&out[0].to_f32_vec().unwrap(), &want, 2e-5);
+        close(&out[1].to_f32_vec().unwrap(), &want_k, 2e-5);
+        close(&out[2].to_f32_vec().unwrap(), &want_v, 2e-5);
+    }
+
+    #[test]
+    fn gqa_decodes_a_batch_of_unequal_lengths_in_a_longer_past_buffer() {
+        // separate K/V, interleaved rotation of half of each head, softcap and a bias; batch
+        // 1 has fewer valid past rows than the buffer holds (the rest must not be carried)
+        gqa_case(&Case {
+            b: 2,
+            s: 1,
+            nh: 4,
+            nkv: 2,
+            h: 8,
+            past: 6,
+            seqlens: vec![4, 2],
+            total: 5,
+            packed: false,
+            rot_half: 2,
+            interleaved: true,
+            window: -1,
+            softcap: 0.5,
+            bias: true,
+            smooth: false,
+        });
+    }
+
+    #[test]
+    fn gqa_first_prompt_packed_with_a_local_window_and_a_sink() {
+        gqa_case(&Case {
+            b: 1,
+            s: 6,
+            nh: 6,
+            nkv: 2,
+            h: 8,
+            past: 0,
+            seqlens: vec![5],
+            total: 6,
+            packed: true,
+            rot_half: 4,
+            interleaved: false,
+            window: 3,
+            softcap: 0.0,
+            bias: false,
+            smooth: true,
+        });
+    }
+
+    #[test]
+    fn gqa_continues_a_prompt_after_a_past() {
+        gqa_case(&Case {
+            b: 1,
+            s: 3,
+            nh: 2,
+            nkv: 1,
+            h: 16,
+            past: 4,
+            seqlens: vec![6],
+            total: 7,
+            packed: true,
+            rot_half: 8,
+            interleaved: false,
+            window: -1,
+            softcap: 0.0,
+            bias: false,
+            smooth: false,
+        });
+    }
+}
