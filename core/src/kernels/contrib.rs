@@ -252,7 +252,7 @@ fn ints32(t: &Tensor, what: &str) -> Result<Vec<i64>> {
 }
 
 impl Kernel for Gqa {
-    fn compute(&self, cx: &KernelCx<'_>, inputs: &[Option<&Value>]) -> Result<Vec<Value>> {
+    fn compute(&self, _cx: &KernelCx<'_>, inputs: &[Option<&Value>]) -> Result<Vec<Value>> {
         let (nh, nkv) = (self.heads, self.kv_heads);
         let q = tensor_in(inputs, 0)?;
         let key = opt_tensor_in(inputs, 1)?;
@@ -395,6 +395,7 @@ impl Kernel for Gqa {
         let mut out = vec![0f32; b * s * nh * h];
         let mut qrot = vec![0f32; s * nh * h];
         let mut scores = vec![0f32; plen];
+        let mut at_pos = Vec::with_capacity(s);
         for bi in 0..b {
             let total_b = usize::try_from(seqlens[bi] + 1)
                 .ok()
@@ -409,15 +410,33 @@ impl Kernel for Gqa {
             if past_b > past_len {
                 bail!("GroupQueryAttention: {past_b} past tokens, the past holds {past_len}");
             }
-            let position = |si: usize| -> Result<usize> {
-                let p = match &pos_ids {
-                    Some(ids) if first => ids[0] + si as i64,
-                    Some(ids) => ids[bi * s + si],
-                    None => (past_b + si) as i64,
-                };
-                usize::try_from(p).map_err(|_| {
-                    crate::error::Error::Other(alloc::format!("GroupQueryAttention: position {p}"))
-                })
+            // each new token's rotary row (its position), checked once
+            at_pos.clear();
+            if let Some((_, _, rows, _)) = &rot {
+                for si in 0..s {
+                    let p = match &pos_ids {
+                        Some(ids) if first => ids[0] + si as i64,
+                        Some(ids) => ids[bi * s + si],
+                        None => (past_b + si) as i64,
+                    };
+                    match usize::try_from(p) {
+                        Ok(p) if p < *rows => at_pos.push(p),
+                        _ => bail!(
+                            "GroupQueryAttention: position {p} outside the {rows}-row rotary cache"
+                        ),
+                    }
+                }
+            }
+            let turn = |x: &mut [f32], si: usize| {
+                if let Some((c, sn, _, h2)) = &rot {
+                    let p = at_pos[si];
+                    rope(
+                        x,
+                        &c[p * h2..][..*h2],
+                        &sn[p * h2..][..*h2],
+                        self.interleaved,
+                    );
+                }
             };
             // past rows, then the new rows (keys rotated) into present
             for j in 0..nkv {
@@ -442,18 +461,7 @@ impl Kernel for Gqa {
                     let at = base + (past_b + si) * h;
                     present_k[at..at + h].copy_from_slice(kr);
                     present_v[at..at + h].copy_from_slice(vr);
-                    if let Some((c, sn, rows, h2)) = &rot {
-                        let p = position(si)?;
-                        if p >= *rows {
-                            bail!("GroupQueryAttention: position {p} past the {rows}-row rotary cache");
-                        }
-                        rope(
-                            &mut present_k[at..at + h],
-                            &c[p * h2..][..*h2],
-                            &sn[p * h2..][..*h2],
-                            self.interleaved,
-                        );
-                    }
+                    turn(&mut present_k[at..at + h], si);
                 }
             }
             // queries, rotated
@@ -461,18 +469,7 @@ impl Kernel for Gqa {
                 for n in 0..nh {
                     let dst = &mut qrot[(si * nh + n) * h..][..h];
                     dst.copy_from_slice(&qv[row(bi, si) + n * h..][..h]);
-                    if let Some((c, sn, rows, h2)) = &rot {
-                        let p = position(si)?;
-                        if p >= *rows {
-                            bail!("GroupQueryAttention: position {p} past the {rows}-row rotary cache");
-                        }
-                        rope(
-                            dst,
-                            &c[p * h2..][..*h2],
-                            &sn[p * h2..][..*h2],
-                            self.interleaved,
-                        );
-                    }
+                    turn(dst, si);
                 }
             }
             // scores over the causal (and windowed) keys, softmax, weighted values
@@ -537,7 +534,6 @@ impl Kernel for Gqa {
                 }
             }
         }
-        let _ = cx;
         let pshape = [b, nkv, plen, h];
         Ok(vec![
             Value::Tensor(Tensor::from_vec(&[b, s, nh * h], out)?),
@@ -666,6 +662,10 @@ mod tests {
         softcap: f32,
         bias: bool,
         smooth: bool,
+        /// the `scale` attribute (0: the default 1/sqrt(H))
+        scale: f32,
+        /// a `head_sink` input
+        sink: bool,
     }
 
     fn gqa_case(c: &Case) {
@@ -692,6 +692,7 @@ mod tests {
             }
         }
         let bias = seq(c.b * c.s * c.total, 7, 9, 0.3);
+        let sinks = seq(c.nh, 5, 7, 0.4);
         let mut n = ms(node(
             "GroupQueryAttention",
             1,
@@ -703,10 +704,11 @@ mod tests {
                 ("local_window_size", AttrValue::Int(c.window)),
                 ("softcap", AttrValue::Float(c.softcap)),
                 ("smooth_softmax", AttrValue::Int(c.smooth as i64)),
+                ("scale", AttrValue::Float(c.scale)),
             ],
             3,
         ));
-        n.inputs = (0..11).map(Some).collect();
+        n.inputs = (0..12).map(Some).collect();
         let mut ins: Vec<Option<Tensor>> = vec![
             Some(t32(&[c.b, c.s, qd], q.clone())),
             None,
@@ -717,6 +719,7 @@ mod tests {
             Some(i32s(&[1], vec![c.total as i32])),
             Some(t32(&[rows, c.rot_half], cos)),
             Some(t32(&[rows, c.rot_half], sin)),
+            None,
             None,
             None,
         ];
@@ -730,6 +733,9 @@ mod tests {
         }
         if c.bias {
             ins[10] = Some(t32(&[c.b, 1, c.s, c.total], bias.clone()));
+        }
+        if c.sink {
+            ins[11] = Some(t32(&[c.nh], sinks.clone()));
         }
         let out = run(&n, &ins).unwrap();
         let plen = c.total.max(c.past);
@@ -812,7 +818,11 @@ mod tests {
                         let mut sc: Vec<f64> = (lo..hi)
                             .map(|t| {
                                 let d: f64 = qr.iter().zip(&keys[t]).map(|(a, b)| a * b).sum();
-                                let mut x = d / (c.h as f64).sqrt();
+                                let mut x = if c.scale == 0.0 {
+                                    d / (c.h as f64).sqrt()
+                                } else {
+                                    d * c.scale as f64
+                                };
                                 if c.softcap > 0.0 {
                                     let cap = c.softcap as f64;
                                     x = cap * (x / cap).tanh();
@@ -823,17 +833,25 @@ mod tests {
                                 x
                             })
                             .collect();
+                        // the sink: head_sink's value for this head, or 0 with smooth_softmax
+                        let sink = if c.sink {
+                            Some(sinks[n] as f64)
+                        } else if c.smooth {
+                            Some(0.0)
+                        } else {
+                            None
+                        };
                         let mut m = sc.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-                        if c.smooth {
-                            m = m.max(0.0);
+                        if let Some(sk) = sink {
+                            m = m.max(sk);
                         }
                         let mut den = 0.0;
                         for x in &mut sc {
                             *x = (*x - m).exp();
                             den += *x;
                         }
-                        if c.smooth {
-                            den += (-m).exp();
+                        if let Some(sk) = sink {
+                            den += (sk - m).exp();
                         }
                         for e in 0..c.h {
                             let acc: f64 = sc
@@ -856,7 +874,8 @@ mod tests {
 
     #[test]
     fn gqa_decodes_a_batch_of_unequal_lengths_in_a_longer_past_buffer() {
-        // separate K/V, interleaved rotation of half of each head, softcap and a bias; batch
+        // separate K/V, interleaved rotation of half of each head, a scale, softcap, a bias and
+        // a head sink; batch
         // 1 has fewer valid past rows than the buffer holds (the rest must not be carried)
         gqa_case(&Case {
             b: 2,
@@ -874,6 +893,8 @@ mod tests {
             softcap: 0.5,
             bias: true,
             smooth: false,
+            scale: 0.3,
+            sink: true,
         });
     }
 
@@ -895,6 +916,8 @@ mod tests {
             softcap: 0.0,
             bias: false,
             smooth: true,
+            scale: 0.0,
+            sink: false,
         });
     }
 
@@ -916,6 +939,8 @@ mod tests {
             softcap: 0.0,
             bias: false,
             smooth: false,
+            scale: 0.0,
+            sink: false,
         });
     }
 }
