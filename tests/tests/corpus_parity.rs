@@ -1,8 +1,8 @@
 //! Real-model parity: every public corpus model runs through `nxrt run --output-dir` on each
 //! reference case, and every output matches ONNX Runtime's (floats within rtol 1e-3 + atol
-//! 1e-4, the rest exactly). Of the onnxruntime-genai pair, `tiny_llama_genai_fp32` (its
-//! com.microsoft GroupQueryAttention and RMS norms, prefill and decode) runs on the CPU;
-//! `tiny_llama_genai_int4` waits for MatMulNBits, and neither runs on WebGPU yet.
+//! 1e-4, the rest exactly). The onnxruntime-genai pair (`tiny_llama_genai_fp32` and `_int4`:
+//! com.microsoft GroupQueryAttention, RMS norms and MatMulNBits, prefill and decode) runs on
+//! the CPU only; neither runs on WebGPU yet.
 //!
 //! Needs the corpus (`../shared/corpus/fetch_corpus.sh`) and the `nxrt` binary (found next to
 //! this test's target dir, or at `$NXRT_BIN`). Prints each model's worst absolute/relative error.
@@ -19,26 +19,38 @@ use nxrt::{Tensor, Value};
 use nxrt_tests::{cache_dir, compare, ErrStats};
 use serde_json::Value as Json;
 
-/// Whether a corpus model takes part on `provider`: all but the onnxruntime-genai pair, and
-/// of that pair the fp32 model on the CPU.
+/// Whether a corpus model takes part on `provider`: all, but the onnxruntime-genai pair only
+/// on the CPU.
 fn genai_runs(name: &str, provider: &str) -> bool {
-    !name.starts_with("tiny_llama_genai") || (name == "tiny_llama_genai_fp32" && provider == "cpu")
+    !name.starts_with("tiny_llama_genai") || provider == "cpu"
 }
 
 const RTOL: f64 = 1e-3;
 const ATOL: f64 = 1e-4;
 
-/// Outputs where ONNX Runtime's reference itself is measurably off the exact result, so a more
-/// accurate answer cannot meet the strict tolerance: (model, output, looser atol, why). Each is
-/// still compared, at the looser bound, and reported as such. Reproduce with
-/// `scripts/stft_accuracy.py`.
-const REFERENCE_ERRORS: &[(&str, &str, f64, &str)] = &[(
-    "asr_whisper80",
-    "features",
-    2e-3,
-    "ORT's float32 STFT (n_fft 400) is up to 9.3e-4 off the float64 result at 28 of 240000 \
-     elements; nxrt is within 1.3e-7 of it",
-)];
+/// Outputs that cannot meet the strict tolerance for a measured reason other than a wrong
+/// answer: (model, output or `*` for all, looser atol, why). Each is still compared, at the looser bound, and
+/// reported as such. ONNX Runtime's STFT is off the exact result (reproduce with
+/// `scripts/stft_accuracy.py`); the int4 model's activations are rounded to int8 (MatMulNBits
+/// `accuracy_level` 4), which turns last-bit differences into whole quantization steps.
+const REFERENCE_ERRORS: &[(&str, &str, f64, &str)] = &[
+    (
+        "asr_whisper80",
+        "features",
+        2e-3,
+        "ORT's float32 STFT (n_fft 400) is up to 9.3e-4 off the float64 result at 28 of 240000 \
+         elements; nxrt is within 1.3e-7 of it",
+    ),
+    (
+        "tiny_llama_genai_int4",
+        "*",
+        4e-2,
+        "MatMulNBits rounds each block of activations to int8 (accuracy_level 4): over a \
+         64-token prefill, last-bit differences upstream (1 of layer 0's 16384 attention \
+         outputs) land on the other int8 neighbour and spread through later layers (up to \
+         1.6e-2 measured in logits and the KV outputs; logit std 0.32); a one-token decode step matches to 7e-7",
+    ),
+];
 
 fn nxrt_bin() -> PathBuf {
     if let Some(p) = std::env::var_os("NXRT_BIN") {
@@ -177,7 +189,7 @@ fn check_case(
         if let Err(e) = compare(&got, &want, RTOL, ATOL, &mut stats) {
             let known = REFERENCE_ERRORS
                 .iter()
-                .find(|(m, o, _, _)| *m == model_name && *o == name);
+                .find(|(m, o, _, _)| *m == model_name && (*o == name || *o == "*"));
             match known {
                 Some((_, _, atol, why)) => {
                     compare(&got, &want, RTOL, *atol, &mut ErrStats::default())

@@ -25,6 +25,7 @@ pub mod elementwise;
 pub mod linalg;
 pub mod loss;
 pub mod ml;
+pub mod nbits;
 pub mod nn;
 pub mod norm;
 pub(crate) mod par;
@@ -49,6 +50,7 @@ pub fn cpu_registry() -> KernelRegistry {
         elementwise::KERNELS,
         attention::KERNELS,
         contrib::KERNELS,
+        nbits::KERNELS,
         shape::KERNELS,
         linalg::KERNELS,
         nn::KERNELS,

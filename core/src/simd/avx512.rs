@@ -138,6 +138,29 @@ impl VF32 for Avx512 {
         }
     }
     #[inline(always)]
+    fn nibbles(b: &[u8]) -> (Self, Self) {
+        let b = &b[..16];
+        // SAFETY: `b` has 16 bytes; the load has no alignment requirement.
+        unsafe {
+            let w = _mm512_cvtepu8_epi32(_mm_loadu_si128(b.as_ptr() as *const __m128i));
+            let lo = _mm512_and_si512(w, _mm512_set1_epi32(15));
+            let hi = _mm512_srli_epi32::<4>(w);
+            (
+                Avx512(_mm512_cvtepi32_ps(lo)),
+                Avx512(_mm512_cvtepi32_ps(hi)),
+            )
+        }
+    }
+    #[inline(always)]
+    fn bytes(b: &[u8]) -> Self {
+        let b = &b[..16];
+        // SAFETY: `b` has 16 bytes; the load has no alignment requirement.
+        unsafe {
+            let w = _mm512_cvtepu8_epi32(_mm_loadu_si128(b.as_ptr() as *const __m128i));
+            Avx512(_mm512_cvtepi32_ps(w))
+        }
+    }
+    #[inline(always)]
     fn transpose(v: &mut [Self]) {
         let v: &mut [Self; 16] = v.try_into().expect("16 rows");
         unsafe {

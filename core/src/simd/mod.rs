@@ -21,6 +21,7 @@
 mod avx512;
 pub mod gemm;
 mod kernels;
+mod nbits;
 mod nchwc;
 #[cfg(target_arch = "aarch64")]
 mod neon;
@@ -32,6 +33,7 @@ mod x86;
 
 pub use gemm::{Gemm, Operand};
 pub use kernels::{Act, BinOp, Clamp, DwPlane, DW_BLOCK};
+pub use nbits::NBits;
 pub use nchwc::{NcGeom, NCHWC};
 pub use portable::Portable;
 
@@ -205,6 +207,11 @@ pub trait VF32: Copy {
     /// Transposes the `LANES x LANES` block held in `v` (`v.len() == LANES`; row `r` is
     /// `v[r]`): afterwards lane `c` of `v[r]` is what lane `r` of `v[c]` was.
     fn transpose(v: &mut [Self]);
+    /// The low and the high nibbles of the bytes `b[0..LANES]` as floats in 0..=15:
+    /// `([b0 & 15, b1 & 15, ..], [b0 >> 4, b1 >> 4, ..])` (panics if `b` is shorter).
+    fn nibbles(b: &[u8]) -> (Self, Self);
+    /// The bytes `b[0..LANES]` as floats in 0..=255 (panics if `b` is shorter).
+    fn bytes(b: &[u8]) -> Self;
 
     /// `self * 2^n` for lanes of `n` holding integers in [-252, 254] whose product is a
     /// normal float or an overflow (two exact power-of-two factors; AVX-512 has it as one
@@ -686,6 +693,17 @@ dispatch!(
     /// One output row segment of a depthwise convolution of one block of the blocked channel
     /// layout (see `simd::nchwc`).
     fn nchwc_dw_seg / nchwc_dw_seg_on(g: &NcGeom, x: &[f32], w: &[f32], b: &[f32], oh: usize, ow0: usize, ow1: usize, y: &mut [f32]) => nchwc_dw_seg
+);
+
+dispatch!(
+    /// Whether [`nbits_rows`] takes this geometry on the vector type `isa` picks.
+    fn nbits_fits / nbits_fits_on(g: &NBits) -> bool => nbits_fits
+);
+
+dispatch!(
+    /// Rows of f32 activations times block-quantized weight columns (MatMulNBits; see
+    /// [`NBits`]); the geometry must satisfy [`nbits_fits`] on the same `isa`.
+    fn nbits_rows / nbits_rows_on(g: &NBits, a: &[f32], rows: usize, b: &[u8], scales: &[f32], zp: Option<&[f32]>, cols: usize, y: &mut [f32], ldy: usize) => nbits_rows
 );
 
 dispatch!(

@@ -8,6 +8,14 @@ use core::arch::aarch64::*;
 #[derive(Clone, Copy)]
 pub struct Neon(float32x4_t);
 
+/// The bytes `b[0..4]` zero-extended to four u32 lanes.
+#[inline(always)]
+fn widen(b: &[u8]) -> uint32x4_t {
+    let w = u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+    // SAFETY: plain register arithmetic (NEON is always present)
+    unsafe { vmovl_u16(vget_low_u16(vmovl_u8(vreinterpret_u8_u32(vdup_n_u32(w))))) }
+}
+
 // SAFETY (for every `unsafe` below): NEON is always present on aarch64; loads and stores go
 // through slices of at least 4 floats, and NEON loads/stores need no alignment.
 impl VF32 for Neon {
@@ -115,6 +123,21 @@ impl VF32 for Neon {
             let r = vuzpq_f32(self.0, b.0);
             (Neon(r.0), Neon(r.1))
         }
+    }
+    #[inline(always)]
+    fn nibbles(b: &[u8]) -> (Self, Self) {
+        let w = widen(b);
+        // SAFETY: plain register arithmetic (NEON is always present)
+        unsafe {
+            let lo = vandq_u32(w, vdupq_n_u32(15));
+            let hi = vshrq_n_u32::<4>(w);
+            (Neon(vcvtq_f32_u32(lo)), Neon(vcvtq_f32_u32(hi)))
+        }
+    }
+    #[inline(always)]
+    fn bytes(b: &[u8]) -> Self {
+        // SAFETY: plain register arithmetic (NEON is always present)
+        Neon(unsafe { vcvtq_f32_u32(widen(b)) })
     }
     #[inline(always)]
     fn transpose(v: &mut [Self]) {

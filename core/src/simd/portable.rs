@@ -115,6 +115,19 @@ impl VF32 for Portable {
         )
     }
     #[inline(always)]
+    fn nibbles(b: &[u8]) -> (Self, Self) {
+        let b = &b[..4];
+        (
+            Portable(core::array::from_fn(|i| (b[i] & 15) as f32)),
+            Portable(core::array::from_fn(|i| (b[i] >> 4) as f32)),
+        )
+    }
+    #[inline(always)]
+    fn bytes(b: &[u8]) -> Self {
+        let b = &b[..4];
+        Portable(core::array::from_fn(|i| b[i] as f32))
+    }
+    #[inline(always)]
     fn transpose(v: &mut [Self]) {
         let v: &mut [Self; 4] = v.try_into().expect("4 rows");
         let r = *v;

@@ -7,6 +7,18 @@ use core::arch::wasm32::*;
 #[derive(Clone, Copy)]
 pub struct V128(v128);
 
+impl V128 {
+    /// The bytes `b[0..4]` zero-extended to four u32 lanes.
+    #[inline(always)]
+    fn widen(b: &[u8]) -> v128 {
+        let w = u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+        u32x4_extend_low_u16x8(u16x8_extend_low_u8x16(u32x4_replace_lane::<0>(
+            u32x4_splat(0),
+            w,
+        )))
+    }
+}
+
 impl VF32 for V128 {
     const LANES: usize = 4;
     #[inline(always)]
@@ -99,6 +111,17 @@ impl VF32 for V128 {
             V128(i32x4_shuffle::<0, 2, 4, 6>(self.0, b.0)),
             V128(i32x4_shuffle::<1, 3, 5, 7>(self.0, b.0)),
         )
+    }
+    #[inline(always)]
+    fn nibbles(b: &[u8]) -> (Self, Self) {
+        let w = Self::widen(b);
+        let lo = v128_and(w, u32x4_splat(15));
+        let hi = u32x4_shr(w, 4);
+        (V128(f32x4_convert_i32x4(lo)), V128(f32x4_convert_i32x4(hi)))
+    }
+    #[inline(always)]
+    fn bytes(b: &[u8]) -> Self {
+        V128(f32x4_convert_i32x4(Self::widen(b)))
     }
     #[inline(always)]
     fn transpose(v: &mut [Self]) {

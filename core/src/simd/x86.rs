@@ -143,6 +143,26 @@ impl VF32 for Avx2 {
         }
     }
     #[inline(always)]
+    fn nibbles(b: &[u8]) -> (Self, Self) {
+        let b = &b[..8];
+        // SAFETY: `b` has 8 bytes; the load has no alignment requirement.
+        unsafe {
+            let w = _mm256_cvtepu8_epi32(_mm_loadl_epi64(b.as_ptr() as *const __m128i));
+            let lo = _mm256_and_si256(w, _mm256_set1_epi32(15));
+            let hi = _mm256_srli_epi32::<4>(w);
+            (Avx2(_mm256_cvtepi32_ps(lo)), Avx2(_mm256_cvtepi32_ps(hi)))
+        }
+    }
+    #[inline(always)]
+    fn bytes(b: &[u8]) -> Self {
+        let b = &b[..8];
+        // SAFETY: `b` has 8 bytes; the load has no alignment requirement.
+        unsafe {
+            let w = _mm256_cvtepu8_epi32(_mm_loadl_epi64(b.as_ptr() as *const __m128i));
+            Avx2(_mm256_cvtepi32_ps(w))
+        }
+    }
+    #[inline(always)]
     fn transpose(v: &mut [Self]) {
         let v: &mut [Self; 8] = v.try_into().expect("8 rows");
         unsafe {

@@ -1,0 +1,661 @@
+//! `com.microsoft:MatMulNBits`: `Y = A · dequant(B)ᵀ (+ bias)` with B's N columns of K weights
+//! stored as blocks of 2-, 4- or 8-bit codes (float32 A).
+//!
+//! B is `(N, blocks, block_size * bits / 8)` bytes, codes packed low bits first; `scales` is
+//! `(N, blocks)`; `zero_points` either packed codes (uint8, `ceil(blocks * bits / 8)` bytes a
+//! column) or floats `(N, blocks)`, `2^(bits - 1)` when absent; `g_idx` (int32, K) names the
+//! block of each row of B in place of `k / block_size`. A weight is `(code - zp) * scale`.
+//!
+//! `accuracy_level` 4 (the int4 models onnxruntime-genai builds) follows ONNX Runtime's CPU
+//! kernel: each block of an A row is quantized to int8 before the product (see
+//! `simd::nbits`). Its tokens differ from float activations within a few dozen steps, so this
+//! is the product's definition here, not a speed option. With `g_idx` or float zero points,
+//! and at other levels, A stays float.
+//!
+//! Few rows (a decode step) take the SIMD layer's direct kernel, which reads the packed codes;
+//! more rows dequantize B a panel of columns at a time and use the SGEMM (with A replaced by
+//! its int8 values times their scales where it is quantized: the same sums, rounded
+//! differently only in the last bits).
+
+use alloc::boxed::Box;
+use alloc::vec::Vec;
+
+use super::par::SyncPtr;
+use super::{def_in, opt_tensor_in, out1, tensor_in};
+use crate::dtype::DataType;
+use crate::error::Result;
+use crate::ir::Node;
+use crate::provider::{Kernel, KernelCx, KernelDef};
+use crate::simd::{Gemm, NBits};
+use crate::value::Value;
+use crate::{bail, unsupported};
+
+pub(crate) const KERNELS: &[KernelDef] =
+    &[def_in("com.microsoft", "MatMulNBits", 1, 1, build).types(&[DataType::Float])];
+
+/// Rows of A up to which the direct kernel runs (more take the dequantize + SGEMM path).
+const DIRECT_ROWS: usize = 3;
+/// Columns a task of the dequantizing path unpacks at a time.
+const PANEL_COLS: usize = 64;
+
+struct MatMulNBits {
+    k: usize,
+    n: usize,
+    bits: usize,
+    bs: usize,
+    accuracy: i64,
+}
+
+fn build(node: &Node) -> Result<Box<dyn Kernel>> {
+    let k = node.get_i("K", 0)?;
+    let n = node.get_i("N", 0)?;
+    let bits = node.get_i("bits", 4)?;
+    let bs = node.get_i("block_size", 0)?;
+    if k <= 0 || n <= 0 {
+        bail!("MatMulNBits: K {k} and N {n} must be positive");
+    }
+    if !matches!(bits, 2 | 4 | 8) {
+        unsupported!("MatMulNBits with bits {bits} (2, 4 or 8)");
+    }
+    if !(16..=1 << 20).contains(&bs) || (bs & (bs - 1)) != 0 {
+        unsupported!("MatMulNBits with block_size {bs} (a power of two, at least 16)");
+    }
+    Ok(Box::new(MatMulNBits {
+        k: k as usize,
+        n: n as usize,
+        bits: bits as usize,
+        bs: bs as usize,
+        accuracy: node.get_i("accuracy_level", 0)?,
+    }))
+}
+
+/// The zero points as one float per (column, block), or `None` for the default.
+fn zero_points(
+    zp: Option<&crate::tensor::Tensor>,
+    n: usize,
+    blocks: usize,
+    bits: usize,
+) -> Result<Option<(Vec<f32>, bool)>> {
+    let Some(zp) = zp else { return Ok(None) };
+    match zp.dtype() {
+        DataType::Uint8 => {
+            let per_col = (blocks * bits).div_ceil(8);
+            if zp.len() != n * per_col {
+                bail!(
+                    "MatMulNBits: packed zero_points hold {} bytes, expected {n} x {per_col}",
+                    zp.len()
+                );
+            }
+            let v = zp.as_slice::<u8>()?;
+            let mask = (1u16 << bits) - 1;
+            let mut out = Vec::with_capacity(n * blocks);
+            for c in 0..n {
+                let col = &v[c * per_col..(c + 1) * per_col];
+                out.extend((0..blocks).map(|b| {
+                    let bit = b * bits;
+                    ((col[bit / 8] as u16 >> (bit % 8)) & mask) as f32
+                }));
+            }
+            Ok(Some((out, false)))
+        }
+        DataType::Float => {
+            if zp.len() != n * blocks {
+                bail!(
+                    "MatMulNBits: float zero_points hold {} values, expected {n} x {blocks}",
+                    zp.len()
+                );
+            }
+            Ok(Some((zp.as_slice::<f32>()?.into_owned(), true)))
+        }
+        t => unsupported!("MatMulNBits with zero_points of type {t} (uint8 or float)"),
+    }
+}
+
+/// Block index of each of the K rows of B from `g_idx`, or `None` where it is absent or the
+/// plain `k / block_size`.
+fn block_index(
+    g: Option<&crate::tensor::Tensor>,
+    k: usize,
+    bs: usize,
+    blocks: usize,
+) -> Result<Option<Vec<usize>>> {
+    let Some(g) = g else { return Ok(None) };
+    if g.dtype() != DataType::Int32 || g.len() != k {
+        bail!(
+            "MatMulNBits: g_idx must be {k} int32 values (is {} {:?})",
+            g.dtype(),
+            g.shape()
+        );
+    }
+    let v = g.as_slice::<i32>()?;
+    let mut idx = Vec::with_capacity(k);
+    for &x in v.iter() {
+        if x < 0 || x as usize >= blocks {
+            bail!("MatMulNBits: g_idx value {x} is outside 0..{blocks}");
+        }
+        idx.push(x as usize);
+    }
+    if idx.iter().enumerate().all(|(i, &b)| b == i / bs) {
+        return Ok(None);
+    }
+    Ok(Some(idx))
+}
+
+/// A's rows replaced by their int8 block values times the block scales (the activations the
+/// `accuracy_level` 4 product sees), for the SGEMM path.
+fn fake_quantize(a: &[f32], k: usize, bs: usize) -> Vec<f32> {
+    let mut out = a.to_vec();
+    for row in out.chunks_exact_mut(k) {
+        for blk in row.chunks_mut(bs) {
+            let amax = blk.iter().fold(0f32, |m, x| x.abs().max(m));
+            let s = amax / 127.0;
+            let inv = if amax != 0.0 { 127.0 / amax } else { 0.0 };
+            for x in blk.iter_mut() {
+                *x = libm::rintf(*x * inv) * s;
+            }
+        }
+    }
+    out
+}
+
+impl Kernel for MatMulNBits {
+    fn compute(&self, cx: &KernelCx<'_>, inputs: &[Option<&Value>]) -> Result<Vec<Value>> {
+        let (k, n, bits, bs) = (self.k, self.n, self.bits, self.bs);
+        let a = tensor_in(inputs, 0)?;
+        let b = tensor_in(inputs, 1)?;
+        let scales = tensor_in(inputs, 2)?;
+        let zp = opt_tensor_in(inputs, 3)?;
+        let g_idx = opt_tensor_in(inputs, 4)?;
+        let bias = opt_tensor_in(inputs, 5)?;
+        if a.rank() == 0 || a.shape()[a.rank() - 1] != k {
+            bail!("MatMulNBits: A {:?} must end in K = {k}", a.shape());
+        }
+        let blocks = k.div_ceil(bs);
+        let blob = bs * bits / 8;
+        if b.dtype() != DataType::Uint8 || b.len() != n * blocks * blob {
+            bail!(
+                "MatMulNBits: B must be {n} x {blocks} x {blob} uint8 (is {} {:?})",
+                b.dtype(),
+                b.shape()
+            );
+        }
+        if scales.dtype() != DataType::Float || scales.len() != n * blocks {
+            bail!(
+                "MatMulNBits: scales must be {n} x {blocks} floats (is {} {:?})",
+                scales.dtype(),
+                scales.shape()
+            );
+        }
+        if let Some(bias) = bias {
+            if bias.dtype() != DataType::Float || bias.len() != n {
+                bail!(
+                    "MatMulNBits: bias must be {n} floats (is {:?})",
+                    bias.shape()
+                );
+            }
+        }
+        let zps = zero_points(zp, n, blocks, bits)?;
+        let gidx = block_index(g_idx, k, bs, blocks)?;
+        let float_zp = zps.as_ref().is_some_and(|z| z.1);
+        let int8_a = self.accuracy == 4 && gidx.is_none() && !float_zp && bits != 2;
+        let zp0 = (1u32 << (bits - 1)) as f32;
+
+        let av = a.as_slice::<f32>()?;
+        let bv = b.as_slice::<u8>()?;
+        let sv = scales.as_slice::<f32>()?;
+        let m = a.len() / k;
+        let mut shape = a.shape().to_vec();
+        *shape.last_mut().expect("rank >= 1") = n;
+        let mut y = cx.output::<f32>(0, &shape)?;
+        let g = NBits {
+            k,
+            bs,
+            bits,
+            int8_a,
+            zp0,
+        };
+        let zt = zps.as_ref().map(|z| z.0.as_slice());
+        let direct = m <= DIRECT_ROWS && gidx.is_none() && bits != 2;
+        if m > 0 && direct {
+            direct_rows(cx, &g, (&av, m), (&bv, &sv, zt), n, &mut y);
+        } else if m > 0 {
+            let fq;
+            let a_used: &[f32] = if int8_a {
+                fq = fake_quantize(&av, k, bs);
+                &fq
+            } else {
+                &av
+            };
+            let w = Weights {
+                b: &bv,
+                scales: &sv,
+                zp: zt,
+                zp0,
+                gidx: gidx.as_deref(),
+            };
+            dequant_gemm(cx, &g, a_used, m, n, &w, &mut y);
+        }
+        if let Some(bias) = bias {
+            let bias = bias.as_slice::<f32>()?;
+            for row in y.chunks_exact_mut(n) {
+                row.iter_mut().zip(bias.iter()).for_each(|(y, b)| *y += b);
+            }
+        }
+        out1(y.into_tensor())
+    }
+}
+
+/// The direct kernel over column panels in parallel (each task writes its columns of every
+/// row through a buffer of its own).
+fn direct_rows(
+    cx: &KernelCx<'_>,
+    g: &NBits,
+    (a, m): (&[f32], usize),
+    (b, scales, zp): (&[u8], &[f32], Option<&[f32]>),
+    n: usize,
+    y: &mut [f32],
+) {
+    // a vector type whose width divides the block (AVX-512 lanes are too many for 16-code
+    // 4-bit blocks; the portable type always fits)
+    let isa = crate::simd::available_isas()
+        .into_iter()
+        .rev()
+        .find(|&i| crate::simd::nbits_fits_on(i, g))
+        .unwrap_or(crate::simd::Isa::Portable);
+    let (blocks, blob) = (g.blocks(), g.blob());
+    let panel = PANEL_COLS;
+    let tasks = n.div_ceil(panel);
+    let yp = SyncPtr(y.as_mut_ptr());
+    cx.cpu.parallel_for_work(tasks, m * n * g.k * 2, &|t| {
+        let (j0, j1) = (t * panel, ((t + 1) * panel).min(n));
+        let cols = j1 - j0;
+        let mut buf = crate::simd::scratch::<f32>(m * cols);
+        crate::simd::nbits_rows_on(
+            isa,
+            g,
+            a,
+            m,
+            &b[j0 * blocks * blob..j1 * blocks * blob],
+            &scales[j0 * blocks..j1 * blocks],
+            zp.map(|z| &z[j0 * blocks..j1 * blocks]),
+            cols,
+            &mut buf,
+            cols,
+        );
+        for r in 0..m {
+            // SAFETY: row r's columns j0..j1 of the m x n output belong to this task alone
+            // (tasks cover disjoint column ranges), and `y` stays borrowed until
+            // `parallel_for_work` returns.
+            let dst = unsafe { core::slice::from_raw_parts_mut(yp.get().add(r * n + j0), cols) };
+            dst.copy_from_slice(&buf[r * cols..(r + 1) * cols]);
+        }
+    });
+}
+
+/// B's codes, scales and zero points, for dequantizing.
+struct Weights<'a> {
+    b: &'a [u8],
+    scales: &'a [f32],
+    zp: Option<&'a [f32]>,
+    zp0: f32,
+    gidx: Option<&'a [usize]>,
+}
+
+impl Weights<'_> {
+    /// Column `c`'s K weights as floats into `out`.
+    fn column(&self, g: &NBits, c: usize, out: &mut [f32]) {
+        let (blocks, blob, bits) = (g.blocks(), g.blob(), g.bits);
+        let col = &self.b[c * blocks * blob..(c + 1) * blocks * blob];
+        let mask = (1u16 << bits) - 1;
+        let per_byte = 8 / bits;
+        for (kk, o) in out.iter_mut().enumerate().take(g.k) {
+            let code = {
+                let (blk, e) = (kk / g.bs, kk % g.bs);
+                let byte = col[blk * blob + e / per_byte] as u16;
+                ((byte >> ((e % per_byte) * bits)) & mask) as f32
+            };
+            let bi = self.gidx.map_or(kk / g.bs, |gi| gi[kk]);
+            let z = self.zp.map_or(self.zp0, |z| z[c * blocks + bi]);
+            *o = (code - z) * self.scales[c * blocks + bi];
+        }
+    }
+}
+
+/// `Y = A · Bᵀ` with B dequantized a panel of columns at a time (tasks in parallel, each with
+/// a single-threaded SGEMM).
+fn dequant_gemm(
+    cx: &KernelCx<'_>,
+    g: &NBits,
+    a: &[f32],
+    m: usize,
+    n: usize,
+    w: &Weights<'_>,
+    y: &mut [f32],
+) {
+    let k = g.k;
+    let panel = PANEL_COLS;
+    let tasks = n.div_ceil(panel);
+    let yp = SyncPtr(y.as_mut_ptr());
+    cx.cpu
+        .parallel_for_work(tasks, m * n * k * 2 + n * k * 4, &|t| {
+            let (j0, j1) = (t * panel, ((t + 1) * panel).min(n));
+            let cols = j1 - j0;
+            let mut bt = crate::simd::scratch::<f32>(cols * k);
+            for c in 0..cols {
+                w.column(g, j0 + c, &mut bt[c * k..(c + 1) * k]);
+            }
+            let mut buf = crate::simd::scratch::<f32>(m * cols);
+            let gm = Gemm {
+                m,
+                n: cols,
+                k,
+                a_rs: k as isize,
+                a_cs: 1,
+                b_rs: 1,
+                b_cs: k as isize,
+                ldc: cols,
+                alpha: 1.0,
+                beta: 0.0,
+            };
+            let ok = crate::simd::sgemm_checked(&gm, a, &bt, &mut buf);
+            debug_assert!(ok, "MatMulNBits: SGEMM operands fit by construction");
+            for r in 0..m {
+                // SAFETY: as in `direct_rows`: disjoint columns per task.
+                let dst =
+                    unsafe { core::slice::from_raw_parts_mut(yp.get().add(r * n + j0), cols) };
+                dst.copy_from_slice(&buf[r * cols..(r + 1) * cols]);
+            }
+        });
+}
+
+#[cfg(test)]
+mod tests {
+    use alloc::string::String;
+    use alloc::vec::Vec;
+
+    use super::super::test_util::{close, node, run, t32};
+    use crate::ir::AttrValue;
+    use crate::tensor::Tensor;
+
+    /// A small deterministic generator (64-bit LCG, top bits).
+    struct Lcg(u64);
+    impl Lcg {
+        fn next(&mut self) -> u32 {
+            self.0 = self
+                .0
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (self.0 >> 33) as u32
+        }
+        fn f(&mut self) -> f32 {
+            (self.next() % 20001) as f32 / 10000.0 - 1.0
+        }
+    }
+
+    /// One MatMulNBits case: codes (N x K, unpacked), scales and zero points per (n, block).
+    struct Case {
+        m: usize,
+        k: usize,
+        n: usize,
+        bits: usize,
+        bs: usize,
+        a: Vec<f32>,
+        codes: Vec<u8>,
+        scales: Vec<f32>,
+        zp: Option<Vec<u8>>,
+        fzp: Option<Vec<f32>>,
+        gidx: Option<Vec<i32>>,
+        bias: Option<Vec<f32>>,
+        accuracy: i64,
+    }
+
+    impl Case {
+        fn new(m: usize, k: usize, n: usize, bits: usize, bs: usize, seed: u64) -> Case {
+            let mut r = Lcg(seed);
+            let blocks = k.div_ceil(bs);
+            let a = (0..m * k).map(|_| r.f() * 3.0).collect();
+            let codes = (0..n * k).map(|_| (r.next() % (1 << bits)) as u8).collect();
+            let scales = (0..n * blocks).map(|_| 0.01 + r.f().abs() * 0.1).collect();
+            Case {
+                m,
+                k,
+                n,
+                bits,
+                bs,
+                a,
+                codes,
+                scales,
+                zp: None,
+                fzp: None,
+                gidx: None,
+                bias: None,
+                accuracy: 0,
+            }
+        }
+        fn blocks(&self) -> usize {
+            self.k.div_ceil(self.bs)
+        }
+        /// The node's inputs: B packed low bits first, the last block padded with code 0.
+        fn inputs(&self) -> Vec<Option<Tensor>> {
+            let (blocks, per) = (self.blocks(), 8 / self.bits);
+            let blob = self.bs / per;
+            let mut b = alloc::vec![0u8; self.n * blocks * blob];
+            for c in 0..self.n {
+                for kk in 0..self.k {
+                    let (bi, e) = (kk / self.bs, kk % self.bs);
+                    let code = self.codes[c * self.k + kk];
+                    b[(c * blocks + bi) * blob + e / per] |= code << ((e % per) * self.bits);
+                }
+            }
+            let zp = self.zp.as_ref().map(|z| {
+                let per_col = (blocks * self.bits).div_ceil(8);
+                let mut p = alloc::vec![0u8; self.n * per_col];
+                for c in 0..self.n {
+                    for bi in 0..blocks {
+                        let bit = bi * self.bits;
+                        p[c * per_col + bit / 8] |= z[c * blocks + bi] << (bit % 8);
+                    }
+                }
+                Tensor::from_vec(&[self.n, per_col], p).unwrap()
+            });
+            let zp = zp.or_else(|| self.fzp.as_ref().map(|z| t32(&[self.n, blocks], z.clone())));
+            let with_bias = self.bias.is_some();
+            alloc::vec![
+                Some(t32(&[self.m, self.k], self.a.clone())),
+                Some(Tensor::from_vec(&[self.n, blocks, blob], b).unwrap()),
+                Some(t32(&[self.n, blocks], self.scales.clone())),
+                zp,
+                self.gidx
+                    .as_ref()
+                    .map(|g| Tensor::from_vec(&[self.k], g.clone()).unwrap()),
+                if with_bias {
+                    Some(t32(&[self.n], self.bias.clone().unwrap()))
+                } else {
+                    None
+                },
+            ]
+        }
+        fn node(&self) -> crate::ir::Node {
+            let mut nd = node(
+                "MatMulNBits",
+                1,
+                alloc::vec![
+                    ("K", AttrValue::Int(self.k as i64)),
+                    ("N", AttrValue::Int(self.n as i64)),
+                    ("bits", AttrValue::Int(self.bits as i64)),
+                    ("block_size", AttrValue::Int(self.bs as i64)),
+                    ("accuracy_level", AttrValue::Int(self.accuracy)),
+                ],
+                1,
+            );
+            nd.domain = String::from("com.microsoft");
+            nd
+        }
+        /// The activations the product sees: int8 block values times their scale at
+        /// accuracy level 4 (computed in f32 exactly as the definition reads), else A.
+        fn a_seen(&self, int8: bool) -> Vec<f64> {
+            let mut out = Vec::new();
+            for row in self.a.chunks(self.k) {
+                for blk in row.chunks(self.bs) {
+                    let amax = blk.iter().fold(0f32, |m, x| m.max(x.abs()));
+                    let inv = if amax != 0.0 { 127.0 / amax } else { 0.0 };
+                    for &x in blk {
+                        out.push(if int8 {
+                            libm::rint((x * inv) as f64) * (amax / 127.0) as f64
+                        } else {
+                            x as f64
+                        });
+                    }
+                }
+            }
+            out
+        }
+        /// `A · dequant(B)ᵀ + bias` in f64.
+        fn reference(&self, int8: bool) -> Vec<f32> {
+            let (blocks, a) = (self.blocks(), self.a_seen(int8));
+            let mut y = Vec::new();
+            for r in 0..self.m {
+                for c in 0..self.n {
+                    let mut s = 0f64;
+                    for kk in 0..self.k {
+                        let bi = self.gidx.as_ref().map_or(kk / self.bs, |g| g[kk] as usize);
+                        let z = match (&self.zp, &self.fzp) {
+                            (Some(z), _) => z[c * blocks + bi] as f64,
+                            (_, Some(z)) => z[c * blocks + bi] as f64,
+                            _ => (1u32 << (self.bits - 1)) as f64,
+                        };
+                        let w = (self.codes[c * self.k + kk] as f64 - z)
+                            * self.scales[c * blocks + bi] as f64;
+                        s += a[r * self.k + kk] * w;
+                    }
+                    y.push((s + self.bias.as_ref().map_or(0.0, |b| b[c] as f64)) as f32);
+                }
+            }
+            y
+        }
+        fn run(&self) -> Vec<f32> {
+            let out = run(&self.node(), &self.inputs()).unwrap();
+            assert_eq!(out[0].shape(), &[self.m, self.n]);
+            out[0].to_f32_vec().unwrap()
+        }
+    }
+
+    #[test]
+    fn four_bit_codes_with_packed_zero_points_a_partial_block_and_bias() {
+        for m in [1, 2, 5] {
+            let mut c = Case::new(m, 40, 9, 4, 16, 7);
+            let blocks = c.blocks();
+            let mut r = Lcg(99);
+            c.zp = Some((0..9 * blocks).map(|_| (r.next() % 16) as u8).collect());
+            c.bias = Some((0..9).map(|i| i as f32 * 0.25 - 1.0).collect());
+            close(&c.run(), &c.reference(false), 2e-5);
+        }
+    }
+
+    #[test]
+    fn accuracy_level_4_quantizes_each_block_of_a_to_int8() {
+        for (m, bits, bs) in [(1, 4, 32), (3, 4, 64), (6, 4, 32), (1, 8, 32), (4, 8, 16)] {
+            let mut c = Case::new(m, 96, 21, bits, bs, 3 + m as u64);
+            c.accuracy = 4;
+            let got = c.run();
+            close(&got, &c.reference(true), 2e-5);
+            // the case tells the two numerics apart
+            let float = c.reference(false);
+            let apart = got
+                .iter()
+                .zip(&float)
+                .any(|(g, f)| (g - f).abs() > 1e-3 * (1.0 + f.abs()));
+            assert!(apart, "m {m} bits {bits}: int8 and float activations agree");
+        }
+    }
+
+    #[test]
+    fn eight_bit_codes_default_to_zero_point_128() {
+        for m in [1, 7] {
+            let c = Case::new(m, 64, 17, 8, 32, 11);
+            close(&c.run(), &c.reference(false), 2e-5);
+        }
+    }
+
+    #[test]
+    fn two_bit_codes_take_the_dequantizing_path() {
+        let mut c = Case::new(2, 48, 5, 2, 16, 5);
+        c.accuracy = 4;
+        close(&c.run(), &c.reference(false), 2e-5);
+    }
+
+    #[test]
+    fn g_idx_names_each_rows_block_and_keeps_a_float() {
+        let mut c = Case::new(1, 64, 6, 4, 16, 13);
+        c.accuracy = 4;
+        // rows dealt to the blocks round robin (act-order quantization)
+        c.gidx = Some((0..64).map(|k| k % 4).collect());
+        close(&c.run(), &c.reference(false), 2e-5);
+    }
+
+    #[test]
+    fn float_zero_points_keep_a_float() {
+        let mut c = Case::new(1, 32, 4, 4, 16, 17);
+        c.accuracy = 4;
+        c.fzp = Some((0..8).map(|i| 7.5 + i as f32 * 0.1).collect());
+        close(&c.run(), &c.reference(false), 2e-5);
+    }
+
+    #[test]
+    fn every_vector_type_gives_the_portable_sums() {
+        for (bits, bs) in [(4, 32), (8, 64)] {
+            let c = Case::new(2, 256, 13, bits, bs, 23);
+            let inputs = c.inputs();
+            let b = inputs[1].as_ref().unwrap().as_slice::<u8>().unwrap();
+            let g = crate::simd::NBits {
+                k: 256,
+                bs,
+                bits,
+                int8_a: true,
+                zp0: 8.0,
+            };
+            let want = {
+                let mut y = alloc::vec![0f32; 2 * 13];
+                crate::simd::nbits_rows_on(
+                    crate::simd::Isa::Portable,
+                    &g,
+                    &c.a,
+                    2,
+                    &b,
+                    &c.scales,
+                    None,
+                    13,
+                    &mut y,
+                    13,
+                );
+                y
+            };
+            for isa in crate::simd::available_isas() {
+                if !crate::simd::nbits_fits_on(isa, &g) {
+                    continue;
+                }
+                let mut y = alloc::vec![0f32; 2 * 13];
+                crate::simd::nbits_rows_on(isa, &g, &c.a, 2, &b, &c.scales, None, 13, &mut y, 13);
+                close(&y, &want, 1e-5);
+            }
+        }
+    }
+
+    #[test]
+    fn mismatched_inputs_are_errors() {
+        let c = Case::new(1, 32, 4, 4, 16, 1);
+        let mut inputs = c.inputs();
+        inputs[2] = Some(t32(&[4, 1], alloc::vec![1.0; 4]));
+        assert!(run(&c.node(), &inputs).is_err());
+        let mut inputs = c.inputs();
+        inputs[0] = Some(t32(&[1, 31], alloc::vec![1.0; 31]));
+        assert!(run(&c.node(), &inputs).is_err());
+        let mut bad = c.node();
+        for (k, v) in bad.attrs.iter_mut() {
+            if k == "bits" {
+                *v = AttrValue::Int(3);
+            }
+        }
+        assert!(run(&bad, &c.inputs()).is_err());
+    }
+}

@@ -1,0 +1,165 @@
+//! Products of f32 rows with block-quantized weights (`com.microsoft:MatMulNBits`, 4 and 8
+//! bits), written once against [`VF32`].
+//!
+//! Each weight column holds `blocks` blocks of `bs` unsigned codes, packed low bits first (two
+//! 4-bit codes a byte: element `2i` in the low nibble of byte `i`), with a scale and a zero
+//! point per block: weight = (code - zero point) * scale. With `int8_a`, each block of an
+//! activation row is first quantized to int8 the way ONNX Runtime's `accuracy_level` 4 does
+//! (`amax = max |a|`, scale `amax / 127`, `q = round_ties_even(a * (127 / amax))`, 0 where amax
+//! is 0), and a block's sum is the integer dot product `sum q * (code - zp)` times
+//! `scale_a * scale_b`. Those integer sums are exact in f32 (at most 256 * 127 * 255 < 2^24),
+//! so the vector code below computes them in f32 lanes in any order and gets the integers; only
+//! the sum over blocks rounds.
+
+use super::{scratch, VF32};
+
+/// A MatMulNBits product's geometry for [`nbits_rows`].
+#[derive(Clone, Copy, Debug)]
+pub struct NBits {
+    /// The length of an activation row (K).
+    pub k: usize,
+    /// Codes per block: a power of two, at least 16.
+    pub bs: usize,
+    /// Bits per code: 4 or 8.
+    pub bits: usize,
+    /// Quantize each block of the activations to int8 first (see the module's note).
+    pub int8_a: bool,
+    /// The zero point of every block when the product has no table of them.
+    pub zp0: f32,
+}
+
+impl NBits {
+    /// Blocks per column: `ceil(k / bs)`.
+    pub fn blocks(&self) -> usize {
+        self.k.div_ceil(self.bs)
+    }
+    /// Bytes per block.
+    pub fn blob(&self) -> usize {
+        self.bs * self.bits / 8
+    }
+}
+
+/// Whether [`nbits_rows`] on this vector type takes the geometry: 4 or 8 bits, and a block
+/// that is a whole number of vectors of codes.
+#[inline(always)]
+pub fn nbits_fits<V: VF32>(g: &NBits) -> bool {
+    let per = match g.bits {
+        4 => 2 * V::LANES,
+        8 => V::LANES,
+        _ => return false,
+    };
+    g.bs >= per && g.bs.is_multiple_of(per)
+}
+
+/// Quantizes (`int8_a`) or copies one activation row into `qa` (`blocks * bs` values, the
+/// tail past `k` zero) with the block scales in `sa` (1 when not quantizing); for 4 bits each
+/// group of `2 * LANES` values is then stored as its even elements followed by its odd ones,
+/// the order [`VF32::nibbles`] unpacks codes in.
+#[inline(always)]
+fn prepare_row<V: VF32>(g: &NBits, a: &[f32], qa: &mut [f32], sa: &mut [f32]) {
+    let (bs, l) = (g.bs, V::LANES);
+    qa[..g.k].copy_from_slice(&a[..g.k]);
+    qa[g.k..].fill(0.0);
+    for (blk, s) in qa.chunks_exact_mut(bs).zip(sa.iter_mut()) {
+        *s = 1.0;
+        if g.int8_a {
+            let mut m = V::splat(0.0);
+            for c in blk.chunks_exact(l) {
+                m = V::load(c).abs().max(m);
+            }
+            let amax = m.hmax();
+            *s = amax / 127.0;
+            let inv = V::splat(if amax != 0.0 { 127.0 / amax } else { 0.0 });
+            for c in blk.chunks_exact_mut(l) {
+                V::load(c).mul(inv).round().store(c);
+            }
+        }
+        if g.bits == 4 {
+            for c in blk.chunks_exact_mut(2 * l) {
+                let (ev, od) = V::load(c).deinterleave(V::load(&c[l..]));
+                ev.store(c);
+                od.store(&mut c[l..]);
+            }
+        }
+    }
+}
+
+/// The dot products of one prepared row with `C` consecutive columns starting at `j`.
+#[inline(always)]
+fn dot_cols<V: VF32, const C: usize>(
+    g: &NBits,
+    (qa, sa): (&[f32], &[f32]),
+    (b, scales, zp): (&[u8], &[f32], Option<&[f32]>),
+    j: usize,
+) -> [f32; C] {
+    let (bs, l, blocks, blob) = (g.bs, V::LANES, g.blocks(), g.blob());
+    let col = blocks * blob;
+    let mut acc = [V::splat(0.0); C];
+    for bi in 0..blocks {
+        let q = &qa[bi * bs..(bi + 1) * bs];
+        let z: [V; C] =
+            core::array::from_fn(|c| V::splat(zp.map_or(g.zp0, |zp| zp[(j + c) * blocks + bi])));
+        let mut d = [V::splat(0.0); C];
+        if g.bits == 4 {
+            for (gi, x) in q.chunks_exact(2 * l).enumerate() {
+                let (x0, x1) = (V::load(x), V::load(&x[l..]));
+                for c in 0..C {
+                    let off = (j + c) * col + bi * blob + gi * l;
+                    let (lo, hi) = V::nibbles(&b[off..]);
+                    d[c] = x0.fma(lo.sub(z[c]), d[c]);
+                    d[c] = x1.fma(hi.sub(z[c]), d[c]);
+                }
+            }
+        } else {
+            for (gi, x) in q.chunks_exact(l).enumerate() {
+                let x = V::load(x);
+                for c in 0..C {
+                    let off = (j + c) * col + bi * blob + gi * l;
+                    d[c] = x.fma(V::bytes(&b[off..]).sub(z[c]), d[c]);
+                }
+            }
+        }
+        for c in 0..C {
+            let s = sa[bi] * scales[(j + c) * blocks + bi];
+            acc[c] = d[c].fma(V::splat(s), acc[c]);
+        }
+    }
+    core::array::from_fn(|c| acc[c].hsum())
+}
+
+/// `y[r * ldy + c] = sum_k a[r * k + k'] * w(k', c)` for `r < rows`, `c < cols`, where column
+/// `c`'s codes are `b[c * blocks * blob..]`, its block scales `scales[c * blocks..]` and its
+/// zero points `zp[c * blocks..]` (`g.zp0` everywhere without a table). The geometry must
+/// satisfy [`nbits_fits`] for this vector type and the slices must hold what they index.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+pub fn nbits_rows<V: VF32>(
+    g: &NBits,
+    a: &[f32],
+    rows: usize,
+    b: &[u8],
+    scales: &[f32],
+    zp: Option<&[f32]>,
+    cols: usize,
+    y: &mut [f32],
+    ldy: usize,
+) {
+    assert!(nbits_fits::<V>(g), "nbits_rows: geometry {g:?}");
+    let blocks = g.blocks();
+    let mut qa = scratch::<f32>(blocks * g.bs);
+    let mut sa = scratch::<f32>(blocks);
+    for r in 0..rows {
+        prepare_row::<V>(g, &a[r * g.k..(r + 1) * g.k], &mut qa, &mut sa);
+        let w = (b, scales, zp);
+        let yr = &mut y[r * ldy..r * ldy + cols];
+        let mut j = 0;
+        while j + 4 <= cols {
+            yr[j..j + 4].copy_from_slice(&dot_cols::<V, 4>(g, (&qa, &sa), w, j));
+            j += 4;
+        }
+        while j < cols {
+            yr[j] = dot_cols::<V, 1>(g, (&qa, &sa), w, j)[0];
+            j += 1;
+        }
+    }
+}
