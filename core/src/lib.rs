@@ -13,6 +13,7 @@ pub mod dtype;
 pub mod embedded;
 pub mod error;
 pub mod fuse;
+pub mod genai;
 pub mod infer;
 pub mod ir;
 pub mod kernels;

@@ -29,6 +29,7 @@ pub use nxrt_core::{npy, DataType, Dim, Error, OptLevel, Result, Tensor, TypeInf
 
 pub mod cpu;
 pub mod embedded;
+pub mod genai;
 pub mod pool;
 
 use nxrt_core::kernels::CpuProvider;
@@ -380,7 +381,7 @@ impl SessionBuilder {
         let inner = nxrt_core::Session::new(model, providers, &opts)?;
         inner.record_phase(Phase::Load, t0_ns, t_loaded.saturating_sub(t0_ns));
         Ok(Session {
-            inner,
+            inner: Arc::new(inner),
             load_time: t0.elapsed(),
             threads,
         })
@@ -404,7 +405,7 @@ impl SessionBuilder {
 
 /// A loaded model, ready to run.
 pub struct Session {
-    inner: nxrt_core::Session,
+    inner: Arc<nxrt_core::Session>,
     load_time: Duration,
     threads: usize,
 }
@@ -461,6 +462,11 @@ impl Session {
     }
     pub fn core(&self) -> &nxrt_core::Session {
         &self.inner
+    }
+
+    /// The core session, shared (what a [`genai::Generator`] keeps).
+    pub fn core_shared(&self) -> Arc<nxrt_core::Session> {
+        self.inner.clone()
     }
     /// The phase profile so far (`None` when profiling was never on for this session).
     pub fn phase_profile(&self) -> Option<PhaseProfile> {

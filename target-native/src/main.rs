@@ -29,6 +29,66 @@ enum Cmd {
     Bench(BenchArgs),
     /// Show a model's opsets, ops, inputs/outputs, weights and unsupported nodes.
     Inspect(InspectArgs),
+    /// Generate tokens with a decoder folder (onnxruntime-genai's genai_config.json layout).
+    Generate(GenerateArgs),
+}
+
+#[derive(Args)]
+struct GenerateArgs {
+    /// The model folder (genai_config.json, the decoder and its external data).
+    model_dir: PathBuf,
+    /// The prompt as text (needs the folder's tokenizer).
+    #[arg(long, conflicts_with = "prompt_ids")]
+    prompt: Option<String>,
+    /// The prompt as token ids: 1,2,3.
+    #[arg(long, value_delimiter = ',')]
+    prompt_ids: Option<Vec<i64>>,
+    /// New tokens at most.
+    #[arg(long, default_value_t = 128)]
+    max_new_tokens: usize,
+    /// End-of-sequence ids are ignored until this many new tokens exist.
+    #[arg(long, default_value_t = 0)]
+    min_new_tokens: usize,
+    /// Sample (with the options below) instead of greedy decoding.
+    #[arg(long)]
+    sample: bool,
+    #[arg(long, default_value_t = 1.0)]
+    temperature: f32,
+    /// Keep the K most likely ids (0: all).
+    #[arg(long, default_value_t = 0)]
+    top_k: usize,
+    #[arg(long, default_value_t = 1.0)]
+    top_p: f32,
+    #[arg(long, default_value_t = 0.0)]
+    min_p: f32,
+    #[arg(long, default_value_t = 1.0)]
+    repetition_penalty: f32,
+    /// OpenAI's frequency penalty.
+    #[arg(long, default_value_t = 0.0)]
+    frequency_penalty: f32,
+    /// OpenAI's presence penalty.
+    #[arg(long, default_value_t = 0.0)]
+    presence_penalty: f32,
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Stop when the text ends with this (repeatable).
+    #[arg(long)]
+    stop: Vec<String>,
+    /// Execution provider: cpu, or webgpu (builds with the default `webgpu` feature).
+    #[arg(long, default_value = "cpu")]
+    provider: String,
+    /// Intra-op threads (0 = all cores).
+    #[arg(long, default_value_t = 1)]
+    threads: usize,
+    /// Execution mode of the decoder session: `eager` or `planned`.
+    #[arg(long, default_value = "eager")]
+    mode: String,
+    /// Prompt tokens per prefill run (0: the whole prompt in one run).
+    #[arg(long, default_value_t = 512)]
+    prefill_chunk: usize,
+    /// The last stdout line is one JSON object (ids, text, finish reason, timings).
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Args, Clone)]
@@ -137,6 +197,7 @@ fn main() -> ExitCode {
         Some(Cmd::Run(a)) => run(a),
         Some(Cmd::Bench(a)) => bench(a),
         Some(Cmd::Inspect(a)) => inspect(a),
+        Some(Cmd::Generate(a)) => generate(a),
     };
     match res {
         Ok(()) => ExitCode::SUCCESS,
@@ -559,6 +620,111 @@ fn bench(a: BenchArgs) -> Result<(), Error> {
         );
     }
     report_profile(&session, c)?;
+    Ok(())
+}
+
+fn generate(a: GenerateArgs) -> Result<(), Error> {
+    use nxrt::genai::{GenOptions, Generator, SamplingOptions};
+    use std::io::Write;
+    let prompt: Vec<i64> = match (&a.prompt, &a.prompt_ids) {
+        (Some(_), _) => {
+            return Err(Error::Input(
+                "--prompt TEXT needs the folder's tokenizer, which nxrt cannot read yet; \
+                 give --prompt-ids"
+                    .into(),
+            ))
+        }
+        (None, Some(ids)) => ids.clone(),
+        (None, None) => return Err(Error::Input("give --prompt or --prompt-ids".into())),
+    };
+    if !a.stop.is_empty() {
+        return Err(Error::Input(
+            "--stop matches decoded text, which needs the folder's tokenizer (not read yet)".into(),
+        ));
+    }
+    let sampling = SamplingOptions {
+        do_sample: a.sample,
+        temperature: a.temperature,
+        top_k: a.top_k,
+        top_p: a.top_p,
+        min_p: a.min_p,
+        repetition_penalty: a.repetition_penalty,
+        frequency_penalty: a.frequency_penalty,
+        presence_penalty: a.presence_penalty,
+        seed: a.seed,
+    };
+    sampling.validate()?;
+    let common = Common {
+        inputs: vec![],
+        dims: vec![],
+        provider: a.provider.clone(),
+        threads: a.threads,
+        seed: 0,
+        mode: a.mode.clone(),
+        optimization: "all".into(),
+        phase_profile: false,
+        trace: None,
+        profile_nodes: 15,
+    };
+    let mut g = Generator::from_folder(&a.model_dir, &builder(&common)?)?;
+    let vocab = g.config().vocab_size as i64;
+    if let Some(bad) = prompt.iter().find(|&&id| id < 0 || id >= vocab) {
+        return Err(Error::Input(format!(
+            "prompt id {bad} is outside the vocabulary (0..{vocab})"
+        )));
+    }
+    let opts = GenOptions {
+        max_new_tokens: a.max_new_tokens,
+        min_new_tokens: a.min_new_tokens,
+        prefill_chunk: a.prefill_chunk,
+        sampling: Some(sampling),
+    };
+    let mut out = std::io::stdout().lock();
+    let json = a.json;
+    let gen = g.generate(&prompt, &opts, |id| {
+        if !json {
+            // no tokenizer yet: the ids stream as they are chosen
+            let _ = write!(out, "{id} ");
+            let _ = out.flush();
+        }
+        true
+    })?;
+    let load_ms = g.load_time().as_secs_f64() * 1e3;
+    let prefill_ms = gen.prefill_ns as f64 / 1e6;
+    let decode_ms = gen.decode_ns as f64 / 1e6;
+    let tps = if gen.decode_ns > 0 {
+        gen.decode_runs as f64 / (gen.decode_ns as f64 / 1e9)
+    } else {
+        0.0
+    };
+    if json {
+        let j = json!({
+            "prompt_ids": gen.prompt_ids,
+            "tokens": gen.tokens,
+            "text": "",
+            "finish_reason": gen.finish_reason.as_str(),
+            "load_ms": load_ms,
+            "prefill_ms": prefill_ms,
+            "decode_ms": decode_ms,
+            "decode_tokens_per_s": tps,
+            "prefill_tokens_per_s": gen.prompt_ids.len() as f64 / (prefill_ms / 1e3).max(1e-9),
+            "decode_runs": gen.decode_runs,
+            "kv_bytes": g.kv_bytes(),
+            "threads": a.threads,
+            "provider": a.provider,
+        });
+        writeln!(out, "{j}").map_err(|e| Error::Io(e.to_string()))?;
+    } else {
+        writeln!(out).map_err(|e| Error::Io(e.to_string()))?;
+        eprintln!(
+            "{} prompt ids, {} new ({}); load {load_ms:.0} ms, prefill {prefill_ms:.1} ms, \
+             decode {tps:.1} tok/s, KV {:.1} MiB",
+            gen.prompt_ids.len(),
+            gen.tokens.len(),
+            gen.finish_reason.as_str(),
+            g.kv_bytes() as f64 / (1 << 20) as f64
+        );
+    }
     Ok(())
 }
 
