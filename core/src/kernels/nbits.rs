@@ -18,6 +18,7 @@
 //! differently only in the last bits).
 
 use alloc::boxed::Box;
+use alloc::vec;
 use alloc::vec::Vec;
 
 use super::par::SyncPtr;
@@ -26,7 +27,7 @@ use crate::dtype::DataType;
 use crate::error::Result;
 use crate::ir::Node;
 use crate::provider::{Kernel, KernelCx, KernelDef};
-use crate::simd::{Gemm, NBits};
+use crate::simd::{Gemm, NBits, Operand};
 use crate::value::Value;
 use crate::{bail, unsupported};
 
@@ -34,9 +35,11 @@ pub(crate) const KERNELS: &[KernelDef] =
     &[def_in("com.microsoft", "MatMulNBits", 1, 1, build).types(&[DataType::Float])];
 
 /// Rows of A up to which the direct kernel runs (more take the dequantize + SGEMM path).
-const DIRECT_ROWS: usize = 3;
-/// Columns a task of the dequantizing path unpacks at a time.
+const DIRECT_ROWS: usize = 8;
+/// Columns a task of the direct kernel computes.
 const PANEL_COLS: usize = 64;
+/// Columns a task of the dequantizing path unpacks and multiplies at a time.
+const GEMM_PANEL_COLS: usize = 128;
 
 struct MatMulNBits {
     k: usize,
@@ -141,6 +144,14 @@ fn block_index(
     Ok(Some(idx))
 }
 
+/// `x` rounded to the nearest integer, ties to even, for |x| <= 2^22 (adding and taking
+/// away 1.5 * 2^23 leaves no fraction bits, and the default rounding mode is ties to even).
+#[inline(always)]
+fn round_even(x: f32) -> f32 {
+    const BIG: f32 = 12_582_912.0;
+    (x + BIG) - BIG
+}
+
 /// A's rows replaced by their int8 block values times the block scales (the activations the
 /// `accuracy_level` 4 product sees), for the SGEMM path.
 fn fake_quantize(a: &[f32], k: usize, bs: usize) -> Vec<f32> {
@@ -151,7 +162,7 @@ fn fake_quantize(a: &[f32], k: usize, bs: usize) -> Vec<f32> {
             let s = amax / 127.0;
             let inv = if amax != 0.0 { 127.0 / amax } else { 0.0 };
             for x in blk.iter_mut() {
-                *x = libm::rintf(*x * inv) * s;
+                *x = round_even(*x * inv) * s;
             }
         }
     }
@@ -226,14 +237,44 @@ impl Kernel for MatMulNBits {
             } else {
                 &av
             };
-            let w = Weights {
-                b: &bv,
-                scales: &sv,
-                zp: zt,
-                zp0,
-                gidx: gidx.as_deref(),
-            };
-            dequant_gemm(cx, &g, a_used, m, n, &w, &mut y);
+            let isa = simd_isa(&g);
+            if gidx.is_none() && crate::simd::nbits_fits_on(isa, &g) {
+                // the SIMD layer dequantizes with codes reordered within groups; A's rows are
+                // padded to whole blocks and reordered to match
+                let kp = g.blocks() * bs;
+                let mut ap = vec![0f32; m * kp];
+                for (src, dst) in a_used.chunks_exact(k).zip(ap.chunks_exact_mut(kp)) {
+                    dst[..k].copy_from_slice(src);
+                    crate::simd::nbits_permute_on(isa, &g, dst);
+                }
+                let (blocks, blob) = (g.blocks(), g.blob());
+                let fill = |j0: usize, cols: usize, out: &mut [f32]| {
+                    crate::simd::nbits_dequant_on(
+                        isa,
+                        &g,
+                        &bv[j0 * blocks * blob..(j0 + cols) * blocks * blob],
+                        &sv[j0 * blocks..(j0 + cols) * blocks],
+                        zt.map(|z| &z[j0 * blocks..(j0 + cols) * blocks]),
+                        cols,
+                        out,
+                    )
+                };
+                dequant_gemm(cx, (&ap, kp, m), n, &fill, &mut y);
+            } else {
+                let w = Weights {
+                    b: &bv,
+                    scales: &sv,
+                    zp: zt,
+                    zp0,
+                    gidx: gidx.as_deref(),
+                };
+                let fill = |j0: usize, cols: usize, out: &mut [f32]| {
+                    for c in 0..cols {
+                        w.column(&g, j0 + c, &mut out[c * k..(c + 1) * k]);
+                    }
+                };
+                dequant_gemm(cx, (a_used, k, m), n, &fill, &mut y);
+            }
         }
         if let Some(bias) = bias {
             let bias = bias.as_slice::<f32>()?;
@@ -243,6 +284,16 @@ impl Kernel for MatMulNBits {
         }
         out1(y.into_tensor())
     }
+}
+
+/// The widest vector type whose width divides the block (AVX-512 lanes are too many for
+/// 16-code 4-bit blocks; the portable type always fits).
+fn simd_isa(g: &NBits) -> crate::simd::Isa {
+    crate::simd::available_isas()
+        .into_iter()
+        .rev()
+        .find(|&i| crate::simd::nbits_fits_on(i, g))
+        .unwrap_or(crate::simd::Isa::Portable)
 }
 
 /// The direct kernel over column panels in parallel (each task writes its columns of every
@@ -255,13 +306,7 @@ fn direct_rows(
     n: usize,
     y: &mut [f32],
 ) {
-    // a vector type whose width divides the block (AVX-512 lanes are too many for 16-code
-    // 4-bit blocks; the portable type always fits)
-    let isa = crate::simd::available_isas()
-        .into_iter()
-        .rev()
-        .find(|&i| crate::simd::nbits_fits_on(i, g))
-        .unwrap_or(crate::simd::Isa::Portable);
+    let isa = simd_isa(g);
     let (blocks, blob) = (g.blocks(), g.blob());
     let panel = PANEL_COLS;
     let tasks = n.div_ceil(panel);
@@ -321,49 +366,55 @@ impl Weights<'_> {
     }
 }
 
-/// `Y = A · Bᵀ` with B dequantized a panel of columns at a time (tasks in parallel, each with
-/// a single-threaded SGEMM).
+/// `Y = A · Bᵀ` with B dequantized a panel of columns at a time by `fill(j0, cols, out)`
+/// (`cols` rows of `kk` floats, matching A's `m` rows of `kk`), tasks in parallel, each with a
+/// single-threaded SGEMM. Each task computes `Yᵀ = B_panel · Aᵀ`, so the dequantized panel
+/// is the SGEMM's A side, read along its rows, and Aᵀ is packed once for all tasks.
 fn dequant_gemm(
     cx: &KernelCx<'_>,
-    g: &NBits,
-    a: &[f32],
-    m: usize,
+    (a, kk, m): (&[f32], usize, usize),
     n: usize,
-    w: &Weights<'_>,
+    fill: &(dyn Fn(usize, usize, &mut [f32]) + Sync),
     y: &mut [f32],
 ) {
-    let k = g.k;
-    let panel = PANEL_COLS;
+    let panel = GEMM_PANEL_COLS;
     let tasks = n.div_ceil(panel);
     let yp = SyncPtr(y.as_mut_ptr());
+    // Aᵀ (kk x m) in the SGEMM's B panels: element (p, r) is a[r * kk + p]
+    let nr = crate::simd::gemm_tile().1;
+    let pb = crate::simd::gemm::pack_b(kk, m, a, 1, kk as isize, nr);
     cx.cpu
-        .parallel_for_work(tasks, m * n * k * 2 + n * k * 4, &|t| {
+        .parallel_for_work(tasks, m * n * kk * 2 + n * kk * 4, &|t| {
             let (j0, j1) = (t * panel, ((t + 1) * panel).min(n));
             let cols = j1 - j0;
-            let mut bt = crate::simd::scratch::<f32>(cols * k);
-            for c in 0..cols {
-                w.column(g, j0 + c, &mut bt[c * k..(c + 1) * k]);
-            }
-            let mut buf = crate::simd::scratch::<f32>(m * cols);
+            let mut bt = crate::simd::scratch::<f32>(cols * kk);
+            fill(j0, cols, &mut bt);
+            let mut buf = crate::simd::scratch::<f32>(cols * m);
             let gm = Gemm {
-                m,
-                n: cols,
-                k,
-                a_rs: k as isize,
+                m: cols,
+                n: m,
+                k: kk,
+                a_rs: kk as isize,
                 a_cs: 1,
-                b_rs: 1,
-                b_cs: k as isize,
-                ldc: cols,
+                b_rs: 0,
+                b_cs: 0,
+                ldc: m,
                 alpha: 1.0,
                 beta: 0.0,
             };
-            let ok = crate::simd::sgemm_checked(&gm, a, &bt, &mut buf);
+            let b = Operand::Panels {
+                data: &pb,
+                panel: nr,
+            };
+            let ok = crate::simd::sgemm_ops_checked(&gm, Operand::Strided(&bt), b, &mut buf);
             debug_assert!(ok, "MatMulNBits: SGEMM operands fit by construction");
             for r in 0..m {
                 // SAFETY: as in `direct_rows`: disjoint columns per task.
                 let dst =
                     unsafe { core::slice::from_raw_parts_mut(yp.get().add(r * n + j0), cols) };
-                dst.copy_from_slice(&buf[r * cols..(r + 1) * cols]);
+                for (c, d) in dst.iter_mut().enumerate() {
+                    *d = buf[c * m + r];
+                }
             }
         });
 }

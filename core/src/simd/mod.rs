@@ -707,6 +707,17 @@ dispatch!(
 );
 
 dispatch!(
+    /// Reorders a padded activation row for [`nbits_dequant`]'s weight layout.
+    fn nbits_permute / nbits_permute_on(g: &NBits, a: &mut [f32]) => nbits_permute
+);
+
+dispatch!(
+    /// Dequantizes weight columns of a MatMulNBits product to f32 (codes reordered within
+    /// groups as [`nbits_permute`] reorders activations).
+    fn nbits_dequant / nbits_dequant_on(g: &NBits, b: &[u8], scales: &[f32], zp: Option<&[f32]>, cols: usize, out: &mut [f32]) => nbits_dequant
+);
+
+dispatch!(
     /// `out[i] = max(x[i], 0)`.
     fn relu / relu_on(x: &[f32], out: &mut [f32]) => relu
 );

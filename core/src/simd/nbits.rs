@@ -145,21 +145,81 @@ pub fn nbits_rows<V: VF32>(
     ldy: usize,
 ) {
     assert!(nbits_fits::<V>(g), "nbits_rows: geometry {g:?}");
-    let blocks = g.blocks();
-    let mut qa = scratch::<f32>(blocks * g.bs);
-    let mut sa = scratch::<f32>(blocks);
+    let (blocks, kp) = (g.blocks(), g.blocks() * g.bs);
+    // every row prepared first, so that each group of columns is read once for all rows
+    let mut qa = scratch::<f32>(rows * kp);
+    let mut sa = scratch::<f32>(rows * blocks);
     for r in 0..rows {
-        prepare_row::<V>(g, &a[r * g.k..(r + 1) * g.k], &mut qa, &mut sa);
-        let w = (b, scales, zp);
-        let yr = &mut y[r * ldy..r * ldy + cols];
-        let mut j = 0;
-        while j + 4 <= cols {
-            yr[j..j + 4].copy_from_slice(&dot_cols::<V, 4>(g, (&qa, &sa), w, j));
-            j += 4;
+        prepare_row::<V>(
+            g,
+            &a[r * g.k..(r + 1) * g.k],
+            &mut qa[r * kp..(r + 1) * kp],
+            &mut sa[r * blocks..(r + 1) * blocks],
+        );
+    }
+    let w = (b, scales, zp);
+    let row = |r: usize| (&qa[r * kp..(r + 1) * kp], &sa[r * blocks..(r + 1) * blocks]);
+    let mut j = 0;
+    while j + 4 <= cols {
+        for r in 0..rows {
+            let d = dot_cols::<V, 4>(g, row(r), w, j);
+            y[r * ldy + j..r * ldy + j + 4].copy_from_slice(&d);
         }
-        while j < cols {
-            yr[j] = dot_cols::<V, 1>(g, (&qa, &sa), w, j)[0];
-            j += 1;
+        j += 4;
+    }
+    while j < cols {
+        for r in 0..rows {
+            y[r * ldy + j] = dot_cols::<V, 1>(g, row(r), w, j)[0];
+        }
+        j += 1;
+    }
+}
+
+/// Reorders one row of K activations (`a.len() == blocks * bs`, zero past K) the way
+/// [`nbits_dequant`] lays out weights: for 4 bits, each group of `2 * LANES` as its even
+/// elements then its odd ones (8 bits: unchanged).
+#[inline(always)]
+pub fn nbits_permute<V: VF32>(g: &NBits, a: &mut [f32]) {
+    let l = V::LANES;
+    if g.bits == 4 {
+        for c in a.chunks_exact_mut(2 * l) {
+            let (ev, od) = V::load(c).deinterleave(V::load(&c[l..]));
+            ev.store(c);
+            od.store(&mut c[l..]);
+        }
+    }
+}
+
+/// Dequantizes `cols` weight columns (laid out as for [`nbits_rows`]) into `out`, column `c`
+/// at `out[c * blocks * bs..]`, each group of codes in [`nbits_permute`]'s order.
+#[inline(always)]
+pub fn nbits_dequant<V: VF32>(
+    g: &NBits,
+    b: &[u8],
+    scales: &[f32],
+    zp: Option<&[f32]>,
+    cols: usize,
+    out: &mut [f32],
+) {
+    assert!(nbits_fits::<V>(g), "nbits_dequant: geometry {g:?}");
+    let (bs, l, blocks, blob) = (g.bs, V::LANES, g.blocks(), g.blob());
+    for c in 0..cols {
+        for bi in 0..blocks {
+            let s = V::splat(scales[c * blocks + bi]);
+            let z = V::splat(zp.map_or(g.zp0, |zp| zp[c * blocks + bi]));
+            let src = &b[(c * blocks + bi) * blob..];
+            let dst = &mut out[(c * blocks + bi) * bs..(c * blocks + bi + 1) * bs];
+            if g.bits == 4 {
+                for (gi, d) in dst.chunks_exact_mut(2 * l).enumerate() {
+                    let (lo, hi) = V::nibbles(&src[gi * l..]);
+                    lo.sub(z).mul(s).store(d);
+                    hi.sub(z).mul(s).store(&mut d[l..]);
+                }
+            } else {
+                for (gi, d) in dst.chunks_exact_mut(l).enumerate() {
+                    V::bytes(&src[gi * l..]).sub(z).mul(s).store(d);
+                }
+            }
         }
     }
 }
