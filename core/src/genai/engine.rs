@@ -73,7 +73,8 @@ pub struct Generation {
     pub finish_reason: FinishReason,
     /// Time of the prompt's runs (nanoseconds of the session's clock).
     pub prefill_ns: u64,
-    /// Time of the runs after the first new token (each feeds one token).
+    /// Time from the first new token chosen to the last: the runs that fed each new token
+    /// and the choices after them (onnxruntime-genai's decode time, measured the same way).
     pub decode_ns: u64,
     /// Decoder runs after the prefill.
     pub decode_runs: usize,
@@ -348,7 +349,9 @@ impl<S: Borrow<Session>> Generator<S> {
         let prefill_ns = clock().saturating_sub(t0);
         let mut sampler = Sampler::new(opts.sampling.clone());
         let mut tokens = Vec::new();
-        let (mut decode_ns, mut decode_runs) = (0u64, 0usize);
+        let mut decode_runs = 0usize;
+        // decode time: from the first new token chosen to the last (runs and choices)
+        let mut t_first = None;
         let finish = loop {
             let hold_eos = tokens.len() < opts.min_new_tokens;
             let eos: &[i64] = if hold_eos {
@@ -359,6 +362,9 @@ impl<S: Borrow<Session>> Generator<S> {
             let history = &self.ids;
             let id = sampler.choose(&mut self.logits, eos, history)?;
             tokens.push(id);
+            if t_first.is_none() {
+                t_first = Some(clock());
+            }
             let go_on = on_token(id);
             if !hold_eos && self.cfg.eos_token_ids.contains(&id) {
                 break FinishReason::Eos;
@@ -372,10 +378,12 @@ impl<S: Borrow<Session>> Generator<S> {
             if self.ids.len() >= self.cfg.context_length {
                 break FinishReason::Length;
             }
-            let t = clock();
             self.run(&[id]).await?;
-            decode_ns += clock().saturating_sub(t);
             decode_runs += 1;
+        };
+        let decode_ns = match (t_first, decode_runs) {
+            (Some(t), 1..) => clock().saturating_sub(t),
+            _ => 0,
         };
         Ok(Generation {
             prompt_ids: prompt.to_vec(),

@@ -56,12 +56,17 @@ pub fn nbits_fits<V: VF32>(g: &NBits) -> bool {
 /// group of `2 * LANES` values is then stored as its even elements followed by its odd ones,
 /// the order [`VF32::nibbles`] unpacks codes in.
 #[inline(always)]
-fn prepare_row<V: VF32>(g: &NBits, a: &[f32], qa: &mut [f32], sa: &mut [f32]) {
+fn prepare_row<V: VF32>(g: &NBits, a: &[f32], qa: &mut [f32], sa: &mut [f32], sq: &mut [f32]) {
     let (bs, l) = (g.bs, V::LANES);
     qa[..g.k].copy_from_slice(&a[..g.k]);
     qa[g.k..].fill(0.0);
-    for (blk, s) in qa.chunks_exact_mut(bs).zip(sa.iter_mut()) {
+    for ((blk, s), q) in qa
+        .chunks_exact_mut(bs)
+        .zip(sa.iter_mut())
+        .zip(sq.iter_mut())
+    {
         *s = 1.0;
+        *q = 0.0;
         if g.int8_a {
             let mut m = V::splat(0.0);
             for c in blk.chunks_exact(l) {
@@ -70,9 +75,14 @@ fn prepare_row<V: VF32>(g: &NBits, a: &[f32], qa: &mut [f32], sa: &mut [f32]) {
             let amax = m.hmax();
             *s = amax / 127.0;
             let inv = V::splat(if amax != 0.0 { 127.0 / amax } else { 0.0 });
+            let mut sum = V::splat(0.0);
             for c in blk.chunks_exact_mut(l) {
-                V::load(c).mul(inv).round().store(c);
+                let v = V::load(c).mul(inv).round();
+                sum = sum.add(v);
+                v.store(c);
             }
+            // integers below 2^16: exact in any order
+            *q = sum.hsum();
         }
         if g.bits == 4 {
             for c in blk.chunks_exact_mut(2 * l) {
@@ -84,11 +94,16 @@ fn prepare_row<V: VF32>(g: &NBits, a: &[f32], qa: &mut [f32], sa: &mut [f32]) {
     }
 }
 
+/// One in lane 0, zeros after (loaded as a vector of any width up to 16 lanes).
+const LANE0: [f32; 16] = [
+    1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0,
+];
+
 /// The dot products of one prepared row with `C` consecutive columns starting at `j`.
 #[inline(always)]
 fn dot_cols<V: VF32, const C: usize>(
     g: &NBits,
-    (qa, sa): (&[f32], &[f32]),
+    (qa, sa, sq): (&[f32], &[f32], &[f32]),
     (b, scales, zp): (&[u8], &[f32], Option<&[f32]>),
     j: usize,
 ) -> [f32; C] {
@@ -97,25 +112,54 @@ fn dot_cols<V: VF32, const C: usize>(
     let mut acc = [V::splat(0.0); C];
     for bi in 0..blocks {
         let q = &qa[bi * bs..(bi + 1) * bs];
-        let z: [V; C] =
-            core::array::from_fn(|c| V::splat(zp.map_or(g.zp0, |zp| zp[(j + c) * blocks + bi])));
+        let zc = |c: usize| zp.map_or(g.zp0, |zp| zp[(j + c) * blocks + bi]);
         let mut d = [V::splat(0.0); C];
-        if g.bits == 4 {
-            for (gi, x) in q.chunks_exact(2 * l).enumerate() {
-                let (x0, x1) = (V::load(x), V::load(&x[l..]));
-                for c in 0..C {
-                    let off = (j + c) * col + bi * blob + gi * l;
-                    let (lo, hi) = V::nibbles(&b[off..]);
-                    d[c] = x0.fma(lo.sub(z[c]), d[c]);
-                    d[c] = x1.fma(hi.sub(z[c]), d[c]);
+        if g.int8_a {
+            // integer sums: the zero point's part, -zp * sum(q), starts lane 0, and the codes
+            // enter unshifted (every partial sum stays an integer below 2^24, so exact)
+            let lane0 = V::load(&LANE0[..]);
+            for (c, dc) in d.iter_mut().enumerate() {
+                *dc = lane0.mul(V::splat(-zc(c) * sq[bi]));
+            }
+            if g.bits == 4 {
+                for (gi, x) in q.chunks_exact(2 * l).enumerate() {
+                    let (x0, x1) = (V::load(x), V::load(&x[l..]));
+                    for c in 0..C {
+                        let off = (j + c) * col + bi * blob + gi * l;
+                        let (lo, hi) = V::nibbles(&b[off..]);
+                        d[c] = x0.fma(lo, d[c]);
+                        d[c] = x1.fma(hi, d[c]);
+                    }
+                }
+            } else {
+                for (gi, x) in q.chunks_exact(l).enumerate() {
+                    let x = V::load(x);
+                    for c in 0..C {
+                        let off = (j + c) * col + bi * blob + gi * l;
+                        d[c] = x.fma(V::bytes(&b[off..]), d[c]);
+                    }
                 }
             }
         } else {
-            for (gi, x) in q.chunks_exact(l).enumerate() {
-                let x = V::load(x);
-                for c in 0..C {
-                    let off = (j + c) * col + bi * blob + gi * l;
-                    d[c] = x.fma(V::bytes(&b[off..]).sub(z[c]), d[c]);
+            // float activations: the zero point comes off each code first
+            let z: [V; C] = core::array::from_fn(|c| V::splat(zc(c)));
+            if g.bits == 4 {
+                for (gi, x) in q.chunks_exact(2 * l).enumerate() {
+                    let (x0, x1) = (V::load(x), V::load(&x[l..]));
+                    for c in 0..C {
+                        let off = (j + c) * col + bi * blob + gi * l;
+                        let (lo, hi) = V::nibbles(&b[off..]);
+                        d[c] = x0.fma(lo.sub(z[c]), d[c]);
+                        d[c] = x1.fma(hi.sub(z[c]), d[c]);
+                    }
+                }
+            } else {
+                for (gi, x) in q.chunks_exact(l).enumerate() {
+                    let x = V::load(x);
+                    for c in 0..C {
+                        let off = (j + c) * col + bi * blob + gi * l;
+                        d[c] = x.fma(V::bytes(&b[off..]).sub(z[c]), d[c]);
+                    }
                 }
             }
         }
@@ -149,16 +193,22 @@ pub fn nbits_rows<V: VF32>(
     // every row prepared first, so that each group of columns is read once for all rows
     let mut qa = scratch::<f32>(rows * kp);
     let mut sa = scratch::<f32>(rows * blocks);
+    let mut sq = scratch::<f32>(rows * blocks);
     for r in 0..rows {
+        let bl = r * blocks..(r + 1) * blocks;
         prepare_row::<V>(
             g,
             &a[r * g.k..(r + 1) * g.k],
             &mut qa[r * kp..(r + 1) * kp],
-            &mut sa[r * blocks..(r + 1) * blocks],
+            &mut sa[bl.clone()],
+            &mut sq[bl],
         );
     }
     let w = (b, scales, zp);
-    let row = |r: usize| (&qa[r * kp..(r + 1) * kp], &sa[r * blocks..(r + 1) * blocks]);
+    let row = |r: usize| {
+        let bl = r * blocks..(r + 1) * blocks;
+        (&qa[r * kp..(r + 1) * kp], &sa[bl.clone()], &sq[bl])
+    };
     let mut j = 0;
     while j + 4 <= cols {
         for r in 0..rows {
