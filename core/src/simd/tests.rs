@@ -1153,3 +1153,87 @@ fn dw_plane_rows_match_naive_sums_on_every_isa() {
         }
     }
 }
+
+/// The int4 / int8 weight products on every vector type against a direct f64 computation
+/// (on aarch64 under qemu this covers NEON's `nibbles` and `bytes`).
+#[test]
+fn nbits_products_match_the_dequantized_sum_on_every_isa() {
+    let (k, cols, rows) = (200usize, 7usize, 3usize);
+    let a = data(rows * k, 9);
+    for (bits, bs) in [(4usize, 32usize), (4, 64), (8, 32)] {
+        let blocks = k.div_ceil(bs);
+        let blob = bs * bits / 8;
+        let raw = data(cols * blocks * blob, 3 + bits as u32);
+        let b: Vec<u8> = raw.iter().map(|x| (x.to_bits() >> 7) as u8).collect();
+        let scales: Vec<f32> = data(cols * blocks, 4)
+            .iter()
+            .map(|x| x.abs() * 0.01 + 0.001)
+            .collect();
+        let zp: Vec<f32> = (0..cols * blocks)
+            .map(|i| (i % (1 << bits)) as f32)
+            .collect();
+        let code = |c: usize, kk: usize| -> f64 {
+            let (bi, e) = (kk / bs, kk % bs);
+            let byte = b[(c * blocks + bi) * blob + e * bits / 8];
+            (if bits == 4 {
+                (byte >> ((e % 2) * 4)) & 15
+            } else {
+                byte
+            }) as f64
+        };
+        for int8_a in [false, true] {
+            let g = NBits {
+                k,
+                bs,
+                bits,
+                int8_a,
+                zp0: 0.0,
+            };
+            let mut want = alloc::vec![0f64; rows * cols];
+            for r in 0..rows {
+                for bi in 0..blocks {
+                    let blk = &a[r * k + bi * bs..r * k + ((bi + 1) * bs).min(k)];
+                    let amax = blk.iter().fold(0f32, |m, x| m.max(x.abs()));
+                    let inv = 127.0 / amax;
+                    for c in 0..cols {
+                        let mut s = 0f64;
+                        for (e, &x) in blk.iter().enumerate() {
+                            let v = if int8_a {
+                                libm::rintf(x * inv) as f64
+                            } else {
+                                x as f64
+                            };
+                            s += v * (code(c, bi * bs + e) - zp[c * blocks + bi] as f64);
+                        }
+                        let sa = if int8_a { (amax / 127.0) as f64 } else { 1.0 };
+                        want[r * cols + c] += s * sa * scales[c * blocks + bi] as f64;
+                    }
+                }
+            }
+            for isa in available_isas() {
+                if !nbits_fits_on(isa, &g) {
+                    continue;
+                }
+                let mut y = alloc::vec![0f32; rows * cols];
+                nbits_rows_on(
+                    isa,
+                    &g,
+                    &a,
+                    rows,
+                    &b,
+                    &scales,
+                    Some(&zp),
+                    cols,
+                    &mut y,
+                    cols,
+                );
+                for (i, (&got, &w)) in y.iter().zip(&want).enumerate() {
+                    assert!(
+                        close(got, w as f32, 1e-5, 1e-4),
+                        "{isa:?} bits {bits} bs {bs} int8 {int8_a} [{i}]: {got} vs {w}"
+                    );
+                }
+            }
+        }
+    }
+}
