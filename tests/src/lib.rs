@@ -14,4 +14,17 @@ pub fn cache_dir() -> PathBuf {
     }
 }
 
+/// The `nxrt` binary a CLI test runs: `$NXRT_BIN`, else the one beside the test's target
+/// dir (`target/<profile>/deps/test-xxxx` -> `target/<profile>/nxrt`).
+pub fn nxrt_bin() -> PathBuf {
+    if let Some(p) = std::env::var_os("NXRT_BIN") {
+        return PathBuf::from(p);
+    }
+    let exe = std::env::current_exe().expect("test exe");
+    exe.parent()
+        .and_then(|d| d.parent())
+        .expect("target dir")
+        .join("nxrt")
+}
+
 pub use nxrt_core::conformance::{compare, ErrStats};

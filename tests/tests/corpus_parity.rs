@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use nxrt::{Tensor, Value};
-use nxrt_tests::{cache_dir, compare, ErrStats};
+use nxrt_tests::{cache_dir, compare, nxrt_bin, ErrStats};
 use serde_json::Value as Json;
 
 /// Whether a corpus model takes part on `provider`: all, but the onnxruntime-genai pair only
@@ -51,18 +51,6 @@ const REFERENCE_ERRORS: &[(&str, &str, f64, &str)] = &[
          1.7e-2 measured in logits and the KV outputs; logit std 0.32); a one-token decode step matches to 7e-7",
     ),
 ];
-
-fn nxrt_bin() -> PathBuf {
-    if let Some(p) = std::env::var_os("NXRT_BIN") {
-        return PathBuf::from(p);
-    }
-    // target/<profile>/deps/corpus_parity-xxxx -> target/<profile>/nxrt
-    let exe = std::env::current_exe().expect("test exe");
-    exe.parent()
-        .and_then(|d| d.parent())
-        .expect("target dir")
-        .join("nxrt")
-}
 
 fn safe(name: &str) -> String {
     name.chars()

@@ -17,22 +17,11 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use nxrt::genai::Generator;
-use nxrt_tests::cache_dir;
+use nxrt_tests::{cache_dir, nxrt_bin};
 use serde_json::Value as Json;
 
 /// How far below our best logit the reference's id may sit at a teacher-forced int4 step.
 const INT4_SLACK: f32 = 5e-2;
-
-fn nxrt_bin() -> PathBuf {
-    if let Some(p) = std::env::var_os("NXRT_BIN") {
-        return PathBuf::from(p);
-    }
-    let exe = std::env::current_exe().expect("test exe");
-    exe.parent()
-        .and_then(|d| d.parent())
-        .expect("target dir")
-        .join("nxrt")
-}
 
 fn refs() -> (PathBuf, Json) {
     let cache = cache_dir();

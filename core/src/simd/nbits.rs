@@ -99,6 +99,38 @@ const LANE0: [f32; 16] = [
     1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0,
 ];
 
+/// Adds one block's products of the prepared values `q` with the codes of `C` columns (column
+/// `c`'s block at `b[offs[c]..]`) to `d`: each code less `z` when `SHIFT`, as it is otherwise.
+#[inline(always)]
+fn block_dot<V: VF32, const C: usize, const SHIFT: bool>(
+    g: &NBits,
+    q: &[f32],
+    b: &[u8],
+    offs: [usize; C],
+    z: [V; C],
+    d: &mut [V; C],
+) {
+    let l = V::LANES;
+    let code = |v: V, c: usize| if SHIFT { v.sub(z[c]) } else { v };
+    if g.bits == 4 {
+        for (gi, x) in q.chunks_exact(2 * l).enumerate() {
+            let (x0, x1) = (V::load(x), V::load(&x[l..]));
+            for c in 0..C {
+                let (lo, hi) = V::nibbles(&b[offs[c] + gi * l..]);
+                d[c] = x0.fma(code(lo, c), d[c]);
+                d[c] = x1.fma(code(hi, c), d[c]);
+            }
+        }
+    } else {
+        for (gi, x) in q.chunks_exact(l).enumerate() {
+            let x = V::load(x);
+            for c in 0..C {
+                d[c] = x.fma(code(V::bytes(&b[offs[c] + gi * l..]), c), d[c]);
+            }
+        }
+    }
+}
+
 /// The dot products of one prepared row with `C` consecutive columns starting at `j`.
 #[inline(always)]
 fn dot_cols<V: VF32, const C: usize>(
@@ -107,13 +139,14 @@ fn dot_cols<V: VF32, const C: usize>(
     (b, scales, zp): (&[u8], &[f32], Option<&[f32]>),
     j: usize,
 ) -> [f32; C] {
-    let (bs, l, blocks, blob) = (g.bs, V::LANES, g.blocks(), g.blob());
+    let (bs, blocks, blob) = (g.bs, g.blocks(), g.blob());
     let col = blocks * blob;
     let mut acc = [V::splat(0.0); C];
     for bi in 0..blocks {
         let q = &qa[bi * bs..(bi + 1) * bs];
         let zc = |c: usize| zp.map_or(g.zp0, |zp| zp[(j + c) * blocks + bi]);
         let mut d = [V::splat(0.0); C];
+        let offs: [usize; C] = core::array::from_fn(|c| (j + c) * col + bi * blob);
         if g.int8_a {
             // integer sums: the zero point's part, -zp * sum(q), starts lane 0, and the codes
             // enter unshifted (every partial sum stays an integer below 2^24, so exact)
@@ -121,47 +154,11 @@ fn dot_cols<V: VF32, const C: usize>(
             for (c, dc) in d.iter_mut().enumerate() {
                 *dc = lane0.mul(V::splat(-zc(c) * sq[bi]));
             }
-            if g.bits == 4 {
-                for (gi, x) in q.chunks_exact(2 * l).enumerate() {
-                    let (x0, x1) = (V::load(x), V::load(&x[l..]));
-                    for c in 0..C {
-                        let off = (j + c) * col + bi * blob + gi * l;
-                        let (lo, hi) = V::nibbles(&b[off..]);
-                        d[c] = x0.fma(lo, d[c]);
-                        d[c] = x1.fma(hi, d[c]);
-                    }
-                }
-            } else {
-                for (gi, x) in q.chunks_exact(l).enumerate() {
-                    let x = V::load(x);
-                    for c in 0..C {
-                        let off = (j + c) * col + bi * blob + gi * l;
-                        d[c] = x.fma(V::bytes(&b[off..]), d[c]);
-                    }
-                }
-            }
+            block_dot::<V, C, false>(g, q, b, offs, [V::splat(0.0); C], &mut d);
         } else {
             // float activations: the zero point comes off each code first
             let z: [V; C] = core::array::from_fn(|c| V::splat(zc(c)));
-            if g.bits == 4 {
-                for (gi, x) in q.chunks_exact(2 * l).enumerate() {
-                    let (x0, x1) = (V::load(x), V::load(&x[l..]));
-                    for c in 0..C {
-                        let off = (j + c) * col + bi * blob + gi * l;
-                        let (lo, hi) = V::nibbles(&b[off..]);
-                        d[c] = x0.fma(lo.sub(z[c]), d[c]);
-                        d[c] = x1.fma(hi.sub(z[c]), d[c]);
-                    }
-                }
-            } else {
-                for (gi, x) in q.chunks_exact(l).enumerate() {
-                    let x = V::load(x);
-                    for c in 0..C {
-                        let off = (j + c) * col + bi * blob + gi * l;
-                        d[c] = x.fma(V::bytes(&b[off..]).sub(z[c]), d[c]);
-                    }
-                }
-            }
+            block_dot::<V, C, true>(g, q, b, offs, z, &mut d);
         }
         for c in 0..C {
             let s = sa[bi] * scales[(j + c) * blocks + bi];
