@@ -47,6 +47,8 @@ struct MatMulNBits {
     bits: usize,
     bs: usize,
     accuracy: i64,
+    /// The vector type the SIMD kernels run on for this block geometry (chosen at load).
+    isa: crate::simd::Isa,
 }
 
 fn build(node: &Node) -> Result<Box<dyn Kernel>> {
@@ -69,6 +71,13 @@ fn build(node: &Node) -> Result<Box<dyn Kernel>> {
         bits: bits as usize,
         bs: bs as usize,
         accuracy: node.get_i("accuracy_level", 0)?,
+        isa: simd_isa(&NBits {
+            k: k as usize,
+            bs: bs as usize,
+            bits: bits as usize,
+            int8_a: false,
+            zp0: 0.0,
+        }),
     }))
 }
 
@@ -228,7 +237,7 @@ impl Kernel for MatMulNBits {
         let zt = zps.as_ref().map(|z| z.0.as_slice());
         let direct = m <= DIRECT_ROWS && gidx.is_none() && bits != 2;
         if m > 0 && direct {
-            direct_rows(cx, &g, (&av, m), (&bv, &sv, zt), n, &mut y);
+            direct_rows(cx, (&g, self.isa), (&av, m), (&bv, &sv, zt), n, &mut y);
         } else if m > 0 {
             let fq;
             let a_used: &[f32] = if int8_a {
@@ -237,7 +246,7 @@ impl Kernel for MatMulNBits {
             } else {
                 &av
             };
-            let isa = simd_isa(&g);
+            let isa = self.isa;
             if gidx.is_none() && crate::simd::nbits_fits_on(isa, &g) {
                 // the SIMD layer dequantizes with codes reordered within groups; A's rows are
                 // padded to whole blocks and reordered to match
@@ -300,13 +309,12 @@ fn simd_isa(g: &NBits) -> crate::simd::Isa {
 /// row through a buffer of its own).
 fn direct_rows(
     cx: &KernelCx<'_>,
-    g: &NBits,
+    (g, isa): (&NBits, crate::simd::Isa),
     (a, m): (&[f32], usize),
     (b, scales, zp): (&[u8], &[f32], Option<&[f32]>),
     n: usize,
     y: &mut [f32],
 ) {
-    let isa = simd_isa(g);
     let (blocks, blob) = (g.blocks(), g.blob());
     let panel = PANEL_COLS;
     let tasks = n.div_ceil(panel);
