@@ -54,6 +54,8 @@ pub enum Error {
     Io(String),
     /// A provider error (device lost, out of memory, ...).
     Provider(String),
+    /// A tokenizer file that cannot be read or used, or ids it cannot decode.
+    Tokenizer(String),
     /// Anything else, with a message.
     Other(String),
 }
@@ -101,6 +103,7 @@ impl Error {
             Error::Shape(_) => "shape",
             Error::Io(_) => "io",
             Error::Provider(_) => "provider",
+            Error::Tokenizer(_) => "tokenizer",
             Error::Other(_) => "other",
         }
     }
@@ -127,6 +130,7 @@ impl fmt::Display for Error {
             Error::Shape(d) => write!(f, "bad shape: {d}"),
             Error::Io(d) => write!(f, "i/o: {d}"),
             Error::Provider(d) => write!(f, "provider: {d}"),
+            Error::Tokenizer(d) => write!(f, "tokenizer: {d}"),
             Error::Other(d) => f.write_str(d),
         }
     }

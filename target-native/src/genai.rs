@@ -2,15 +2,20 @@
 //! session, with blocking calls.
 //!
 //! A folder is onnxruntime-genai's layout: `genai_config.json` naming the decoder file (with
-//! its external data beside it), its input and output names, head counts and special ids.
+//! its external data beside it), its input and output names, head counts and special ids;
+//! with a `tokenizer.json` beside it, prompts and stop strings can be text
+//! ([`Generator::generate_text`]).
 
 use std::path::{Component, Path};
 use std::sync::Arc;
 use std::time::Duration;
 
 pub use nxrt_core::genai::{
-    DecoderConfig, FinishReason, GenOptions, Generation, SamplingOptions, SearchDefaults,
+    DecoderConfig, FinishReason, GenOptions, Generation, SamplingOptions, SearchDefaults, StopText,
 };
+
+#[cfg(feature = "tokenizers")]
+use crate::tokenizer::Tokenizer;
 
 use crate::{Error, Result, Session, SessionBuilder};
 
@@ -18,6 +23,24 @@ use crate::{Error, Result, Session, SessionBuilder};
 pub struct Generator {
     inner: nxrt_core::genai::Generator<Arc<nxrt_core::Session>>,
     load_time: Duration,
+    #[cfg(feature = "tokenizers")]
+    tokenizer: Option<Tokenizer>,
+}
+
+/// A prompt: text (encoded by the folder's tokenizer, special tokens added as its
+/// post-processor says) or ids.
+#[derive(Clone, Copy, Debug)]
+pub enum Prompt<'a> {
+    Text(&'a str),
+    Ids(&'a [i64]),
+}
+
+/// What [`Generator::generate_text`] returns.
+#[derive(Clone, Debug)]
+pub struct TextGeneration {
+    pub generation: Generation,
+    /// The generated text (special tokens skipped), cut before the stop string that ended it.
+    pub text: String,
 }
 
 /// Reads a decoder folder's `genai_config.json`.
@@ -57,7 +80,81 @@ impl Generator {
         let session: Session = builder.load(dir.join(rel))?;
         let load_time = session.load_time();
         let inner = nxrt_core::genai::Generator::new(session.core_shared(), cfg)?;
-        Ok(Generator { inner, load_time })
+        #[cfg(feature = "tokenizers")]
+        let tokenizer = if dir.join("tokenizer.json").exists() {
+            Some(Tokenizer::from_path(dir)?)
+        } else {
+            None
+        };
+        Ok(Generator {
+            inner,
+            load_time,
+            #[cfg(feature = "tokenizers")]
+            tokenizer,
+        })
+    }
+
+    /// The folder's tokenizer, if it has a `tokenizer.json`.
+    #[cfg(feature = "tokenizers")]
+    pub fn tokenizer(&self) -> Option<&Tokenizer> {
+        self.tokenizer.as_ref()
+    }
+
+    /// Generates after a text or id prompt with the folder's tokenizer: `on_text` receives the
+    /// text as it is decoded (never half a character, never a stop string or a part of one
+    /// that may still complete), and the generation stops at the first of `stop`.
+    #[cfg(feature = "tokenizers")]
+    pub fn generate_text(
+        &mut self,
+        prompt: Prompt<'_>,
+        opts: &GenOptions,
+        stop: &[String],
+        mut on_text: impl FnMut(&str),
+    ) -> Result<TextGeneration> {
+        let tok = self
+            .tokenizer
+            .as_ref()
+            .ok_or_else(|| Error::Tokenizer("the model folder has no tokenizer.json".into()))?;
+        let ids: Vec<i64> = match prompt {
+            Prompt::Ids(ids) => ids.to_vec(),
+            Prompt::Text(text) => tok
+                .encode(text, true)?
+                .ids
+                .into_iter()
+                .map(i64::from)
+                .collect(),
+        };
+        let vocab = self.inner.config().vocab_size as i64;
+        if let Some(bad) = ids.iter().find(|&&id| id < 0 || id >= vocab) {
+            return Err(Error::Input(format!(
+                "prompt id {bad} is outside the vocabulary (0..{vocab})"
+            )));
+        }
+        let mut stream = tok.stream(true);
+        let mut stops = StopText::new(stop.iter().cloned());
+        let mut failed = None;
+        let generation = pollster::block_on(self.inner.generate(&ids, opts, &mut |id| {
+            let piece = u32::try_from(id)
+                .map_err(|_| Error::Tokenizer(format!("id {id} cannot be decoded")))
+                .and_then(|id| stream.step(id));
+            match piece {
+                Ok(Some(p)) => on_text(stops.push(&p)),
+                Ok(None) => {}
+                Err(e) => failed = Some(e),
+            }
+            failed.is_none() && !stops.stopped()
+        }))?;
+        if let Some(e) = failed {
+            return Err(e);
+        }
+        let text = if stops.stopped() {
+            stops.text().to_string()
+        } else {
+            on_text(stops.finish());
+            let ids: Vec<u32> = generation.tokens.iter().map(|&id| id as u32).collect();
+            tok.decode(&ids, true)?
+        };
+        Ok(TextGeneration { generation, text })
     }
 
     /// The decoder's description.

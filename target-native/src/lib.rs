@@ -31,6 +31,8 @@ pub mod cpu;
 pub mod embedded;
 pub mod genai;
 pub mod pool;
+#[cfg(feature = "tokenizers")]
+pub mod tokenizer;
 
 use nxrt_core::kernels::CpuProvider;
 use nxrt_core::loader::{self, ExternalDataSource};

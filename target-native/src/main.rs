@@ -31,6 +31,28 @@ enum Cmd {
     Inspect(InspectArgs),
     /// Generate tokens with a decoder folder (onnxruntime-genai's genai_config.json layout).
     Generate(GenerateArgs),
+    /// Encode text to ids, or decode ids to text, with a tokenizer.json (HF `tokenizers`).
+    Tokenize(TokenizeArgs),
+}
+
+#[derive(Args)]
+struct TokenizeArgs {
+    /// A tokenizer.json, or a model folder holding one.
+    path: PathBuf,
+    /// The text to encode (`--text=VALUE` for a text that starts with `-`).
+    #[arg(
+        long,
+        allow_hyphen_values = true,
+        conflicts_with = "decode",
+        required_unless_present = "decode"
+    )]
+    text: Option<String>,
+    /// Ids to decode: 1,2,3 (special tokens are skipped; "" is no ids).
+    #[arg(long)]
+    decode: Option<String>,
+    /// One JSON object: {"ids": [...], "tokens": [...]} or {"text": ...}.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Args)]
@@ -198,6 +220,7 @@ fn main() -> ExitCode {
         Some(Cmd::Bench(a)) => bench(a),
         Some(Cmd::Inspect(a)) => inspect(a),
         Some(Cmd::Generate(a)) => generate(a),
+        Some(Cmd::Tokenize(a)) => tokenize(a),
     };
     match res {
         Ok(()) => ExitCode::SUCCESS,
@@ -626,21 +649,8 @@ fn bench(a: BenchArgs) -> Result<(), Error> {
 fn generate(a: GenerateArgs) -> Result<(), Error> {
     use nxrt::genai::{GenOptions, Generator, SamplingOptions};
     use std::io::Write;
-    let prompt: Vec<i64> = match (&a.prompt, &a.prompt_ids) {
-        (Some(_), _) => {
-            return Err(Error::Input(
-                "--prompt TEXT needs the folder's tokenizer, which nxrt cannot read yet; \
-                 give --prompt-ids"
-                    .into(),
-            ))
-        }
-        (None, Some(ids)) => ids.clone(),
-        (None, None) => return Err(Error::Input("give --prompt or --prompt-ids".into())),
-    };
-    if !a.stop.is_empty() {
-        return Err(Error::Input(
-            "--stop matches decoded text, which needs the folder's tokenizer (not read yet)".into(),
-        ));
+    if a.prompt.is_none() && a.prompt_ids.is_none() {
+        return Err(Error::Input("give --prompt or --prompt-ids".into()));
     }
     let sampling = SamplingOptions {
         do_sample: a.sample,
@@ -667,12 +677,6 @@ fn generate(a: GenerateArgs) -> Result<(), Error> {
         profile_nodes: 15,
     };
     let mut g = Generator::from_folder(&a.model_dir, &builder(&common)?)?;
-    let vocab = g.config().vocab_size as i64;
-    if let Some(bad) = prompt.iter().find(|&&id| id < 0 || id >= vocab) {
-        return Err(Error::Input(format!(
-            "prompt id {bad} is outside the vocabulary (0..{vocab})"
-        )));
-    }
     let opts = GenOptions {
         max_new_tokens: a.max_new_tokens,
         min_new_tokens: a.min_new_tokens,
@@ -681,14 +685,52 @@ fn generate(a: GenerateArgs) -> Result<(), Error> {
     };
     let mut out = std::io::stdout().lock();
     let json = a.json;
-    let gen = g.generate(&prompt, &opts, |id| {
-        if !json {
-            // no tokenizer yet: the ids stream as they are chosen
-            let _ = write!(out, "{id} ");
-            let _ = out.flush();
+    #[cfg(feature = "tokenizers")]
+    let text_gen = g.tokenizer().is_some();
+    #[cfg(not(feature = "tokenizers"))]
+    let text_gen = false;
+    let (gen, text) = if text_gen {
+        #[cfg(feature = "tokenizers")]
+        {
+            use nxrt::genai::Prompt;
+            let prompt = match (&a.prompt, &a.prompt_ids) {
+                (Some(text), _) => Prompt::Text(text),
+                (None, ids) => Prompt::Ids(ids.as_deref().unwrap_or_default()),
+            };
+            let r = g.generate_text(prompt, &opts, &a.stop, |piece| {
+                if !json && !piece.is_empty() {
+                    let _ = out.write_all(piece.as_bytes());
+                    let _ = out.flush();
+                }
+            })?;
+            (r.generation, r.text)
         }
-        true
-    })?;
+        #[cfg(not(feature = "tokenizers"))]
+        unreachable!()
+    } else {
+        if a.prompt.is_some() || !a.stop.is_empty() {
+            return Err(Error::Tokenizer(format!(
+                "--prompt and --stop need a tokenizer.json in {}",
+                a.model_dir.display()
+            )));
+        }
+        let prompt = a.prompt_ids.clone().unwrap_or_default();
+        let vocab = g.config().vocab_size as i64;
+        if let Some(bad) = prompt.iter().find(|&&id| id < 0 || id >= vocab) {
+            return Err(Error::Input(format!(
+                "prompt id {bad} is outside the vocabulary (0..{vocab})"
+            )));
+        }
+        let gen = g.generate(&prompt, &opts, |id| {
+            if !json {
+                // without a tokenizer the ids stream as they are chosen
+                let _ = write!(out, "{id} ");
+                let _ = out.flush();
+            }
+            true
+        })?;
+        (gen, String::new())
+    };
     let load_ms = g.load_time().as_secs_f64() * 1e3;
     let prefill_ms = gen.prefill_ns as f64 / 1e6;
     let decode_ms = gen.decode_ns as f64 / 1e6;
@@ -701,7 +743,7 @@ fn generate(a: GenerateArgs) -> Result<(), Error> {
         let j = json!({
             "prompt_ids": gen.prompt_ids,
             "tokens": gen.tokens,
-            "text": "",
+            "text": text,
             "finish_reason": gen.finish_reason.as_str(),
             "load_ms": load_ms,
             "prefill_ms": prefill_ms,
@@ -726,6 +768,52 @@ fn generate(a: GenerateArgs) -> Result<(), Error> {
         );
     }
     Ok(())
+}
+
+#[cfg(feature = "tokenizers")]
+fn tokenize(a: TokenizeArgs) -> Result<(), Error> {
+    use std::io::Write;
+    let tok = nxrt::tokenizer::Tokenizer::from_path(&a.path)?;
+    let mut out = std::io::stdout().lock();
+    let res = match (&a.text, &a.decode) {
+        (Some(text), _) => {
+            let e = tok.encode(text, true)?;
+            if a.json {
+                writeln!(out, "{}", json!({"ids": e.ids, "tokens": e.tokens}))
+            } else {
+                e.ids
+                    .iter()
+                    .zip(&e.tokens)
+                    .try_for_each(|(id, t)| writeln!(out, "{id}\t{t:?}"))
+            }
+        }
+        (None, Some(list)) => {
+            let ids = list
+                .split(',')
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .map(|s| {
+                    s.parse::<u32>()
+                        .map_err(|_| Error::Input(format!("--decode: `{s}` is not an id")))
+                })
+                .collect::<Result<Vec<u32>, Error>>()?;
+            let text = tok.decode(&ids, true)?;
+            if a.json {
+                writeln!(out, "{}", json!({ "text": text }))
+            } else {
+                writeln!(out, "{text}")
+            }
+        }
+        (None, None) => return Err(Error::Input("give --text or --decode".into())),
+    };
+    res.map_err(|e| Error::Io(e.to_string()))
+}
+
+#[cfg(not(feature = "tokenizers"))]
+fn tokenize(_: TokenizeArgs) -> Result<(), Error> {
+    Err(Error::Tokenizer(
+        "this nxrt was built without the `tokenizers` feature".into(),
+    ))
 }
 
 fn inspect(a: InspectArgs) -> Result<(), Error> {

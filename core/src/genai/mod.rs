@@ -1,12 +1,14 @@
 //! The target-free parts of generation: a decoder folder's description
 //! ([`config::DecoderConfig`]), choosing tokens ([`sampling`]) and the decode loop
-//! ([`engine::Generator`]). Reading the folder's files and blocking on the async runs are the
+//! ([`engine::Generator`]), stop strings over streamed text ([`stop::StopText`]). Reading the folder's files and blocking on the async runs are the
 //! targets' (`nxrt::genai` natively).
 
 pub mod config;
 pub mod engine;
 pub mod sampling;
+pub mod stop;
 
 pub use config::{DecoderConfig, SearchDefaults};
 pub use engine::{FinishReason, GenOptions, Generation, Generator};
 pub use sampling::{Sampler, SamplingOptions};
+pub use stop::StopText;
