@@ -3,7 +3,7 @@
 # machine it installs what it needs (toolchain targets, Chromium, lavapipe, wasm-bindgen-cli via
 # ../shared/toolchain/setup.sh), fetches the real-model corpus and the ONNX node tests into
 # $NXRT_CACHE (default ~/.cache/nxrt, never the repo) with the generation references, then checks formatting and lints, builds
-# core for wasm32v1-none (proof that core has no std), runs core's SIMD tests on aarch64 (NEON,
+# core for wasm32v1-none (proof that core has no std), runs core's SIMD tests on wasm SIMD128 (Node's WASI) and on aarch64 (NEON,
 # under qemu-user), runs every test, and runs the node-test
 # conformance suite against the committed baseline (a case that passed and now fails is an error),
 # checks docs/operators.md is current, then builds the wasm package (js/build.sh), runs the node
@@ -41,7 +41,7 @@ fi
 # the Vulkan loader (lavapipe, for the WebGPU tests) wants a runtime dir
 export XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-$(mktemp -d)}"
 rustup component list --installed 2>/dev/null | grep -q clippy || rustup component add clippy rustfmt
-for t in wasm32v1-none wasm32-unknown-unknown aarch64-unknown-linux-gnu; do
+for t in wasm32v1-none wasm32-unknown-unknown wasm32-wasip1 aarch64-unknown-linux-gnu; do
   rustup target list --installed | grep -qx "$t" || rustup target add "$t"
 done
 
@@ -53,6 +53,13 @@ cargo build -p nxrt-core --target wasm32v1-none --release
 
 step "core's SIMD layer on aarch64: the NEON instantiation under qemu-user"
 cargo test --release -p nxrt-core --lib --target aarch64-unknown-linux-gnu simd
+
+step "core's SIMD layer on wasm SIMD128: the V128 instantiation under Node's WASI"
+# its own target folder: other RUSTFLAGS would rebuild the native one's every time
+WASI_TEST=$(CARGO_TARGET_DIR="$ROOT/target/wasi" RUSTFLAGS="-C target-feature=+simd128" \
+  cargo test --release -p nxrt-core --lib --target wasm32-wasip1 --no-run --message-format=json \
+  | node -e 'let s="";process.stdin.on("data",d=>s+=d).on("end",()=>{for(const l of s.split("\n")){try{const j=JSON.parse(l);if(j.executable)console.log(j.executable)}catch{}}})')
+node --no-warnings scripts/wasi_run.mjs "$WASI_TEST" simd --nocapture --test-threads 1
 
 step "build (release)"
 cargo build --release -p nxrt -p nxrt-tests

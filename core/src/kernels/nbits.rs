@@ -27,7 +27,8 @@ use crate::dtype::DataType;
 use crate::error::Result;
 use crate::ir::Node;
 use crate::provider::{Kernel, KernelCx, KernelDef};
-use crate::simd::{Gemm, NBits, Operand};
+use crate::simd::{Gemm, NBits, Operand, Q4Packed};
+use crate::tensor::Tensor;
 use crate::value::Value;
 use crate::{bail, unsupported};
 
@@ -49,6 +50,34 @@ struct MatMulNBits {
     accuracy: i64,
     /// The vector type the SIMD kernels run on for this block geometry (chosen at load).
     isa: crate::simd::Isa,
+    /// Constant 4-bit weights repacked at load for the int8 path (`accuracy_level` 4).
+    q4: Option<Q4Weights>,
+}
+
+/// [`Q4Packed`] weights, the vector type they were packed for, and which tensors they came
+/// from (data address and length of B, scales and the zero points, if any).
+struct Q4Weights {
+    isa: crate::simd::Isa,
+    packed: Q4Packed,
+    keys: [(usize, usize); 3],
+}
+
+/// A tensor's data address and length (to recognise the constant a kernel prepared from):
+/// `(0, 0)` for none, `None` for data that is not stored as-is (uint8 or float).
+fn key_of(t: Option<&Tensor>) -> Option<(usize, usize)> {
+    use alloc::borrow::Cow;
+    let Some(t) = t else { return Some((0, 0)) };
+    match t.dtype() {
+        DataType::Uint8 => match t.as_slice::<u8>().ok()? {
+            Cow::Borrowed(v) => Some((v.as_ptr() as usize, v.len())),
+            Cow::Owned(_) => None,
+        },
+        DataType::Float => match t.as_slice::<f32>().ok()? {
+            Cow::Borrowed(v) => Some((v.as_ptr() as usize, 4 * v.len())),
+            Cow::Owned(_) => None,
+        },
+        _ => None,
+    }
 }
 
 fn build(node: &Node) -> Result<Box<dyn Kernel>> {
@@ -78,6 +107,7 @@ fn build(node: &Node) -> Result<Box<dyn Kernel>> {
             int8_a: false,
             zp0: 0.0,
         }),
+        q4: None,
     }))
 }
 
@@ -179,6 +209,51 @@ fn fake_quantize(a: &[f32], k: usize, bs: usize) -> Vec<f32> {
 }
 
 impl Kernel for MatMulNBits {
+    fn prepare(&mut self, consts: &[Option<&Tensor>]) -> usize {
+        let c = |i: usize| consts.get(i).copied().flatten();
+        let (Some(b), Some(scales)) = (c(1), c(2)) else {
+            return 0;
+        };
+        // the int8 path: 4 bits at accuracy level 4, integer zero points, no g_idx (an input
+        // present at run time that is not what was packed sends the call to the other paths)
+        let zp = c(3);
+        if self.bits != 4 || self.accuracy != 4 || zp.is_some_and(|z| z.dtype() != DataType::Uint8)
+        {
+            return 0;
+        }
+        let (k, n, bs) = (self.k, self.n, self.bs);
+        let blocks = k.div_ceil(bs);
+        let (Ok(bv), Ok(sv)) = (b.as_slice::<u8>(), scales.as_slice::<f32>()) else {
+            return 0;
+        };
+        if bv.len() != n * blocks * bs / 2 || sv.len() != n * blocks {
+            return 0;
+        }
+        let Ok(zps) = zero_points(zp, n, blocks, 4) else {
+            return 0;
+        };
+        let Some(keys) = [key_of(Some(b)), key_of(Some(scales)), key_of(zp)]
+            .into_iter()
+            .collect::<Option<Vec<_>>>()
+            .and_then(|v| <[(usize, usize); 3]>::try_from(v).ok())
+        else {
+            return 0;
+        };
+        let g = NBits {
+            k,
+            bs,
+            bits: 4,
+            int8_a: true,
+            zp0: 8.0,
+        };
+        let (isa, lanes) = crate::simd::q4_isa();
+        let packed =
+            crate::simd::q4_pack(lanes, &g, &bv, &sv, zps.as_ref().map(|z| z.0.as_slice()), n);
+        let bytes = packed.bytes();
+        self.q4 = Some(Q4Weights { isa, packed, keys });
+        bytes
+    }
+
     fn compute(&self, cx: &KernelCx<'_>, inputs: &[Option<&Value>]) -> Result<Vec<Value>> {
         let (k, n, bits, bs) = (self.k, self.n, self.bits, self.bs);
         let a = tensor_in(inputs, 0)?;
@@ -236,7 +311,14 @@ impl Kernel for MatMulNBits {
         };
         let zt = zps.as_ref().map(|z| z.0.as_slice());
         let direct = m <= DIRECT_ROWS && gidx.is_none() && bits != 2;
-        if m > 0 && direct {
+        let q4 = self.q4.as_ref().filter(|q| {
+            int8_a
+                && g_idx.is_none()
+                && [key_of(Some(b)), key_of(Some(scales)), key_of(zp)] == q.keys.map(Some)
+        });
+        if let (true, Some(q4)) = (m > 0, q4) {
+            q4_product(cx, q4, (&av, m, k, bs), n, &mut y);
+        } else if m > 0 && direct {
             direct_rows(cx, (&g, self.isa), (&av, m), (&bv, &sv, zt), n, &mut y);
         } else if m > 0 {
             let fq;
@@ -345,6 +427,36 @@ fn direct_rows(
     });
 }
 
+/// The int8 x 4-bit product with weights packed at load, every row (A quantized once), column
+/// groups in parallel.
+fn q4_product(
+    cx: &KernelCx<'_>,
+    q4: &Q4Weights,
+    (a, m, k, bs): (&[f32], usize, usize, usize),
+    n: usize,
+    y: &mut [f32],
+) {
+    let a8 = crate::simd::q8_rows(a, m, k, bs);
+    let p = &q4.packed;
+    let per_task = (PANEL_COLS / p.lanes).max(1);
+    let tasks = p.groups.div_ceil(per_task);
+    let yp = SyncPtr(y.as_mut_ptr());
+    cx.cpu.parallel_for_work(tasks, m * n * k * 2, &|t| {
+        let (g0, g1) = (t * per_task, ((t + 1) * per_task).min(p.groups));
+        let (j0, j1) = (g0 * p.lanes, (g1 * p.lanes).min(n));
+        let ld = (g1 - g0) * p.lanes;
+        let mut buf = crate::simd::scratch::<f32>(m * ld);
+        crate::simd::q4_rows_on(q4.isa, p, &a8, (g0, g1), &mut buf, ld);
+        for r in 0..m {
+            // SAFETY: row r's columns j0..j1 of the m x n output belong to this task alone
+            // (tasks cover disjoint column groups), and `y` stays borrowed until
+            // `parallel_for_work` returns.
+            let dst = unsafe { core::slice::from_raw_parts_mut(yp.get().add(r * n + j0), j1 - j0) };
+            dst.copy_from_slice(&buf[r * ld..r * ld + j1 - j0]);
+        }
+    });
+}
+
 /// B's codes, scales and zero points, for dequantizing.
 struct Weights<'a> {
     b: &'a [u8],
@@ -432,7 +544,7 @@ mod tests {
     use alloc::string::String;
     use alloc::vec::Vec;
 
-    use super::super::test_util::{close, node, run, t32};
+    use super::super::test_util::{close, node, run, run_prepared, t32};
     use crate::ir::AttrValue;
     use crate::tensor::Tensor;
 
@@ -452,6 +564,7 @@ mod tests {
     }
 
     /// One MatMulNBits case: codes (N x K, unpacked), scales and zero points per (n, block).
+    #[derive(Clone)]
     struct Case {
         m: usize,
         k: usize,
@@ -698,6 +811,94 @@ mod tests {
                 close(&y, &want, 1e-5);
             }
         }
+    }
+
+    #[test]
+    fn packed_int8_path_matches_the_definition() {
+        // constant 4-bit weights at level 4 are repacked at load; every row count goes
+        // through the int8 kernel, with default, packed and partial-block zero points
+        for (m, k, n, bs, zp) in [
+            (1, 96, 21, 32, false),
+            (3, 100, 37, 32, true),
+            (6, 128, 16, 64, true),
+            (13, 64, 40, 16, false),
+            (1, 512, 70, 128, true),
+        ] {
+            let mut c = Case::new(m, k, n, 4, bs, 41 + m as u64);
+            c.accuracy = 4;
+            if zp {
+                let mut r = Lcg(5);
+                c.zp = Some((0..n * c.blocks()).map(|_| (r.next() % 16) as u8).collect());
+            }
+            c.bias = Some((0..n).map(|i| i as f32 * 0.5 - 3.0).collect());
+            let (out, bytes) = run_prepared(&c.node(), &c.inputs(), &[1, 2, 3]).unwrap();
+            assert!(bytes > 0, "m {m}: nothing prepared");
+            close(&out[0].to_f32_vec().unwrap(), &c.reference(true), 2e-5);
+            // other weights at run time than the ones prepared: not the packed ones
+            let (prep_inputs, mut other) = (c.inputs(), c.clone());
+            other.codes.iter_mut().for_each(|x| *x = 15 - *x);
+            let k8 = super::build(&c.node()).and_then(|mut kern| {
+                let consts: Vec<Option<&Tensor>> = prep_inputs.iter().map(|t| t.as_ref()).collect();
+                assert!(kern.prepare(&consts) > 0);
+                let vals: Vec<Option<crate::value::Value>> = other
+                    .inputs()
+                    .into_iter()
+                    .map(|t| t.map(crate::value::Value::Tensor))
+                    .collect();
+                let refs: Vec<Option<&crate::value::Value>> =
+                    vals.iter().map(|v| v.as_ref()).collect();
+                kern.compute(
+                    &crate::provider::KernelCx::new(&crate::provider::ReferenceCpu),
+                    &refs,
+                )
+            });
+            let y = match &k8.unwrap()[0] {
+                crate::value::Value::Tensor(t) => t.to_f32_vec().unwrap(),
+                _ => panic!("not a tensor"),
+            };
+            close(&y, &other.reference(true), 2e-5);
+        }
+    }
+
+    #[test]
+    fn int8_kernel_on_every_vector_type() {
+        let mut c = Case::new(5, 200, 45, 4, 32, 77);
+        let mut r = Lcg(8);
+        c.zp = Some(
+            (0..45 * c.blocks())
+                .map(|_| (r.next() % 16) as u8)
+                .collect(),
+        );
+        c.accuracy = 4;
+        let want = c.reference(true);
+        let inputs = c.inputs();
+        let b = inputs[1].as_ref().unwrap().as_slice::<u8>().unwrap();
+        let zf: Vec<f32> = c.zp.as_ref().unwrap().iter().map(|&z| z as f32).collect();
+        let g = crate::simd::NBits {
+            k: 200,
+            bs: 32,
+            bits: 4,
+            int8_a: true,
+            zp0: 8.0,
+        };
+        let a8 = crate::simd::q8_rows(&c.a, 5, 200, 32);
+        let mut ran = 0;
+        for isa in crate::simd::available_isas() {
+            if !crate::simd::q4_runs_on(isa) {
+                continue;
+            }
+            let lanes = crate::simd::isa_lanes(isa);
+            let p = crate::simd::q4_pack(lanes, &g, &b, &c.scales, Some(&zf), 45);
+            let ld = p.groups * lanes;
+            let mut y = alloc::vec![f32::NAN; 5 * ld];
+            crate::simd::q4_rows_on(isa, &p, &a8, (0, p.groups), &mut y, ld);
+            let got: Vec<f32> = (0..5)
+                .flat_map(|r| y[r * ld..r * ld + 45].to_vec())
+                .collect();
+            close(&got, &want, 2e-5);
+            ran += 1;
+        }
+        assert!(ran >= 1);
     }
 
     #[test]

@@ -80,11 +80,29 @@ pub fn ints(v: &[i64]) -> AttrValue {
 /// Builds the node's kernel through the registry and runs it on both backends, checking
 /// that the threaded run agrees with the sequential one.
 pub fn run(node: &Node, inputs: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
+    run_prepared(node, inputs, &[]).map(|(out, _)| out)
+}
+
+/// [`run`] after [`Kernel::prepare`](crate::provider::Kernel::prepare) with the inputs whose
+/// index `consts` lists as the constants; also returns the bytes the kernel prepared.
+pub fn run_prepared(
+    node: &Node,
+    inputs: &[Option<Tensor>],
+    consts: &[usize],
+) -> Result<(Vec<Tensor>, usize)> {
     let reg = crate::kernels::cpu_registry();
     let Lookup::Found(def) = reg.lookup(node, &[]) else {
         panic!("no kernel for {}", node.op_type);
     };
-    let k = (def.build)(node)?;
+    let mut k = (def.build)(node)?;
+    let prepared = if consts.is_empty() {
+        0
+    } else {
+        let c: Vec<Option<&Tensor>> = (0..inputs.len())
+            .map(|i| inputs[i].as_ref().filter(|_| consts.contains(&i)))
+            .collect();
+        k.prepare(&c)
+    };
     let vals: Vec<Option<Value>> = inputs
         .iter()
         .map(|t| t.clone().map(Value::Tensor))
@@ -107,7 +125,7 @@ pub fn run(node: &Node, inputs: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
             assert_eq!(x, y, "threaded result differs");
         }
     }
-    Ok(seq)
+    Ok((seq, prepared))
 }
 
 pub fn close(got: &[f32], want: &[f32], tol: f32) {

@@ -20,6 +20,12 @@ pub fn detect() -> bool {
     }
 }
 
+/// Whether the CPU has AVX-512 VNNI (`vpdpbusd`), beside what [`detect`] checks.
+pub fn has_vnni() -> bool {
+    // SAFETY: as in `detect`, which runs first
+    detect() && __cpuid_count(7, 0).ecx & (1 << 11) != 0
+}
+
 /// Sixteen f32 lanes in one ZMM register. Only constructed inside `avx512f` code.
 #[derive(Clone, Copy)]
 pub struct Avx512(__m512);
@@ -150,6 +156,34 @@ impl VF32 for Avx512 {
                 Avx512(_mm512_cvtepi32_ps(hi)),
             )
         }
+    }
+    type Q = __m512i;
+    #[inline(always)]
+    fn q_zero() -> __m512i {
+        unsafe { _mm512_setzero_si512() }
+    }
+    #[inline(always)]
+    fn q_nibbles(b: &[u8]) -> (__m512i, __m512i) {
+        let b = &b[..64];
+        // SAFETY: `b` has 64 bytes; the load has no alignment requirement.
+        unsafe {
+            let x = _mm512_loadu_si512(b.as_ptr() as *const _);
+            let m = _mm512_set1_epi32(0x0f0f_0f0f);
+            (
+                _mm512_and_si512(x, m),
+                _mm512_and_si512(_mm512_srli_epi32::<4>(x), m),
+            )
+        }
+    }
+    #[inline(always)]
+    fn q_dot(acc: __m512i, codes: __m512i, q4: u32) -> __m512i {
+        // SAFETY: only instantiated under `simd::q4_rows_on`'s wrapper, which enables
+        // AVX-512 VNNI after the CPU reported it.
+        unsafe { _mm512_dpbusd_epi32(acc, codes, _mm512_set1_epi32(q4 as i32)) }
+    }
+    #[inline(always)]
+    fn q_f32(acc: __m512i) -> Self {
+        Avx512(unsafe { _mm512_cvtepi32_ps(acc) })
     }
     #[inline(always)]
     fn bytes(b: &[u8]) -> Self {

@@ -33,7 +33,7 @@ mod x86;
 
 pub use gemm::{Gemm, Operand};
 pub use kernels::{Act, BinOp, Clamp, DwPlane, DW_BLOCK};
-pub use nbits::NBits;
+pub use nbits::{q4_pack, q8_rows, NBits, Q4Packed, Q8Rows};
 pub use nchwc::{NcGeom, NCHWC};
 pub use portable::Portable;
 
@@ -166,6 +166,94 @@ pub fn available_isas() -> alloc::vec::Vec<Isa> {
     v
 }
 
+/// Whether [`q4_rows_on`] runs on `isa` here: AVX-512 needs VNNI for its integer dot
+/// products (without it, AVX2's take over); the others always can.
+pub fn q4_runs_on(isa: Isa) -> bool {
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 => isa <= best() && vnni(),
+        i => i <= best(),
+    }
+}
+
+/// AVX-512 VNNI, detected once (CPUID is slow under a hypervisor).
+#[cfg(target_arch = "x86_64")]
+fn vnni() -> bool {
+    static VNNI: AtomicU8 = AtomicU8::new(0);
+    match VNNI.load(Ordering::Relaxed) {
+        0 => {
+            let v = avx512::has_vnni();
+            VNNI.store(1 + v as u8, Ordering::Relaxed);
+            v
+        }
+        v => v == 2,
+    }
+}
+
+/// The instruction set [`q4_rows_on`] should run on (the best the dispatcher may use that
+/// can), and its vector lanes (what [`q4_pack`] packs for).
+pub fn q4_isa() -> (Isa, usize) {
+    let mut i = isa();
+    if !q4_runs_on(i) {
+        i = Isa::Avx2.min(i);
+    }
+    (i, isa_lanes(i))
+}
+
+/// Lanes of `isa`'s f32 vector.
+pub fn isa_lanes(isa: Isa) -> usize {
+    match isa {
+        Isa::Avx512 => 16,
+        Isa::Avx2 => 8,
+        _ => 4,
+    }
+}
+
+/// Int8 x 4-bit products of quantized rows with packed weights (see [`nbits::q4_rows`]),
+/// on `isa`, which must satisfy [`q4_runs_on`] and be what `p` was packed for.
+pub fn q4_rows_on(
+    isa: Isa,
+    p: &Q4Packed,
+    a: &Q8Rows,
+    groups: (usize, usize),
+    y: &mut [f32],
+    ldy: usize,
+) {
+    assert!(
+        q4_runs_on(isa) && p.lanes == isa_lanes(isa),
+        "q4_rows_on: {isa:?}"
+    );
+    #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+    {
+        return nbits::q4_rows::<wasm::V128>(p, a, groups, y, ldy);
+    }
+    #[cfg(target_arch = "aarch64")]
+    if isa == Isa::Neon {
+        return nbits::q4_rows::<neon::Neon>(p, a, groups, y, ldy);
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        if isa == Isa::Avx512 {
+            #[target_feature(enable = "avx512f,avx512vnni,avx2,fma")]
+            unsafe fn wide(p: &Q4Packed, a: &Q8Rows, g: (usize, usize), y: &mut [f32], l: usize) {
+                nbits::q4_rows::<avx512::Avx512>(p, a, g, y, l)
+            }
+            // SAFETY: q4_runs_on checked AVX-512F and VNNI (and the OS's ZMM state).
+            return unsafe { wide(p, a, groups, y, ldy) };
+        }
+        if isa == Isa::Avx2 {
+            #[target_feature(enable = "avx2,fma")]
+            unsafe fn wide(p: &Q4Packed, a: &Q8Rows, g: (usize, usize), y: &mut [f32], l: usize) {
+                nbits::q4_rows::<x86::Avx2>(p, a, g, y, l)
+            }
+            // SAFETY: q4_runs_on checked AVX2 and FMA.
+            return unsafe { wide(p, a, groups, y, ldy) };
+        }
+    }
+    #[allow(unreachable_code)]
+    nbits::q4_rows::<Portable>(p, a, groups, y, ldy)
+}
+
 /// A vector of f32 lanes. Implementations are thin wrappers over one ISA's registers; every
 /// method must be `#[inline(always)]` so that generic kernels compile to straight intrinsics.
 pub trait VF32: Copy {
@@ -212,6 +300,20 @@ pub trait VF32: Copy {
     fn nibbles(b: &[u8]) -> (Self, Self);
     /// The bytes `b[0..LANES]` as floats in 0..=255 (panics if `b` is shorter).
     fn bytes(b: &[u8]) -> Self;
+
+    /// An integer register of `4 * LANES` bytes, read as `LANES` i32 lanes by [`VF32::q_dot`]
+    /// (int8 products of 4-bit codes).
+    type Q: Copy;
+    /// Zero i32 lanes.
+    fn q_zero() -> Self::Q;
+    /// The low and the high nibbles of the bytes `b[0..4 * LANES]`, each left in its byte's
+    /// place as 0..=15 (panics if `b` is shorter).
+    fn q_nibbles(b: &[u8]) -> (Self::Q, Self::Q);
+    /// Lane `j` of `acc` plus `sum_{t < 4} codes.byte(4j + t) * q[t]`, the codes unsigned
+    /// bytes below 128 and `q` four int8 values (`q4`'s bytes, least significant first).
+    fn q_dot(acc: Self::Q, codes: Self::Q, q4: u32) -> Self::Q;
+    /// The i32 lanes as floats.
+    fn q_f32(acc: Self::Q) -> Self;
 
     /// `self * 2^n` for lanes of `n` holding integers in [-252, 254] whose product is a
     /// normal float or an overflow (two exact power-of-two factors; AVX-512 has it as one

@@ -11,6 +11,8 @@
 //! so the vector code below computes them in f32 lanes in any order and gets the integers; only
 //! the sum over blocks rounds.
 
+use alloc::vec::Vec;
+
 use super::{scratch, VF32};
 
 /// A MatMulNBits product's geometry for [`nbits_rows`].
@@ -267,6 +269,210 @@ pub fn nbits_dequant<V: VF32>(
                     V::bytes(&src[gi * l..]).sub(z).mul(s).store(d);
                 }
             }
+        }
+    }
+}
+
+/// 4-bit weights repacked for [`q4_rows`] on a vector type of `lanes` lanes: columns in
+/// groups of `lanes` (the last one padded with zero weights), and within a group, per block
+/// and per 8 rows of K, `4 * lanes` bytes where byte `4j + t` holds column `j`'s code for
+/// row `t` in its low nibble and for row `4 + t` in its high one. One load and two masks
+/// then give [`VF32::q_dot`] four rows of every column of the group at once, so that each
+/// lane accumulates one column and nothing is summed across lanes.
+#[derive(Clone, Debug)]
+pub struct Q4Packed {
+    pub lanes: usize,
+    /// Columns (N) and their groups of `lanes`.
+    pub n: usize,
+    pub groups: usize,
+    pub blocks: usize,
+    pub bs: usize,
+    pub codes: Vec<u8>,
+    /// Per group, block and lane: the scale and the zero point.
+    pub scales: Vec<f32>,
+    pub zp: Vec<f32>,
+}
+
+impl Q4Packed {
+    /// Bytes held.
+    pub fn bytes(&self) -> usize {
+        self.codes.len() + 4 * (self.scales.len() + self.zp.len())
+    }
+}
+
+/// Repacks 4-bit weights laid out as for [`nbits_rows`] (`g.bits == 4`, `g.bs` a multiple of
+/// 8) for a vector type of `lanes` lanes.
+pub fn q4_pack(
+    lanes: usize,
+    g: &NBits,
+    b: &[u8],
+    scales: &[f32],
+    zp: Option<&[f32]>,
+    n: usize,
+) -> Q4Packed {
+    assert!(
+        g.bits == 4 && g.bs.is_multiple_of(8),
+        "q4_pack: geometry {g:?}"
+    );
+    let (bs, blocks, blob) = (g.bs, g.blocks(), g.blob());
+    let groups = n.div_ceil(lanes);
+    let mut codes = alloc::vec![0u8; groups * blocks * bs / 2 * lanes];
+    let mut sc = alloc::vec![0f32; groups * blocks * lanes];
+    let mut zs = alloc::vec![0f32; groups * blocks * lanes];
+    let code =
+        |c: usize, bi: usize, i: usize| (b[(c * blocks + bi) * blob + i / 2] >> (4 * (i % 2))) & 15;
+    for gi in 0..groups {
+        for bi in 0..blocks {
+            let at = (gi * blocks + bi) * lanes;
+            for j in 0..lanes.min(n - gi * lanes) {
+                let c = gi * lanes + j;
+                sc[at + j] = scales[c * blocks + bi];
+                zs[at + j] = zp.map_or(g.zp0, |z| z[c * blocks + bi]);
+                for kk in 0..bs / 8 {
+                    let dst = (at * bs / 2) + kk * 4 * lanes + 4 * j;
+                    for t in 0..4 {
+                        let (lo, hi) = (code(c, bi, 8 * kk + t), code(c, bi, 8 * kk + 4 + t));
+                        codes[dst + t] = lo | (hi << 4);
+                    }
+                }
+            }
+        }
+    }
+    Q4Packed {
+        lanes,
+        n,
+        groups,
+        blocks,
+        bs,
+        codes,
+        scales: sc,
+        zp: zs,
+    }
+}
+
+/// Activation rows quantized to int8 per block the way ONNX Runtime's `accuracy_level` 4
+/// does (see the module's note): `q` (`rows x blocks * bs` bytes, int8 bit patterns, zero
+/// past K), the block scales `sa`, and the block sums of `q` in `sq`.
+#[derive(Clone, Debug, Default)]
+pub struct Q8Rows {
+    pub rows: usize,
+    pub kp: usize,
+    pub q: Vec<u8>,
+    pub sa: Vec<f32>,
+    pub sq: Vec<f32>,
+}
+
+/// Quantizes `rows` rows of `k` activations in blocks of `bs` (see [`Q8Rows`]).
+pub fn q8_rows(a: &[f32], rows: usize, k: usize, bs: usize) -> Q8Rows {
+    let blocks = k.div_ceil(bs);
+    let kp = blocks * bs;
+    let mut out = Q8Rows {
+        rows,
+        kp,
+        q: alloc::vec![0u8; rows * kp],
+        sa: alloc::vec![0f32; rows * blocks],
+        sq: alloc::vec![0f32; rows * blocks],
+    };
+    for r in 0..rows {
+        let row = &a[r * k..(r + 1) * k];
+        for (bi, blk) in row.chunks(bs).enumerate() {
+            let amax = blk.iter().fold(0f32, |m, x| x.abs().max(m));
+            let s = amax / 127.0;
+            let inv = if amax != 0.0 { 127.0 / amax } else { 0.0 };
+            let mut sum = 0i32;
+            let dst = &mut out.q[r * kp + bi * bs..];
+            for (d, &x) in dst.iter_mut().zip(blk) {
+                // round to nearest, ties to even: |x * inv| <= 127 leaves no fraction bits
+                // after adding 1.5 * 2^23
+                let v = ((x * inv + 12_582_912.0) - 12_582_912.0) as i32;
+                sum += v;
+                *d = v as i8 as u8;
+            }
+            out.sa[r * blocks + bi] = s;
+            out.sq[r * blocks + bi] = sum as f32;
+        }
+    }
+    out
+}
+
+/// Rows `r0..r0 + R` of `a` times column group `gi` of `p`: per block, the int8 dot products
+/// of every column in the group's lanes less `zp * sum(q)` (integers below 2^24: exact in
+/// f32), times `scale_a * scale_b`, added in f32.
+#[inline(always)]
+fn q4_tile<V: VF32, const R: usize>(p: &Q4Packed, a: &Q8Rows, r0: usize, gi: usize) -> [V; R] {
+    let (l, bs, blocks) = (V::LANES, p.bs, p.blocks);
+    let mut acc = [V::splat(0.0); R];
+    for bi in 0..blocks {
+        let at = (gi * blocks + bi) * l;
+        let codes = &p.codes[at * bs / 2..(at + l) * bs / 2];
+        let mut d = [V::q_zero(); R];
+        for (kk, c) in codes.chunks_exact(4 * l).enumerate() {
+            let (lo, hi) = V::q_nibbles(c);
+            for (r, dr) in d.iter_mut().enumerate() {
+                let o = (r0 + r) * a.kp + bi * bs + 8 * kk;
+                let q = &a.q[o..o + 8];
+                let q0 = u32::from_le_bytes([q[0], q[1], q[2], q[3]]);
+                let q1 = u32::from_le_bytes([q[4], q[5], q[6], q[7]]);
+                *dr = V::q_dot(V::q_dot(*dr, lo, q0), hi, q1);
+            }
+        }
+        let (s, z) = (V::load(&p.scales[at..]), V::load(&p.zp[at..]));
+        for r in 0..R {
+            let i = (r0 + r) * blocks + bi;
+            let dot = z.fma(V::splat(-a.sq[i]), V::q_f32(d[r]));
+            acc[r] = dot.fma(s.mul(V::splat(a.sa[i])), acc[r]);
+        }
+    }
+    acc
+}
+
+/// `y[r * ldy + c]` for every row of `a` and the columns of groups `g0..g1` of `p` (`c`
+/// counted from group `g0`'s first column; columns past N are not written). `p` must have
+/// been packed for this vector type's lanes.
+#[inline(always)]
+pub fn q4_rows<V: VF32>(
+    p: &Q4Packed,
+    a: &Q8Rows,
+    (g0, g1): (usize, usize),
+    y: &mut [f32],
+    ldy: usize,
+) {
+    assert!(
+        p.lanes == V::LANES && a.kp == p.blocks * p.bs,
+        "q4_rows: packing"
+    );
+    let l = V::LANES;
+    let mut tmp = [0f32; 16];
+    let mut put = |r: usize, gi: usize, v: V| {
+        v.store(&mut tmp[..l]);
+        let c0 = gi * l;
+        let cols = l.min(p.n - c0);
+        let o = r * ldy + (gi - g0) * l;
+        y[o..o + cols].copy_from_slice(&tmp[..cols]);
+    };
+    for gi in g0..g1 {
+        let mut r0 = 0;
+        while r0 < a.rows {
+            let r = (a.rows - r0).min(4);
+            match r {
+                1 => q4_tile::<V, 1>(p, a, r0, gi)
+                    .into_iter()
+                    .enumerate()
+                    .for_each(|(i, v)| put(r0 + i, gi, v)),
+                2 => q4_tile::<V, 2>(p, a, r0, gi)
+                    .into_iter()
+                    .enumerate()
+                    .for_each(|(i, v)| put(r0 + i, gi, v)),
+                3 => q4_tile::<V, 3>(p, a, r0, gi)
+                    .into_iter()
+                    .enumerate()
+                    .for_each(|(i, v)| put(r0 + i, gi, v)),
+                _ => q4_tile::<V, 4>(p, a, r0, gi)
+                    .into_iter()
+                    .enumerate()
+                    .for_each(|(i, v)| put(r0 + i, gi, v)),
+            }
+            r0 += r;
         }
     }
 }

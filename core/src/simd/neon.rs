@@ -134,6 +134,42 @@ impl VF32 for Neon {
             (Neon(vcvtq_f32_u32(lo)), Neon(vcvtq_f32_u32(hi)))
         }
     }
+    type Q = int32x4_t;
+    #[inline(always)]
+    fn q_zero() -> int32x4_t {
+        unsafe { vdupq_n_s32(0) }
+    }
+    #[inline(always)]
+    fn q_nibbles(b: &[u8]) -> (int32x4_t, int32x4_t) {
+        let b = &b[..16];
+        // SAFETY: `b` has 16 bytes; NEON loads need no alignment.
+        unsafe {
+            let x = vld1q_u8(b.as_ptr());
+            (
+                vreinterpretq_s32_u8(vandq_u8(x, vdupq_n_u8(15))),
+                vreinterpretq_s32_u8(vshrq_n_u8::<4>(x)),
+            )
+        }
+    }
+    #[inline(always)]
+    fn q_dot(acc: int32x4_t, codes: int32x4_t, q4: u32) -> int32x4_t {
+        // SAFETY: plain register arithmetic (NEON is always present)
+        unsafe {
+            let c = vreinterpretq_s8_s32(codes);
+            let q = vreinterpretq_s8_u32(vdupq_n_u32(q4));
+            // products of bytes 0..8 and 8..16 (i16), adjacent pairs summed, then pairs of
+            // those added into the i32 lanes: lane j gets bytes 4j..4j + 4
+            let p = vpaddq_s16(
+                vmull_s8(vget_low_s8(c), vget_low_s8(q)),
+                vmull_high_s8(c, q),
+            );
+            vpadalq_s16(acc, p)
+        }
+    }
+    #[inline(always)]
+    fn q_f32(acc: int32x4_t) -> Self {
+        Neon(unsafe { vcvtq_f32_s32(acc) })
+    }
     #[inline(always)]
     fn bytes(b: &[u8]) -> Self {
         // SAFETY: plain register arithmetic (NEON is always present)

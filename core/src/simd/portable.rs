@@ -122,6 +122,34 @@ impl VF32 for Portable {
             Portable(core::array::from_fn(|i| (b[i] >> 4) as f32)),
         )
     }
+    type Q = [i32; 4];
+    #[inline(always)]
+    fn q_zero() -> [i32; 4] {
+        [0; 4]
+    }
+    #[inline(always)]
+    fn q_nibbles(b: &[u8]) -> ([i32; 4], [i32; 4]) {
+        let b = &b[..16];
+        let word = |j: usize, f: fn(u8) -> u8| {
+            i32::from_le_bytes(core::array::from_fn(|t| f(b[4 * j + t])))
+        };
+        (
+            core::array::from_fn(|j| word(j, |x| x & 15)),
+            core::array::from_fn(|j| word(j, |x| x >> 4)),
+        )
+    }
+    #[inline(always)]
+    fn q_dot(acc: [i32; 4], codes: [i32; 4], q4: u32) -> [i32; 4] {
+        let q = q4.to_le_bytes();
+        core::array::from_fn(|j| {
+            let c = codes[j].to_le_bytes();
+            acc[j] + (0..4).map(|t| c[t] as i32 * q[t] as i8 as i32).sum::<i32>()
+        })
+    }
+    #[inline(always)]
+    fn q_f32(acc: [i32; 4]) -> Self {
+        Portable(acc.map(|x| x as f32))
+    }
     #[inline(always)]
     fn bytes(b: &[u8]) -> Self {
         let b = &b[..4];

@@ -1234,6 +1234,30 @@ fn nbits_products_match_the_dequantized_sum_on_every_isa() {
                     );
                 }
             }
+            if !(int8_a && bits == 4) {
+                continue;
+            }
+            // the integer kernel over weights packed for each vector type's lanes
+            let a8 = q8_rows(&a, rows, k, bs);
+            for isa in available_isas() {
+                if !q4_runs_on(isa) {
+                    continue;
+                }
+                let lanes = isa_lanes(isa);
+                let p = q4_pack(lanes, &g, &b, &scales, Some(&zp), cols);
+                let ld = p.groups * lanes;
+                let mut y = alloc::vec![f32::NAN; rows * ld];
+                q4_rows_on(isa, &p, &a8, (0, p.groups), &mut y, ld);
+                for r in 0..rows {
+                    for c in 0..cols {
+                        let (got, w) = (y[r * ld + c], want[r * cols + c]);
+                        assert!(
+                            close(got, w as f32, 1e-5, 1e-4),
+                            "int8 kernel on {isa:?} bs {bs} [{r}, {c}]: {got} vs {w}"
+                        );
+                    }
+                }
+            }
         }
     }
 }

@@ -119,6 +119,32 @@ impl VF32 for V128 {
         let hi = u32x4_shr(w, 4);
         (V128(f32x4_convert_i32x4(lo)), V128(f32x4_convert_i32x4(hi)))
     }
+    type Q = v128;
+    #[inline(always)]
+    fn q_zero() -> v128 {
+        i32x4_splat(0)
+    }
+    #[inline(always)]
+    fn q_nibbles(b: &[u8]) -> (v128, v128) {
+        let b = &b[..16];
+        // SAFETY: `b` has 16 bytes; wasm loads need no alignment.
+        let x = unsafe { v128_load(b.as_ptr() as *const v128) };
+        (v128_and(x, u8x16_splat(15)), u8x16_shr(x, 4))
+    }
+    #[inline(always)]
+    fn q_dot(acc: v128, codes: v128, q4: u32) -> v128 {
+        let q = u32x4_splat(q4);
+        // i16 pair sums of bytes 0..8 and 8..16, then adjacent i32 lanes added
+        let d0 = i32x4_dot_i16x8(u16x8_extend_low_u8x16(codes), i16x8_extend_low_i8x16(q));
+        let d1 = i32x4_dot_i16x8(u16x8_extend_high_u8x16(codes), i16x8_extend_high_i8x16(q));
+        let even = i32x4_shuffle::<0, 2, 4, 6>(d0, d1);
+        let odd = i32x4_shuffle::<1, 3, 5, 7>(d0, d1);
+        i32x4_add(acc, i32x4_add(even, odd))
+    }
+    #[inline(always)]
+    fn q_f32(acc: v128) -> Self {
+        V128(f32x4_convert_i32x4(acc))
+    }
     #[inline(always)]
     fn bytes(b: &[u8]) -> Self {
         V128(f32x4_convert_i32x4(Self::widen(b)))

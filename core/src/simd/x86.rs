@@ -153,6 +153,37 @@ impl VF32 for Avx2 {
             (Avx2(_mm256_cvtepi32_ps(lo)), Avx2(_mm256_cvtepi32_ps(hi)))
         }
     }
+    type Q = __m256i;
+    #[inline(always)]
+    fn q_zero() -> __m256i {
+        unsafe { _mm256_setzero_si256() }
+    }
+    #[inline(always)]
+    fn q_nibbles(b: &[u8]) -> (__m256i, __m256i) {
+        let b = &b[..32];
+        // SAFETY: `b` has 32 bytes; the load has no alignment requirement.
+        unsafe {
+            let x = _mm256_loadu_si256(b.as_ptr() as *const __m256i);
+            let m = _mm256_set1_epi32(0x0f0f_0f0f);
+            (
+                _mm256_and_si256(x, m),
+                _mm256_and_si256(_mm256_srli_epi32::<4>(x), m),
+            )
+        }
+    }
+    #[inline(always)]
+    fn q_dot(acc: __m256i, codes: __m256i, q4: u32) -> __m256i {
+        unsafe {
+            // byte pairs into i16 (at most 2 * 127 * 128: no saturation), then pairs of
+            // those into i32
+            let p = _mm256_maddubs_epi16(codes, _mm256_set1_epi32(q4 as i32));
+            _mm256_add_epi32(acc, _mm256_madd_epi16(p, _mm256_set1_epi16(1)))
+        }
+    }
+    #[inline(always)]
+    fn q_f32(acc: __m256i) -> Self {
+        Avx2(unsafe { _mm256_cvtepi32_ps(acc) })
+    }
     #[inline(always)]
     fn bytes(b: &[u8]) -> Self {
         let b = &b[..8];
