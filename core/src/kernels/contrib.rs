@@ -8,6 +8,7 @@ use alloc::boxed::Box;
 use alloc::vec;
 use alloc::vec::Vec;
 
+use super::par::SyncPtr;
 use super::{def, def_in, opt_tensor_in, tensor_in, LATEST};
 use crate::dtype::DataType;
 use crate::error::Result;
@@ -252,7 +253,7 @@ fn ints32(t: &Tensor, what: &str) -> Result<Vec<i64>> {
 }
 
 impl Kernel for Gqa {
-    fn compute(&self, _cx: &KernelCx<'_>, inputs: &[Option<&Value>]) -> Result<Vec<Value>> {
+    fn compute(&self, cx: &KernelCx<'_>, inputs: &[Option<&Value>]) -> Result<Vec<Value>> {
         let (nh, nkv) = (self.heads, self.kv_heads);
         let q = tensor_in(inputs, 0)?;
         let key = opt_tensor_in(inputs, 1)?;
@@ -394,7 +395,6 @@ impl Kernel for Gqa {
         let mut present_v = vec![0f32; b * nkv * plen * h];
         let mut out = vec![0f32; b * s * nh * h];
         let mut qrot = vec![0f32; s * nh * h];
-        let mut scores = vec![0f32; plen];
         let mut at_pos = Vec::with_capacity(s);
         for bi in 0..b {
             let total_b = usize::try_from(seqlens[bi] + 1)
@@ -472,11 +472,18 @@ impl Kernel for Gqa {
                     turn(dst, si);
                 }
             }
-            // scores over the causal (and windowed) keys, softmax, weighted values
-            for n in 0..nh {
+            // scores over the causal (and windowed) keys, softmax, weighted values: heads in
+            // parallel, each writing its own rows of `out`
+            let (pk_all, pv_all) = (&present_k, &present_v);
+            let outp = SyncPtr(out.as_mut_ptr());
+            let qrot = &qrot;
+            let (bias_v, sink_v) = (&bias_v, &sink_v);
+            cx.cpu.parallel_for_work(nh, s * nh * plen * h * 4, &|n| {
                 let j = n / group;
-                let kb = &present_k[(bi * nkv + j) * plen * h..][..plen * h];
-                let vb = &present_v[(bi * nkv + j) * plen * h..][..plen * h];
+                let kb = &pk_all[(bi * nkv + j) * plen * h..][..plen * h];
+                let vb = &pv_all[(bi * nkv + j) * plen * h..][..plen * h];
+                let mut scores = crate::simd::scratch::<f32>(2 * plen);
+                let (scores, ex) = scores.split_at_mut(plen);
                 for si in 0..s {
                     let len = (past_b + si + 1).min(total_b);
                     let start = if self.window >= 0 && len > self.window as usize {
@@ -485,26 +492,22 @@ impl Kernel for Gqa {
                         0
                     };
                     let qr = &qrot[(si * nh + n) * h..][..h];
+                    let sc = &mut scores[start..len];
+                    crate::simd::dot_rows(&kb[start * h..], h, qr, sc);
                     let mut mx = f32::NEG_INFINITY;
-                    for t in start..len {
-                        let kr = &kb[t * h..][..h];
-                        let mut d = 0f32;
-                        for e in 0..h {
-                            d += qr[e] * kr[e];
-                        }
-                        let mut x = d * alpha;
+                    for (t, x) in (start..len).zip(sc.iter_mut()) {
+                        *x *= alpha;
                         if self.softcap > 0.0 {
-                            x = self.softcap * libm::tanhf(x / self.softcap);
+                            *x = self.softcap * libm::tanhf(*x / self.softcap);
                         }
-                        if let Some((bv, b0, b1)) = &bias_v {
+                        if let Some((bv, b0, b1)) = bias_v {
                             let bb = if *b0 == 1 { 0 } else { bi };
                             let bn = if *b1 == 1 { 0 } else { n };
-                            x += bv[((bb * b1 + bn) * s + si) * total + t];
+                            *x += bv[((bb * b1 + bn) * s + si) * total + t];
                         }
-                        scores[t] = x;
-                        mx = mx.max(x);
+                        mx = mx.max(*x);
                     }
-                    let sink_x = match &sink_v {
+                    let sink_x = match sink_v {
                         Some(sv) => Some(sv[n]),
                         None if self.smooth => Some(0.0),
                         None => None,
@@ -512,27 +515,28 @@ impl Kernel for Gqa {
                     if let Some(sx) = sink_x {
                         mx = mx.max(sx);
                     }
-                    let mut den = 0f32;
-                    for x in &mut scores[start..len] {
-                        *x = libm::expf(*x - mx);
-                        den += *x;
-                    }
+                    sc.iter_mut().for_each(|x| *x -= mx);
+                    let ex = &mut ex[start..len];
+                    crate::simd::exp(sc, ex);
+                    let mut den = crate::simd::sum(ex);
                     if let Some(sx) = sink_x {
                         den += libm::expf(sx - mx);
                     }
-                    let o = &mut out[((bi * s + si) * nh + n) * h..][..h];
+                    // SAFETY: row (bi, si, n) of `out` is written by this task alone (one task
+                    // per head), and `out` outlives `parallel_for_work`.
+                    let o = unsafe {
+                        core::slice::from_raw_parts_mut(
+                            outp.get().add(((bi * s + si) * nh + n) * h),
+                            h,
+                        )
+                    };
                     if len > start && den > 0.0 {
+                        crate::simd::axpy_rows(ex, &vb[start * h..], h, o);
                         let inv = 1.0 / den;
-                        for t in start..len {
-                            let p = scores[t] * inv;
-                            let vr = &vb[t * h..][..h];
-                            for e in 0..h {
-                                o[e] += p * vr[e];
-                            }
-                        }
+                        o.iter_mut().for_each(|x| *x *= inv);
                     }
                 }
-            }
+            });
         }
         let pshape = [b, nkv, plen, h];
         Ok(vec![

@@ -1144,6 +1144,65 @@ pub fn exp<V: VF32>(x: &[f32], out: &mut [f32]) {
     map::<V>(Act::Exp, x, out);
 }
 
+/// `out[r] = sum_e m[r * ld + e] * x[e]` for `r < out.len()`, `e < x.len()` (attention
+/// scores: a query against rows of keys).
+#[inline(always)]
+pub fn dot_rows<V: VF32>(m: &[f32], ld: usize, x: &[f32], out: &mut [f32]) {
+    let (l, h) = (V::LANES, x.len());
+    let full = h - h % l;
+    for (r, o) in out.iter_mut().enumerate() {
+        let row = &m[r * ld..r * ld + h];
+        let (mut a0, mut a1) = (V::splat(0.0), V::splat(0.0));
+        let mut e = 0;
+        while e + 2 * l <= full {
+            a0 = V::load(&row[e..]).fma(V::load(&x[e..]), a0);
+            a1 = V::load(&row[e + l..]).fma(V::load(&x[e + l..]), a1);
+            e += 2 * l;
+        }
+        if e < full {
+            a0 = V::load(&row[e..]).fma(V::load(&x[e..]), a0);
+        }
+        let mut d = a0.add(a1).hsum();
+        for i in full..h {
+            d += row[i] * x[i];
+        }
+        *o = d;
+    }
+}
+
+/// `out[e] += sum_t p[t] * m[t * ld + e]` for `t < p.len()`, `e < out.len()` (attention's
+/// weighted sum of value rows), `4 * LANES` outputs held in registers at a time.
+#[inline(always)]
+pub fn axpy_rows<V: VF32>(p: &[f32], m: &[f32], ld: usize, out: &mut [f32]) {
+    let (l, h) = (V::LANES, out.len());
+    let mut e0 = 0;
+    while e0 + l <= h {
+        let w = ((h - e0) / l).min(4);
+        let mut acc = [V::splat(0.0); 4];
+        for (a, o) in acc.iter_mut().zip(out[e0..].chunks_exact(l)).take(w) {
+            *a = V::load(o);
+        }
+        for (t, &pt) in p.iter().enumerate() {
+            let pv = V::splat(pt);
+            let row = &m[t * ld + e0..];
+            for (k, a) in acc.iter_mut().enumerate().take(w) {
+                *a = V::load(&row[k * l..]).fma(pv, *a);
+            }
+        }
+        for (k, a) in acc.iter().enumerate().take(w) {
+            a.store(&mut out[e0 + k * l..]);
+        }
+        e0 += w * l;
+    }
+    for e in e0..h {
+        let mut s = out[e];
+        for (t, &pt) in p.iter().enumerate() {
+            s += pt * m[t * ld + e];
+        }
+        out[e] = s;
+    }
+}
+
 #[inline(always)]
 pub fn sum<V: VF32>(x: &[f32]) -> f32 {
     let l = V::LANES;

@@ -850,6 +850,16 @@ dispatch!(
 );
 
 dispatch!(
+    /// `out[r] = m[r * ld..][..x.len()] · x` for every `r < out.len()`.
+    fn dot_rows / dot_rows_on(m: &[f32], ld: usize, x: &[f32], out: &mut [f32]) => dot_rows
+);
+
+dispatch!(
+    /// `out[e] += sum_t p[t] * m[t * ld + e]` for every `e < out.len()`.
+    fn axpy_rows / axpy_rows_on(p: &[f32], m: &[f32], ld: usize, out: &mut [f32]) => axpy_rows
+);
+
+dispatch!(
     /// Sum of a slice (pairwise over vector lanes).
     fn sum / sum_on(x: &[f32]) -> f32 => sum
 );

@@ -426,6 +426,30 @@ fn q4_tile<V: VF32, const R: usize>(p: &Q4Packed, a: &Q8Rows, r0: usize, gi: usi
     acc
 }
 
+/// Stores a tile of rows `r0..r0 + R` for column group `gi` at group slot `slot` of `y`
+/// (columns past N left out).
+#[inline(always)]
+fn q4_put<V: VF32, const R: usize>(
+    p: &Q4Packed,
+    tile: [V; R],
+    (r0, slot, gi): (usize, usize, usize),
+    y: &mut [f32],
+    ldy: usize,
+) {
+    let l = V::LANES;
+    let cols = l.min(p.n - gi * l);
+    for (i, v) in tile.into_iter().enumerate() {
+        let o = (r0 + i) * ldy + slot * l;
+        if cols == l {
+            v.store(&mut y[o..o + l]);
+        } else {
+            let mut tmp = [0f32; 16];
+            v.store(&mut tmp[..l]);
+            y[o..o + cols].copy_from_slice(&tmp[..cols]);
+        }
+    }
+}
+
 /// `y[r * ldy + c]` for every row of `a` and the columns of groups `g0..g1` of `p` (`c`
 /// counted from group `g0`'s first column; columns past N are not written). `p` must have
 /// been packed for this vector type's lanes.
@@ -441,36 +465,15 @@ pub fn q4_rows<V: VF32>(
         p.lanes == V::LANES && a.kp == p.blocks * p.bs,
         "q4_rows: packing"
     );
-    let l = V::LANES;
-    let mut tmp = [0f32; 16];
-    let mut put = |r: usize, gi: usize, v: V| {
-        v.store(&mut tmp[..l]);
-        let c0 = gi * l;
-        let cols = l.min(p.n - c0);
-        let o = r * ldy + (gi - g0) * l;
-        y[o..o + cols].copy_from_slice(&tmp[..cols]);
-    };
     for gi in g0..g1 {
         let mut r0 = 0;
         while r0 < a.rows {
             let r = (a.rows - r0).min(4);
             match r {
-                1 => q4_tile::<V, 1>(p, a, r0, gi)
-                    .into_iter()
-                    .enumerate()
-                    .for_each(|(i, v)| put(r0 + i, gi, v)),
-                2 => q4_tile::<V, 2>(p, a, r0, gi)
-                    .into_iter()
-                    .enumerate()
-                    .for_each(|(i, v)| put(r0 + i, gi, v)),
-                3 => q4_tile::<V, 3>(p, a, r0, gi)
-                    .into_iter()
-                    .enumerate()
-                    .for_each(|(i, v)| put(r0 + i, gi, v)),
-                _ => q4_tile::<V, 4>(p, a, r0, gi)
-                    .into_iter()
-                    .enumerate()
-                    .for_each(|(i, v)| put(r0 + i, gi, v)),
+                1 => q4_put(p, q4_tile::<V, 1>(p, a, r0, gi), (r0, gi - g0, gi), y, ldy),
+                2 => q4_put(p, q4_tile::<V, 2>(p, a, r0, gi), (r0, gi - g0, gi), y, ldy),
+                3 => q4_put(p, q4_tile::<V, 3>(p, a, r0, gi), (r0, gi - g0, gi), y, ldy),
+                _ => q4_put(p, q4_tile::<V, 4>(p, a, r0, gi), (r0, gi - g0, gi), y, ldy),
             }
             r0 += r;
         }

@@ -1261,3 +1261,43 @@ fn nbits_products_match_the_dequantized_sum_on_every_isa() {
         }
     }
 }
+
+#[test]
+fn attention_rows_match_direct_sums_on_every_isa() {
+    // query-key dots and the weighted sum of value rows, at head sizes with and without a
+    // vector tail, over row strides wider than the rows
+    for (h, ld, rows) in [
+        (64usize, 64usize, 37usize),
+        (20, 24, 5),
+        (3, 3, 9),
+        (80, 96, 1),
+    ] {
+        let m = data(rows * ld, 21);
+        let x = data(h, 22);
+        let p = data(rows, 23);
+        let base = data(h, 24);
+        for isa in available_isas() {
+            let mut dots = alloc::vec![f32::NAN; rows];
+            dot_rows_on(isa, &m, ld, &x, &mut dots);
+            for (r, &d) in dots.iter().enumerate() {
+                let want: f64 = (0..h).map(|e| m[r * ld + e] as f64 * x[e] as f64).sum();
+                assert!(
+                    close(d, want as f32, 1e-5, 1e-5),
+                    "{isa:?} dot row {r}: {d} vs {want}"
+                );
+            }
+            let mut out = base.clone();
+            axpy_rows_on(isa, &p, &m, ld, &mut out);
+            for (e, &o) in out.iter().enumerate() {
+                let want = base[e] as f64
+                    + (0..rows)
+                        .map(|t| p[t] as f64 * m[t * ld + e] as f64)
+                        .sum::<f64>();
+                assert!(
+                    close(o, want as f32, 1e-5, 1e-5),
+                    "{isa:?} axpy [{e}]: {o} vs {want}"
+                );
+            }
+        }
+    }
+}
