@@ -91,6 +91,9 @@ struct GenerateArgs {
     /// OpenAI's presence penalty.
     #[arg(long, default_value_t = 0.0)]
     presence_penalty: f32,
+    /// Never repeat an n-gram of this size (HF's no_repeat_ngram_size; 0: off).
+    #[arg(long, default_value_t = 0)]
+    no_repeat_ngram_size: usize,
     #[arg(long, default_value_t = 0)]
     seed: u64,
     /// Stop when the text ends with this (repeatable).
@@ -661,6 +664,7 @@ fn generate(a: GenerateArgs) -> Result<(), Error> {
         repetition_penalty: a.repetition_penalty,
         frequency_penalty: a.frequency_penalty,
         presence_penalty: a.presence_penalty,
+        no_repeat_ngram_size: a.no_repeat_ngram_size,
         seed: a.seed,
     };
     sampling.validate()?;

@@ -28,6 +28,9 @@ pub struct SamplingOptions {
     /// OpenAI's penalties: `logit -= count * frequency + (count > 0) * presence`.
     pub frequency_penalty: f32,
     pub presence_penalty: f32,
+    /// HF's no-repeat-ngram: an id that would complete an n-gram of this size already in the
+    /// sequence (prompt included) is never chosen (0: off).
+    pub no_repeat_ngram_size: usize,
     pub seed: u64,
 }
 
@@ -42,6 +45,7 @@ impl Default for SamplingOptions {
             repetition_penalty: 1.0,
             frequency_penalty: 0.0,
             presence_penalty: 0.0,
+            no_repeat_ngram_size: 0,
             seed: 0,
         }
     }
@@ -115,6 +119,24 @@ pub fn apply_penalties(logits: &mut [f32], history: &[i64], o: &SamplingOptions)
         }
         if openai {
             *x -= c as f32 * o.frequency_penalty + o.presence_penalty;
+        }
+    }
+}
+
+/// Sets to minus infinity the logit of every id that would complete an `n`-gram already in
+/// `history` (its last `n - 1` ids followed by that id); nothing while `history` is shorter
+/// than `n - 1` (HF's `no_repeat_ngram_size`).
+pub fn ban_repeated_ngrams(logits: &mut [f32], history: &[i64], n: usize) {
+    if n == 0 || history.len() < n - 1 {
+        return;
+    }
+    let tail = &history[history.len() - (n - 1)..];
+    for w in history.windows(n) {
+        if &w[..n - 1] == tail {
+            let id = w[n - 1];
+            if id >= 0 && (id as usize) < logits.len() {
+                logits[id as usize] = f32::NEG_INFINITY;
+            }
         }
     }
 }
@@ -214,6 +236,7 @@ impl Sampler {
     /// (end-of-sequence ids held back by a minimum length); `history` feeds the penalties.
     pub fn choose(&mut self, logits: &mut [f32], banned: &[i64], history: &[i64]) -> Result<i64> {
         apply_penalties(logits, history, &self.opts);
+        ban_repeated_ngrams(logits, history, self.opts.no_repeat_ngram_size);
         for &b in banned {
             if b >= 0 && (b as usize) < logits.len() {
                 logits[b as usize] = f32::NEG_INFINITY;
@@ -272,6 +295,39 @@ mod tests {
         let mut l = vec![0.5, 2.0, 2.0, 1.0];
         // a held-back EOS id is never chosen
         assert_eq!(s.choose(&mut l, &[1], &[]).unwrap(), 2);
+    }
+
+    #[test]
+    fn no_repeat_ngram_bans_exactly_the_ids_completing_a_seen_ngram() {
+        let mut r = Rng::new(3);
+        for n in 1..5usize {
+            for len in 0..40usize {
+                // a small vocabulary, so n-grams repeat
+                let history: Vec<i64> = (0..len).map(|_| (r.next_u64() % 5) as i64).collect();
+                let mut l = vec![0.5f32; 6];
+                ban_repeated_ngrams(&mut l, &history, n);
+                // the direct rule: every n-gram of the history, against tail + id
+                for id in 0..6i64 {
+                    let banned = len + 1 >= n && {
+                        let mut cand = history[len + 1 - n..].to_vec();
+                        cand.push(id);
+                        history.windows(n).any(|w| w == cand.as_slice())
+                    };
+                    assert_eq!(
+                        l[id as usize] == f32::NEG_INFINITY,
+                        banned,
+                        "n {n} {history:?} id {id}"
+                    );
+                }
+            }
+        }
+        // through the sampler: greedy takes the best id that is not banned
+        let mut s = Sampler::new(Some(SamplingOptions {
+            no_repeat_ngram_size: 2,
+            ..Default::default()
+        }));
+        let mut l = vec![0.0f32, 3.0, 2.0];
+        assert_eq!(s.choose(&mut l, &[], &[1, 1]).unwrap(), 2);
     }
 
     #[test]
