@@ -27,4 +27,21 @@ pub fn nxrt_bin() -> PathBuf {
         .join("nxrt")
 }
 
+/// Runs `nxrt ARGS` ([`nxrt_bin`]), asserts it succeeded, and parses its last stdout line as
+/// JSON (the `--json` contract of `generate` and `tokenize`).
+pub fn nxrt_json(args: &[&str]) -> serde_json::Value {
+    let out = std::process::Command::new(nxrt_bin())
+        .args(args)
+        .output()
+        .expect("start nxrt");
+    assert!(
+        out.status.success(),
+        "nxrt {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8(out.stdout).expect("utf-8 stdout");
+    let last = stdout.lines().last().expect("a JSON line");
+    serde_json::from_str(last).unwrap_or_else(|e| panic!("not JSON ({e}): {last}"))
+}
+
 pub use nxrt_core::conformance::{compare, ErrStats};

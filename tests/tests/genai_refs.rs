@@ -14,10 +14,9 @@
 //! test prints how many prompts the free-running CLI matches exactly.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use nxrt::genai::Generator;
-use nxrt_tests::{cache_dir, nxrt_bin};
+use nxrt_tests::{cache_dir, nxrt_bin, nxrt_json};
 use serde_json::Value as Json;
 
 /// How far below our best logit the reference's id may sit at a teacher-forced int4 step.
@@ -44,25 +43,20 @@ fn ids(j: &Json) -> Vec<i64> {
 }
 
 /// `nxrt generate --json` on one prompt: the generated ids and the JSON line.
-fn cli_generate(bin: &Path, dir: &Path, prompt: &[i64], n: usize) -> (Vec<i64>, Json) {
+fn cli_generate(dir: &Path, prompt: &[i64], n: usize) -> (Vec<i64>, Json) {
     let list: Vec<String> = prompt.iter().map(|i| i.to_string()).collect();
-    let out = Command::new(bin)
-        .arg("generate")
-        .arg(dir)
-        .args(["--prompt-ids", &list.join(",")])
-        .args(["--max-new-tokens", &n.to_string()])
-        .args(["--min-new-tokens", &n.to_string()])
-        .arg("--json")
-        .output()
-        .expect("start nxrt");
-    assert!(
-        out.status.success(),
-        "nxrt generate failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let stdout = String::from_utf8(out.stdout).unwrap();
-    let last = stdout.lines().last().expect("a JSON line");
-    let j: Json = serde_json::from_str(last).unwrap();
+    let (n, ids_arg) = (n.to_string(), list.join(","));
+    let j = nxrt_json(&[
+        "generate",
+        dir.to_str().unwrap(),
+        "--prompt-ids",
+        &ids_arg,
+        "--max-new-tokens",
+        &n,
+        "--min-new-tokens",
+        &n,
+        "--json",
+    ]);
     for key in [
         "prompt_ids",
         "tokens",
@@ -73,7 +67,7 @@ fn cli_generate(bin: &Path, dir: &Path, prompt: &[i64], n: usize) -> (Vec<i64>, 
         "decode_ms",
         "decode_tokens_per_s",
     ] {
-        assert!(j.get(key).is_some(), "--json output lacks `{key}`: {last}");
+        assert!(j.get(key).is_some(), "--json output lacks `{key}`: {j}");
     }
     assert_eq!(ids(&j["prompt_ids"]), prompt);
     assert_eq!(j["finish_reason"], "length");
@@ -100,7 +94,7 @@ fn greedy_generation_matches_onnxruntime_genai() {
         for c in cases {
             let prompt = ids(&c["prompt_ids"]);
             let want = ids(&c["tokens"]);
-            let (got, j) = cli_generate(&bin, &dir, &prompt, n);
+            let (got, j) = cli_generate(&dir, &prompt, n);
             assert_eq!(got.len(), n, "{name}: {} tokens", got.len());
             let first = got.iter().zip(&want).position(|(a, b)| a != b);
             println!(

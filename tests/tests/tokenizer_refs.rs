@@ -10,7 +10,7 @@ use std::process::Command;
 
 use nxrt::tokenizer::{Tokenizer, MAX_TOKENIZER_BYTES};
 use nxrt::Error;
-use nxrt_tests::{cache_dir, nxrt_bin};
+use nxrt_tests::{cache_dir, nxrt_bin, nxrt_json};
 use serde_json::Value as Json;
 
 fn refs() -> (PathBuf, Json) {
@@ -60,20 +60,6 @@ fn u32s(j: &Json) -> Vec<u32> {
         .collect()
 }
 
-fn cli_json(args: &[&str]) -> Json {
-    let out = Command::new(nxrt_bin())
-        .args(args)
-        .output()
-        .expect("start nxrt");
-    assert!(
-        out.status.success(),
-        "nxrt {args:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let stdout = String::from_utf8(out.stdout).unwrap();
-    serde_json::from_str(stdout.lines().last().expect("a JSON line")).unwrap()
-}
-
 #[test]
 fn cli_matches_hf_tokenizers_on_every_tokenizer_and_text() {
     let mut checked = 0;
@@ -82,12 +68,12 @@ fn cli_matches_hf_tokenizers_on_every_tokenizer_and_text() {
         for case in &cases {
             let text = case["text"].as_str().unwrap();
             let want_ids = u32s(&case["ids"]);
-            let got = cli_json(&["tokenize", p, &format!("--text={text}"), "--json"]);
+            let got = nxrt_json(&["tokenize", p, &format!("--text={text}"), "--json"]);
             let ctx = format!("{name} / {}", case["name"]);
             assert_eq!(u32s(&got["ids"]), want_ids, "{ctx}: ids");
             assert_eq!(got["tokens"], case["tokens"], "{ctx}: tokens");
             let list: Vec<String> = want_ids.iter().map(u32::to_string).collect();
-            let got = cli_json(&["tokenize", p, "--decode", &list.join(","), "--json"]);
+            let got = nxrt_json(&["tokenize", p, "--decode", &list.join(","), "--json"]);
             assert_eq!(got["text"], case["decoded"], "{ctx}: decoded text");
             checked += 1;
         }
@@ -196,7 +182,7 @@ fn model_folder() -> (PathBuf, Vec<Json>) {
 fn generate(dir: &Path, extra: &[&str]) -> Json {
     let mut args = vec!["generate", dir.to_str().unwrap(), "--json"];
     args.extend_from_slice(extra);
-    cli_json(&args)
+    nxrt_json(&args)
 }
 
 #[test]
@@ -225,7 +211,7 @@ fn generate_takes_text_prompts_and_stops_at_stop_strings() {
     // the text is the decoded tokens
     let list: Vec<String> = tokens.iter().map(u32::to_string).collect();
     let p = dir.to_str().unwrap();
-    let decoded = cli_json(&["tokenize", p, "--decode", &list.join(","), "--json"]);
+    let decoded = nxrt_json(&["tokenize", p, "--decode", &list.join(","), "--json"]);
     let text = free["text"].as_str().unwrap();
     assert_eq!(free["text"], decoded["text"]);
     assert_eq!(free["finish_reason"], "length");
