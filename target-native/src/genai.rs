@@ -124,12 +124,6 @@ impl Generator {
                 .map(i64::from)
                 .collect(),
         };
-        let vocab = self.inner.config().vocab_size as i64;
-        if let Some(bad) = ids.iter().find(|&&id| id < 0 || id >= vocab) {
-            return Err(Error::Input(format!(
-                "prompt id {bad} is outside the vocabulary (0..{vocab})"
-            )));
-        }
         let mut stream = tok.stream(true);
         let mut stops = StopText::new(stop.iter().cloned());
         let mut failed = None;

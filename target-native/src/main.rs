@@ -719,12 +719,6 @@ fn generate(a: GenerateArgs) -> Result<(), Error> {
             )));
         }
         let prompt = a.prompt_ids.clone().unwrap_or_default();
-        let vocab = g.config().vocab_size as i64;
-        if let Some(bad) = prompt.iter().find(|&&id| id < 0 || id >= vocab) {
-            return Err(Error::Input(format!(
-                "prompt id {bad} is outside the vocabulary (0..{vocab})"
-            )));
-        }
         let gen = g.generate(&prompt, &opts, |id| {
             if !json {
                 // without a tokenizer the ids stream as they are chosen

@@ -251,4 +251,16 @@ fn generate_takes_text_prompts_and_stops_at_stop_strings() {
     assert!(out.status.success());
     let streamed = String::from_utf8(out.stdout).unwrap();
     assert_eq!(streamed.strip_suffix('\n').unwrap(), &text[..first]);
+
+    // a prompt id outside the vocabulary is a typed error, before any run
+    let out = Command::new(nxrt_bin())
+        .args(["generate", p, "--prompt-ids", "1,999999", "--json"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("error[input]") && err.contains("999999"),
+        "{err}"
+    );
 }

@@ -228,6 +228,12 @@ impl<S: Borrow<Session>> Generator<S> {
     /// Feeds `ids` after the sequence so far, `chunk` at a time (0: at once), leaving the
     /// logits after the last one.
     pub async fn append_tokens(&mut self, ids: &[i64], chunk: usize) -> Result<()> {
+        let vocab = self.cfg.vocab_size as i64;
+        if let Some(bad) = ids.iter().find(|&&id| id < 0 || id >= vocab) {
+            return Err(Error::Input(alloc::format!(
+                "prompt id {bad} is outside the vocabulary (0..{vocab})"
+            )));
+        }
         let chunk = if chunk == 0 { ids.len().max(1) } else { chunk };
         for part in ids.chunks(chunk) {
             self.run(part).await?;

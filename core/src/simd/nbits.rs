@@ -282,9 +282,8 @@ pub fn nbits_dequant<V: VF32>(
 #[derive(Clone, Debug)]
 pub struct Q4Packed {
     pub lanes: usize,
-    /// Columns (N) and their groups of `lanes`.
+    /// Columns (N).
     pub n: usize,
-    pub groups: usize,
     pub blocks: usize,
     pub bs: usize,
     pub codes: Vec<u8>,
@@ -294,6 +293,10 @@ pub struct Q4Packed {
 }
 
 impl Q4Packed {
+    /// Groups of `lanes` columns.
+    pub fn groups(&self) -> usize {
+        self.n.div_ceil(self.lanes)
+    }
     /// Bytes held.
     pub fn bytes(&self) -> usize {
         self.codes.len() + 4 * (self.scales.len() + self.zp.len())
@@ -318,7 +321,7 @@ pub fn q4_pack(
     let groups = n.div_ceil(lanes);
     let mut codes = alloc::vec![0u8; groups * blocks * bs / 2 * lanes];
     let mut sc = alloc::vec![0f32; groups * blocks * lanes];
-    let mut zs = alloc::vec![0f32; groups * blocks * lanes];
+    let mut zpv = alloc::vec![0f32; groups * blocks * lanes];
     let code =
         |c: usize, bi: usize, i: usize| (b[(c * blocks + bi) * blob + i / 2] >> (4 * (i % 2))) & 15;
     for gi in 0..groups {
@@ -327,7 +330,7 @@ pub fn q4_pack(
             for j in 0..lanes.min(n - gi * lanes) {
                 let c = gi * lanes + j;
                 sc[at + j] = scales[c * blocks + bi];
-                zs[at + j] = zp.map_or(g.zp0, |z| z[c * blocks + bi]);
+                zpv[at + j] = zp.map_or(g.zp0, |z| z[c * blocks + bi]);
                 for kk in 0..bs / 8 {
                     let dst = (at * bs / 2) + kk * 4 * lanes + 4 * j;
                     for t in 0..4 {
@@ -341,12 +344,11 @@ pub fn q4_pack(
     Q4Packed {
         lanes,
         n,
-        groups,
         blocks,
         bs,
         codes,
         scales: sc,
-        zp: zs,
+        zp: zpv,
     }
 }
 
