@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Builds the wasm runtime into js/wasm/ (wasm-pack, web target, LTO) twice: SIMD128
-# (nxrt_wasm_bg.wasm) and SIMD128 + relaxed-SIMD (nxrt_wasm_bg.relaxed.wasm); optimises both
-# with binaryen's wasm-opt and prints their sizes raw and gzipped.
+# (nxrt_wasm_bg.wasm) and SIMD128 + relaxed-SIMD (nxrt_wasm_bg.relaxed.wasm); then the
+# tokenizer module nxrt/genai loads on first use (nxrt_tokenizer_bg.wasm, its own file so the
+# main one does not grow for users who never generate text); optimises them with binaryen's
+# wasm-opt and prints their sizes raw and gzipped.
 #   bash js/build.sh            release build
 #   NXRT_WASM_PROFILE=release bash js/build.sh   faster link, bigger file
 set -euo pipefail
@@ -29,7 +31,9 @@ if ! cmp -s "$RELAXED_OUT/nxrt_wasm.js" "$HERE/wasm/nxrt_wasm.js"; then
   exit 1
 fi
 cp "$RELAXED_OUT/nxrt_wasm_bg.wasm" "$HERE/wasm/nxrt_wasm_bg.relaxed.wasm"
-for WASM in "$HERE/wasm/nxrt_wasm_bg.wasm" "$HERE/wasm/nxrt_wasm_bg.relaxed.wasm"; do
+wasm-pack build target-wasm/tokenizer --mode no-install --target web --weak-refs --no-pack --no-gitignore \
+  --no-opt --profile "$PROFILE" --out-dir ../../js/wasm --out-name nxrt_tokenizer
+for WASM in "$HERE/wasm/nxrt_wasm_bg.wasm" "$HERE/wasm/nxrt_wasm_bg.relaxed.wasm" "$HERE/wasm/nxrt_tokenizer_bg.wasm"; do
   if command -v wasm-opt >/dev/null; then
     wasm-opt -O3 --strip-debug --strip-producers --enable-simd --enable-relaxed-simd --enable-bulk-memory \
       --enable-nontrapping-float-to-int --enable-sign-ext --enable-mutable-globals --enable-reference-types \

@@ -37,6 +37,8 @@ export interface SessionOptions {
   /** Providers in preference order: 'webgpu', 'wasm' (alias 'cpu'). Default ['wasm']. With 'webgpu', nodes it has no kernel for run on the CPU with explicit copies (see partitionReport()). */
   executionProviders?: (string | { name: string })[];
   graphOptimizationLevel?: 'disabled' | 'basic' | 'extended' | 'all';
+  /** External-data files the model names, as bytes or URLs (onnxruntime-web's option). Files not given are fetched beside a model loaded from a URL or path. */
+  externalData?: { path: string; data: Uint8Array | ArrayBuffer | string | URL }[];
 }
 
 export declare class InferenceSession {

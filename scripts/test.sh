@@ -66,7 +66,7 @@ cargo build --release -p nxrt -p nxrt-tests
 
 step "clippy -D warnings"
 cargo clippy --release -p nxrt-core -p nxrt -p nxrt-tests -p nxrt-wasm --all-targets -- -D warnings
-cargo clippy -p nxrt-wasm --target wasm32-unknown-unknown --all-targets -- -D warnings
+cargo clippy -p nxrt-wasm -p nxrt-wasm-tokenizer --target wasm32-unknown-unknown --all-targets -- -D warnings
 
 step "unit, API and real-model parity tests"
 NXRT_BIN="$ROOT/target/release/nxrt" cargo test --release -p nxrt-core -p nxrt -p nxrt-tests -p nxrt-wasm -- --nocapture

@@ -94,6 +94,63 @@ pub fn load_model(bytes: &[u8], ext: &dyn ExternalDataSource) -> Result<Model> {
     model_from_proto(mp, ext)
 }
 
+/// The external-data files a model's tensors name (each once, in first-use order): what a
+/// host that cannot read a folder (a browser) must fetch before [`load_model`]. Every location
+/// is checked as the loader checks it ([`check_external_location`]).
+pub fn external_locations(bytes: &[u8]) -> Result<Vec<String>> {
+    fn tensor(t: &proto::TensorProto, out: &mut Vec<String>) -> Result<()> {
+        if t.data_location == 1 {
+            if let Some(e) = t.external_data.iter().find(|e| e.key == "location") {
+                check_external_location(&e.value)?;
+                if !out.contains(&e.value) {
+                    out.push(e.value.clone());
+                }
+            }
+        }
+        Ok(())
+    }
+    fn sparse(t: &proto::SparseTensorProto, out: &mut Vec<String>) -> Result<()> {
+        for p in [&t.values, &t.indices].into_iter().flatten() {
+            tensor(p, out)?;
+        }
+        Ok(())
+    }
+    fn nodes(ns: &[proto::NodeProto], out: &mut Vec<String>) -> Result<()> {
+        for n in ns {
+            for a in &n.attribute {
+                for t in a.t.iter().chain(&a.tensors) {
+                    tensor(t, out)?;
+                }
+                for t in a.sparse_tensor.iter().chain(&a.sparse_tensors) {
+                    sparse(t, out)?;
+                }
+                for g in a.g.iter().map(|g| &**g).chain(&a.graphs) {
+                    graph(g, out)?;
+                }
+            }
+        }
+        Ok(())
+    }
+    fn graph(g: &proto::GraphProto, out: &mut Vec<String>) -> Result<()> {
+        for t in &g.initializer {
+            tensor(t, out)?;
+        }
+        for t in &g.sparse_initializer {
+            sparse(t, out)?;
+        }
+        nodes(&g.node, out)
+    }
+    let mp = proto::ModelProto::decode(bytes).map_err(|e| Error::Decode(e.to_string()))?;
+    let mut out = Vec::new();
+    if let Some(g) = &mp.graph {
+        graph(g, &mut out)?;
+    }
+    for f in &mp.functions {
+        nodes(&f.node, &mut out)?;
+    }
+    Ok(out)
+}
+
 /// Decodes a model from a shared buffer (a mapped file, say) without copying its raw weights:
 /// each initializer's bytes stay in `bytes` until copied into its tensor, after which the
 /// loader calls [`ExternalDataSource::release`] on them.
@@ -1274,6 +1331,53 @@ mod tests {
         assert!(check_external_location("/etc/passwd").is_err());
         assert!(check_external_location("C:\\x").is_err());
         assert!(check_external_location("").is_err());
+    }
+
+    #[test]
+    fn external_locations_lists_every_file_once() {
+        let ext = |loc: &str| proto::TensorProto {
+            dims: alloc::vec![1],
+            data_type: 1,
+            data_location: 1,
+            external_data: alloc::vec![proto::StringStringEntryProto {
+                key: "location".into(),
+                value: loc.into(),
+            }],
+            ..Default::default()
+        };
+        let inner = proto::GraphProto {
+            initializer: alloc::vec![ext("c.bin")],
+            ..Default::default()
+        };
+        let node = proto::NodeProto {
+            attribute: alloc::vec![
+                proto::AttributeProto {
+                    t: Some(ext("b.bin")),
+                    ..Default::default()
+                },
+                proto::AttributeProto {
+                    g: Some(Box::new(inner)),
+                    ..Default::default()
+                },
+            ],
+            ..Default::default()
+        };
+        let mut mp = proto::ModelProto {
+            graph: Some(proto::GraphProto {
+                initializer: alloc::vec![ext("a.bin"), ext("a.bin")],
+                node: alloc::vec![node],
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let got = external_locations(&mp.encode_to_vec()).unwrap();
+        assert_eq!(got, ["a.bin", "b.bin", "c.bin"]);
+        mp.graph.as_mut().unwrap().initializer[1] = ext("../secret");
+        assert!(matches!(
+            external_locations(&mp.encode_to_vec()),
+            Err(Error::ExternalData(_))
+        ));
+        assert!(external_locations(b"\xff\xff\xff").is_err());
     }
 
     #[test]

@@ -8,124 +8,19 @@
 // Runs single-threaded everywhere (no cross-origin-isolation headers needed). Errors are JS
 // `Error`s carrying the runtime's message.
 
-import init, * as wasm from '../wasm/nxrt_wasm.js';
 
-let loading = null;
-let exportsObj = null;
+import {
+  wasm,
+  ensureWasm,
+  asError,
+  warnThreadsOnce,
+  toUrl,
+  fetchBytes,
+  asBytes,
+  externalFiles,
+} from './runtime.js';
 
-const isNode =
-  typeof process !== 'undefined' && process.versions != null && process.versions.node != null;
-
-/**
- * Settings, shaped like onnxruntime-web's `ort.env`. `wasm.wasmPaths`: a folder URL to fetch
- * the wasm files from (before first use). `wasm.numThreads`: this build runs on one
- * thread; asking for more is reported once on the console and in `runtimeInfo()`, never
- * silently dropped. `wasm.relaxedSimd`: `false` keeps to the SIMD128 build even where the
- * engine has relaxed-SIMD (by default the relaxed build, `nxrt_wasm_bg.relaxed.wasm`, is
- * loaded where `WebAssembly.validate` accepts relaxed-SIMD code and the file is there).
- */
-export const env = { wasm: { wasmPaths: undefined, numThreads: 1, relaxedSimd: undefined } };
-
-// The smallest module that uses relaxed-SIMD: one function returning
-// f32x4.relaxed_madd(0, 0, 0). It validates exactly where the engine has relaxed-SIMD.
-const RELAXED_PROBE = new Uint8Array([
-  0x00, 0x61, 0x73, 0x6d, 0x01, 0x00, 0x00, 0x00, // magic, version
-  0x01, 0x05, 0x01, 0x60, 0x00, 0x01, 0x7b, // types: () -> v128
-  0x03, 0x02, 0x01, 0x00, // one function of type 0
-  0x0a, 0x3d, 0x01, 0x3b, 0x00, // code: one body of 59 bytes, no locals
-  ...[0, 1, 2].flatMap(() => [0xfd, 0x0c, ...new Array(16).fill(0)]), // v128.const 0, three times
-  0xfd, 0x85, 0x02, // f32x4.relaxed_madd (0xfd 0x105)
-  0x0b, // end
-]);
-
-/** Whether this engine runs relaxed-SIMD wasm (checked by validation, never by failing). */
-export function relaxedSimdSupported() {
-  try {
-    return typeof WebAssembly === 'object' && WebAssembly.validate(RELAXED_PROBE);
-  } catch {
-    return false;
-  }
-}
-let warnedThreads = false;
-// why the relaxed-SIMD build was not loaded where the engine has relaxed-SIMD (runtimeInfo)
-let relaxedFallback = null;
-
-function threadNote() {
-  const n = env.wasm.numThreads;
-  if (n === undefined || n === 0 || n === 1) return null;
-  return `env.wasm.numThreads = ${n} requested, but nxrt's wasm build runs on 1 thread`;
-}
-
-async function ensureWasm() {
-  if (!loading) {
-    loading = (async () => {
-      // each URL written out whole, so that bundlers see the files (new URL(literal, import.meta.url))
-      const at = (file) =>
-        env.wasm.wasmPaths
-          ? new URL(file, env.wasm.wasmPaths)
-          : file === 'nxrt_wasm_bg.wasm'
-            ? new URL('../wasm/nxrt_wasm_bg.wasm', import.meta.url)
-            : new URL('../wasm/nxrt_wasm_bg.relaxed.wasm', import.meta.url);
-      const load = async (url) => {
-        if (isNode && url.protocol === 'file:') {
-          const { readFile } = await import('node:fs/promises');
-          return readFile(url);
-        }
-        return url;
-      };
-      const base = at('nxrt_wasm_bg.wasm');
-      let done = false;
-      if (env.wasm.relaxedSimd !== false && relaxedSimdSupported()) {
-        // the relaxed build where the engine has relaxed-SIMD; a package or server without
-        // the file falls back to the SIMD128 build
-        try {
-          exportsObj = await init({ module_or_path: await load(at('nxrt_wasm_bg.relaxed.wasm')) });
-          done = true;
-        } catch (e) {
-          relaxedFallback = `relaxed-SIMD build not loaded (${e?.message ?? e}); running the SIMD128 build`;
-        }
-      }
-      if (!done) exportsObj = await init({ module_or_path: await load(base) });
-    })().catch((e) => {
-      loading = null;
-      throw e;
-    });
-  }
-  return loading;
-}
-
-/** Bytes of wasm linear memory in use by the runtime (grows, never shrinks; for leak tests). */
-export function wasmMemoryBytes() {
-  return exportsObj ? exportsObj.memory.buffer.byteLength : 0;
-}
-
-/**
- * Runtime facts: version, the SIMD instruction set the kernels use (`simd128+relaxed` for the
- * relaxed-SIMD build), and `relaxedFallback`: why the relaxed build was not loaded where the
- * engine has relaxed-SIMD (null when it was, or when the engine lacks it).
- */
-export async function runtimeInfo() {
-  await ensureWasm();
-  return { version: wasm.version(), simd: wasm.simdIsa(), threads: 1, note: threadNote(), relaxedFallback };
-}
-
-/**
- * The small CNN built into nxrt, as ONNX bytes (input `image` float32 [batch,1,16,16], output
- * `probs` float32 [batch,10]): something to try the API on without downloading a model.
- */
-export async function embeddedModel() {
-  await ensureWasm();
-  return wasm.embeddedModel();
-}
-
-function asError(e) {
-  if (e instanceof WebAssembly.RuntimeError) {
-    const p = wasm.lastPanic();
-    return new Error(`nxrt internal error: ${p ?? e.message} (please report it)`);
-  }
-  if (e instanceof Error) return e;
-  return new Error(String(e));
-}
+export { env, relaxedSimdSupported, wasmMemoryBytes, runtimeInfo, embeddedModel } from './runtime.js';
 
 const ARRAY_TYPES = {
   float32: Float32Array,
@@ -244,19 +139,14 @@ function fromWasm(o) {
   }
 }
 
-async function modelBytes(src) {
+/** The model's bytes and the URL it came from (null for bytes). */
+async function modelSource(src) {
   if (typeof src === 'string' || src instanceof URL) {
-    const u = src instanceof URL ? src : new URL(src, isNode ? `file://${process.cwd()}/` : location.href);
-    if (isNode && u.protocol === 'file:') {
-      const { readFile } = await import('node:fs/promises');
-      return new Uint8Array(await readFile(u));
-    }
-    const r = await fetch(u);
-    if (!r.ok) throw new Error(`cannot fetch model ${u}: HTTP ${r.status}`);
-    return new Uint8Array(await r.arrayBuffer());
+    const u = toUrl(src);
+    return [await fetchBytes(u, 'model'), u];
   }
-  if (src instanceof ArrayBuffer) return new Uint8Array(src);
-  if (ArrayBuffer.isView(src)) return new Uint8Array(src.buffer, src.byteOffset, src.byteLength);
+  const b = asBytes(src);
+  if (b) return [b, null];
   throw new TypeError('InferenceSession.create takes a URL, a path, an ArrayBuffer or a Uint8Array');
 }
 
@@ -285,21 +175,22 @@ export class InferenceSession {
   /**
    * Loads a model from a URL (or, in Node, a file path), an ArrayBuffer or a Uint8Array.
    * Options: `executionProviders` (default `['wasm']`), `graphOptimizationLevel`
-   * (`disabled`, `basic`, `extended`, `all`; default `all`).
+   * (`disabled`, `basic`, `extended`, `all`; default `all`), `externalData` (`[{path, data}]`:
+   * the bytes or URL of each external-data file the model names; files not given are fetched
+   * beside a model loaded from a URL or path).
    */
   static async create(src, options = {}) {
     await ensureWasm();
-    const note = threadNote();
-    if (note && !warnedThreads) {
-      warnedThreads = true;
-      console.warn(`nxrt: ${note}`);
-    }
-    const bytes = await modelBytes(src);
+    warnThreadsOnce();
+    const [bytes, url] = await modelSource(src);
     const providers = providerNames(options.executionProviders);
     const level = options.graphOptimizationLevel ?? 'all';
+    const [extNames, extData] = await externalFiles(bytes, options.externalData, url);
     try {
       // async: 'webgpu' opens the adapter (navigator.gpu.requestAdapter) first
-      return new InferenceSession(await wasm.WasmSession.create(bytes, providers, level));
+      return new InferenceSession(
+        await wasm.WasmSession.create(bytes, providers, level, extNames, extData),
+      );
     } catch (e) {
       throw asError(e);
     }
@@ -378,5 +269,7 @@ export class InferenceSession {
     }
   }
 }
+
+import { env, runtimeInfo, wasmMemoryBytes, embeddedModel } from './runtime.js';
 
 export default { InferenceSession, Tensor, env, runtimeInfo, wasmMemoryBytes, embeddedModel };

@@ -5,13 +5,19 @@
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { join } from 'node:path';
-import { CORPUS, REPO, compareOutput, corpusCases, corpusModels, nativeOutputs } from './corpus.mjs';
+import { readFileSync } from 'node:fs';
+import { CACHE, CORPUS, REPO, compareOutput, corpusCases, corpusModels, nativeOutputs } from './corpus.mjs';
 import { launchChromium, serve } from './server.mjs';
 
 let server, browser, page;
 
 before(async () => {
-  server = await serve({ '/': join(REPO, 'js'), '/corpus/': CORPUS, '/test/': join(REPO, 'js', 'test') });
+  server = await serve({
+    '/': join(REPO, 'js'),
+    '/corpus/': CORPUS,
+    '/genai/': join(CACHE, 'genai'),
+    '/test/': join(REPO, 'js', 'test'),
+  });
   browser = await launchChromium();
   page = await browser.newPage();
   const errors = [];
@@ -99,4 +105,66 @@ test('Chromium: bad input rejects with messages; the session stays usable', asyn
 test('Chromium: 50 create/release cycles do not grow wasm memory', async () => {
   const sizes = await page.evaluate(() => window.memoryCycle('mobilenet_v3_small', 50));
   assert.equal(sizes[49], sizes[4], `grew after warm-up: ${sizes.join(',')}`);
+});
+
+// nxrt/genai in the page: onnxruntime-genai's greedy ids ($NXRT_CACHE/genai/refs.json) on the
+// fp32 corpus decoder, on wasm and on WebGPU (with the CPU running what WebGPU declines), and
+// a streamed text generation equal to the native build's.
+const genaiRefs = JSON.parse(readFileSync(join(CACHE, 'genai', 'refs.json'), 'utf8'));
+
+for (const providers of [['wasm'], ['webgpu', 'wasm']]) {
+  test(`Chromium ${providers[0]}: tiny_llama_genai_fp32 generates onnxruntime-genai's ids`, async (t) => {
+    if (providers[0] === 'webgpu') {
+      const adapter = await page.evaluate(() => window.webgpuAdapter());
+      if (adapter.none) {
+        t.skip(`no WebGPU adapter: ${adapter.none}`);
+        return;
+      }
+    }
+    const m = genaiRefs.models.tiny_llama_genai_fp32;
+    const got = await page.evaluate(
+      ([f, p, n, pr]) => window.generateIds(f, p, n, pr),
+      ['/corpus/tiny_llama_genai_fp32/', m.cases.map((c) => c.prompt_ids), 32, providers],
+    );
+    for (const [i, c] of m.cases.entries()) {
+      assert.deepEqual(got[i].tokens, c.tokens, `prompt of ${c.prompt_ids.length} ids`);
+      assert.equal(got[i].finishReason, 'length');
+    }
+    assert.ok(got.every((g) => g.decodeTokensPerS > 0), 'decode speed is measured');
+    const tps = got.map((g) => g.decodeTokensPerS.toFixed(1)).join(', ');
+    console.log(`chromium ${providers[0]} tiny_llama_genai_fp32: ${m.cases.length} of ${m.cases.length} prompts exact; decode tok/s ${tps}`);
+  });
+}
+
+test('Chromium wasm: streamed text generation equals the native build', async () => {
+  const dir = join(CORPUS, 'tiny_llama_genai_fp32');
+  const prompt = 'Once upon a time';
+  const got = await page.evaluate(
+    ([f, p]) => window.generateText(f, p, { maxNewTokens: 20, minNewTokens: 20 }),
+    ['/corpus/tiny_llama_genai_fp32/', prompt],
+  );
+  const { execFileSync } = await import('node:child_process');
+  const bin = process.env.NXRT_BIN ?? join(REPO, 'target', 'release', 'nxrt');
+  const out = execFileSync(bin, ['generate', dir, '--prompt', prompt, '--max-new-tokens', '20', '--min-new-tokens', '20', '--json'], { encoding: 'utf8' });
+  const nat = JSON.parse(out.trim().split('\n').pop());
+  assert.deepEqual(got.tokens, nat.tokens);
+  assert.equal(got.text, nat.text);
+  assert.equal(got.pieces.join(''), nat.text);
+  assert.ok(got.pieces.length > 1, 'the text arrives in pieces');
+});
+
+test('Chromium wasm: llama_bench_fp32 decode speed (64-id prompt, 128 new ids)', async (t) => {
+  const m = genaiRefs.models.llama_bench_fp32;
+  if (!m) {
+    t.skip('refs.json has no llama_bench_fp32');
+    return;
+  }
+  const prompt = Array.from({ length: 64 }, (_, i) => 100 + 37 * i);
+  const got = await page.evaluate(
+    ([f, p, n]) => window.generateIds(f, p, n),
+    [`/genai/${m.dir.replace(/^genai\//, '')}/`, [prompt], 128],
+  );
+  assert.equal(got[0].tokens.length, 128);
+  assert.ok(got[0].decodeTokensPerS > 0 && got[0].prefillMs > 0, 'timings are measured');
+  console.log(`chromium wasm llama_bench_fp32: decode ${got[0].decodeTokensPerS.toFixed(1)} tok/s, prefill ${got[0].prefillMs.toFixed(0)} ms (1 thread)`);
 });

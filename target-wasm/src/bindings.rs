@@ -23,6 +23,18 @@ thread_local! {
     static LAST_PANIC: RefCell<Option<String>> = const { RefCell::new(None) };
 }
 
+#[wasm_bindgen]
+extern "C" {
+    /// `performance.now()`: milliseconds, monotonic (browsers and Node).
+    #[wasm_bindgen(js_namespace = performance, js_name = now)]
+    fn performance_now() -> f64;
+}
+
+/// The sessions' clock in nanoseconds (generation timings, the profiler).
+pub(crate) fn now_ns() -> u64 {
+    (performance_now() * 1e6) as u64
+}
+
 #[wasm_bindgen(start)]
 pub fn start() {
     std::panic::set_hook(Box::new(|info| {
@@ -80,7 +92,7 @@ pub fn simd_isa() -> String {
     nxrt_core::simd::isa_name().to_string()
 }
 
-fn js_err(e: Error) -> JsError {
+pub(crate) fn js_err(e: Error) -> JsError {
     JsError::new(&e.to_string())
 }
 
@@ -88,11 +100,11 @@ fn input_err(msg: String) -> JsError {
     JsError::new(&msg)
 }
 
-fn set(o: &Object, k: &str, v: &JsValue) {
+pub(crate) fn set(o: &Object, k: &str, v: &JsValue) {
     let _ = Reflect::set(o, &JsValue::from_str(k), v);
 }
 
-fn get(o: &JsValue, k: &str) -> JsValue {
+pub(crate) fn get(o: &JsValue, k: &str) -> JsValue {
     Reflect::get(o, &JsValue::from_str(k)).unwrap_or(JsValue::UNDEFINED)
 }
 
@@ -129,6 +141,61 @@ fn type_json(ty: &TypeInfo) -> JsValue {
     o.into()
 }
 
+/// External-data files the host fetched, by the location the model names: reads copy just the
+/// bytes a tensor needs out of the JS buffer, so the file is never copied whole into the wasm
+/// heap.
+pub(crate) struct JsFiles {
+    files: Vec<(String, Uint8Array)>,
+}
+
+impl JsFiles {
+    pub(crate) fn new(names: Vec<String>, data: Vec<Uint8Array>) -> nxrt_core::Result<JsFiles> {
+        if names.len() != data.len() {
+            return Err(Error::Input(format!(
+                "{} external-data names for {} buffers",
+                names.len(),
+                data.len()
+            )));
+        }
+        for n in &names {
+            nxrt_core::loader::check_external_location(n)?;
+        }
+        Ok(JsFiles {
+            files: names.into_iter().zip(data).collect(),
+        })
+    }
+}
+
+impl nxrt_core::loader::ExternalDataSource for JsFiles {
+    fn read(&self, location: &str, offset: u64, length: Option<u64>) -> nxrt_core::Result<Vec<u8>> {
+        let norm = |p: &str| p.trim_start_matches("./").replace('\\', "/");
+        let want = norm(location);
+        let (_, buf) = self
+            .files
+            .iter()
+            .find(|(n, _)| norm(n) == want)
+            .ok_or_else(|| {
+                Error::ExternalData(format!(
+                    "the model references external file '{location}', which was not given \
+                     (externalData)"
+                ))
+            })?;
+        let size = buf.length() as u64;
+        let end = match length {
+            Some(l) => offset.checked_add(l),
+            None => Some(size),
+        };
+        match end {
+            Some(end) if offset <= end && end <= size => {
+                Ok(buf.subarray(offset as u32, end as u32).to_vec())
+            }
+            _ => Err(Error::ExternalData(format!(
+                "'{location}' holds {size} bytes; a tensor needs offset {offset} length {length:?}"
+            ))),
+        }
+    }
+}
+
 /// A loaded model. `run` clones the `Rc` into its future, so a run in flight keeps the session
 /// alive even if JS calls `free()` meanwhile.
 #[wasm_bindgen]
@@ -148,11 +215,20 @@ impl WasmSession {
     }
 
     /// Loads a model, opening the WebGPU adapter first when `providers` names `webgpu`
-    /// (async, as `requestAdapter` is). Resolves to a `WasmSession`.
-    pub fn create(bytes: Vec<u8>, providers: Vec<String>, opt: String) -> js_sys::Promise {
+    /// (async, as `requestAdapter` is). `ext_names[i]` is the external-data file whose bytes
+    /// are `ext_data[i]` (a location the model names; none when it has no external data).
+    /// Resolves to a `WasmSession`.
+    pub fn create(
+        bytes: Vec<u8>,
+        providers: Vec<String>,
+        opt: String,
+        ext_names: Vec<String>,
+        ext_data: Vec<Uint8Array>,
+    ) -> js_sys::Promise {
         wasm_bindgen_futures::future_to_promise(async move {
             let level = opt_level(&opt).map_err(js_err)?;
-            let s = crate::build_session_async(&bytes, &providers, level)
+            let ext = JsFiles::new(ext_names, ext_data).map_err(js_err)?;
+            let s = crate::build_session_async(&bytes, &providers, level, &ext)
                 .await
                 .map_err(js_err)?;
             Ok(JsValue::from(WasmSession { inner: Rc::new(s) }))

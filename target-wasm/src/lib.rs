@@ -57,14 +57,17 @@ fn session_with(
     bytes: &[u8],
     mut list: Vec<Arc<dyn ExecutionProvider>>,
     opt: OptLevel,
+    ext: &dyn loader::ExternalDataSource,
 ) -> Result<Session> {
-    let model = loader::load_model(bytes, &loader::NoExternalData)?;
+    let model = loader::load_model(bytes, ext)?;
     list.push(Arc::new(CpuProvider::new(Arc::new(ReferenceCpu))));
     Session::new(
         model,
         list,
         &SessionOptions {
             optimization: opt,
+            #[cfg(target_arch = "wasm32")]
+            clock: Some(bindings::now_ns),
             ..Default::default()
         },
     )
@@ -79,7 +82,7 @@ pub fn build_session(bytes: &[u8], providers: &[String], opt: OptLevel) -> Resul
             "the webgpu provider is opened asynchronously: use build_session_async".into(),
         ));
     }
-    session_with(bytes, Vec::new(), opt)
+    session_with(bytes, Vec::new(), opt, &loader::NoExternalData)
 }
 
 /// Builds a session for the named providers in preference order; `webgpu` opens the
@@ -88,6 +91,7 @@ pub async fn build_session_async(
     bytes: &[u8],
     providers: &[String],
     opt: OptLevel,
+    ext: &dyn loader::ExternalDataSource,
 ) -> Result<Session> {
     check_providers(providers)?;
     let mut list: Vec<Arc<dyn ExecutionProvider>> = Vec::new();
@@ -95,7 +99,7 @@ pub async fn build_session_async(
     if providers.iter().any(|p| p == "webgpu") {
         list.push(Arc::new(webgpu::WebGpuProvider::new(0).await?));
     }
-    session_with(bytes, list, opt)
+    session_with(bytes, list, opt, ext)
 }
 
 #[cfg(feature = "webgpu")]
@@ -104,7 +108,11 @@ pub mod webgpu;
 #[cfg(target_arch = "wasm32")]
 mod bindings;
 #[cfg(target_arch = "wasm32")]
+mod genai;
+#[cfg(target_arch = "wasm32")]
 pub use bindings::*;
+#[cfg(target_arch = "wasm32")]
+pub use genai::*;
 
 /// onnxruntime-web's name for an element type (`float32`, `int64`, ...), where it has one.
 pub fn js_type_name(dt: nxrt_core::DataType) -> &'static str {

@@ -2,8 +2,14 @@
 //! run per new token until a stop condition.
 //!
 //! The KV cache is the decoder's own `present.N.key|value` outputs fed back as the next run's
-//! `past_key_values.N.key|value` (batch 1), so it grows with the sequence and is never sized
-//! from the context length.
+//! `past_key_values.N.key|value` (batch 1), never sized from the context length.
+//!
+//! When every past input is read only by GroupQueryAttention (onnxruntime-genai's decoders),
+//! the cache is one buffer per layer shared by past and present, with room for more rows than
+//! the sequence holds: GroupQueryAttention writes the new rows into it in place (its valid
+//! length comes from the attention mask), and the buffer grows geometrically when full (one
+//! copy per doubling instead of one per token). Other decoders (present = Concat(past, new))
+//! get a past of exactly the sequence's length.
 
 use alloc::string::String;
 use alloc::vec;
@@ -90,8 +96,13 @@ pub struct Generator<S: Borrow<Session>> {
     has_pos: bool,
     /// Every id the cache holds, in order.
     ids: Vec<i64>,
-    /// Keys then values per layer: `[1, kv_heads, len, head_size]`.
+    /// Keys then values per layer: `[1, kv_heads, rows, head_size]` (rows: the sequence's
+    /// length, or the capacity in shared-buffer mode).
     past: Vec<Value>,
+    /// Past and present share one buffer with spare rows (see the module's doc).
+    shared: bool,
+    /// Rows of the past buffers.
+    rows: usize,
     /// The logits after the last id fed.
     logits: Vec<f32>,
 }
@@ -142,6 +153,7 @@ impl<S: Borrow<Session>> Generator<S> {
         let has = |o: &Option<String>| o.as_deref().is_some_and(|n| find(n).is_some());
         let has_mask = has(&cfg.attention_mask);
         let has_pos = has(&cfg.position_ids);
+        let shared = has_mask && past_read_only_by_gqa(session.borrow(), &cfg);
         let mut g = Generator {
             session,
             cfg,
@@ -150,6 +162,8 @@ impl<S: Borrow<Session>> Generator<S> {
             has_pos,
             ids: Vec::new(),
             past: Vec::new(),
+            shared,
+            rows: 0,
             logits: Vec::new(),
         };
         g.reset()?;
@@ -162,8 +176,40 @@ impl<S: Borrow<Session>> Generator<S> {
         self.past = (0..2 * self.cfg.layers)
             .map(|_| Tensor::zeros(self.kv_dtype, &shape).map(Value::Tensor))
             .collect::<Result<_>>()?;
+        self.rows = 0;
         self.ids.clear();
         self.logits.clear();
+        Ok(())
+    }
+
+    /// Whether past and present share one buffer with spare rows (GroupQueryAttention
+    /// decoders).
+    pub fn shared_kv_buffer(&self) -> bool {
+        self.shared
+    }
+
+    /// Makes room for `need` rows in shared-buffer mode: a new buffer of twice the rows (at
+    /// least `need`, at most the context length) holding the valid rows so far.
+    fn reserve(&mut self, need: usize) -> Result<()> {
+        if !self.shared || need <= self.rows {
+            return Ok(());
+        }
+        let rows = need
+            .max(2 * self.rows)
+            .max(16)
+            .min(self.cfg.context_length.max(need));
+        let valid = self.ids.len();
+        let (heads, h) = (self.cfg.kv_heads, self.cfg.head_size);
+        for v in self.past.iter_mut() {
+            let Value::Tensor(t) = v else {
+                return Err(Error::Other("a KV cache entry is not a tensor".into()));
+            };
+            *t = match t.dtype() {
+                DataType::Float16 => grow::<half::f16>(t, heads, valid, rows, h)?,
+                _ => grow::<f32>(t, heads, valid, rows, h)?,
+            };
+        }
+        self.rows = rows;
         Ok(())
     }
 
@@ -215,9 +261,12 @@ impl<S: Borrow<Session>> Generator<S> {
             return self.reset();
         }
         let keep = n - 1;
-        for v in self.past.iter_mut() {
-            if let Value::Tensor(t) = v {
-                *t = t.slice_axis(2, 0, keep, 1)?.contiguous()?;
+        if !self.shared {
+            // (a shared buffer keeps its rows: those past the sequence are never read)
+            for v in self.past.iter_mut() {
+                if let Value::Tensor(t) = v {
+                    *t = t.slice_axis(2, 0, keep, 1)?.contiguous()?;
+                }
             }
         }
         let last = self.ids[keep];
@@ -251,6 +300,8 @@ impl<S: Borrow<Session>> Generator<S> {
                 self.cfg.context_length
             )));
         }
+        self.reserve(past + n)?;
+        let rows_after = if self.shared { self.rows } else { past + n };
         let cfg = &self.cfg;
         let mut feeds: Vec<(String, Value)> = Vec::with_capacity(3 + 2 * cfg.layers);
         feeds.push((
@@ -299,10 +350,10 @@ impl<S: Borrow<Session>> Generator<S> {
         }
         for v in &past_new {
             match v {
-                Value::Tensor(t) if t.rank() == 4 && t.shape()[2] == past + n => {}
+                Value::Tensor(t) if t.rank() == 4 && t.shape()[2] == rows_after => {}
                 Value::Tensor(t) => {
                     return Err(Error::InvalidModel(alloc::format!(
-                        "a present KV output has shape {:?} after {} tokens",
+                        "a present KV output has shape {:?} after {} tokens ({rows_after} rows expected)",
                         t.shape(),
                         past + n
                     )))
@@ -328,6 +379,72 @@ impl<S: Borrow<Session>> Generator<S> {
         Ok(())
     }
 
+    /// Starts a generation after `prompt` (appended to what the cache holds): runs the prompt
+    /// (prefill) and returns the state [`Generator::next_token`] advances, one id per call. The
+    /// caller drives the loop, so a host can yield between tokens (a browser's event loop) or
+    /// end it early ([`Decoding::stop`]: a stop string).
+    pub async fn begin(&mut self, prompt: &[i64], opts: &GenOptions) -> Result<Decoding> {
+        if prompt.is_empty() && self.ids.is_empty() {
+            return Err(Error::Input("an empty prompt".into()));
+        }
+        let clock = self.session.borrow().clock();
+        let mut d = Decoding {
+            sampler: Sampler::new(opts.sampling.clone()),
+            max_new_tokens: opts.max_new_tokens,
+            min_new_tokens: opts.min_new_tokens,
+            prompt: prompt.to_vec(),
+            tokens: Vec::new(),
+            pending: None,
+            finish: None,
+            prefill_ns: 0,
+            t_first: None,
+            t_last: 0,
+            decode_runs: 0,
+        };
+        if opts.max_new_tokens == 0 {
+            d.finish = Some(FinishReason::Length);
+            return Ok(d);
+        }
+        let t0 = clock();
+        self.append_tokens(prompt, opts.prefill_chunk).await?;
+        d.prefill_ns = clock().saturating_sub(t0);
+        Ok(d)
+    }
+
+    /// The next id of the generation `d` (`None` once it has finished): feeds the id chosen
+    /// before (if any) through the decoder, then chooses one from the logits. After the call
+    /// that returns the last id, [`Decoding::finish_reason`] says why it was the last.
+    pub async fn next_token(&mut self, d: &mut Decoding) -> Result<Option<i64>> {
+        if d.finish.is_some() {
+            return Ok(None);
+        }
+        if let Some(id) = d.pending.take() {
+            self.run(&[id]).await?;
+            d.decode_runs += 1;
+        }
+        let clock = self.session.borrow().clock();
+        let hold_eos = d.tokens.len() < d.min_new_tokens;
+        let banned: &[i64] = if hold_eos {
+            &self.cfg.eos_token_ids
+        } else {
+            &[]
+        };
+        let id = d.sampler.choose(&mut self.logits, banned, &self.ids)?;
+        d.tokens.push(id);
+        let now = clock();
+        d.t_first.get_or_insert(now);
+        d.t_last = now;
+        d.finish = if !hold_eos && self.cfg.eos_token_ids.contains(&id) {
+            Some(FinishReason::Eos)
+        } else if d.tokens.len() >= d.max_new_tokens || self.ids.len() >= self.cfg.context_length {
+            Some(FinishReason::Length)
+        } else {
+            d.pending = Some(id);
+            None
+        };
+        Ok(Some(id))
+    }
+
     /// Generates after `prompt` (appended to what the cache holds), calling `on_token` with
     /// each new id as it is chosen; `on_token` returns `false` to stop (a stop string).
     pub async fn generate(
@@ -336,68 +453,124 @@ impl<S: Borrow<Session>> Generator<S> {
         opts: &GenOptions,
         on_token: &mut dyn FnMut(i64) -> bool,
     ) -> Result<Generation> {
-        if prompt.is_empty() && self.ids.is_empty() {
-            return Err(Error::Input("an empty prompt".into()));
+        let mut d = self.begin(prompt, opts).await?;
+        while let Some(id) = self.next_token(&mut d).await? {
+            if !on_token(id) {
+                d.stop();
+            }
         }
-        let clock = self.session.borrow().clock();
-        if opts.max_new_tokens == 0 {
-            return Ok(Generation {
-                prompt_ids: prompt.to_vec(),
-                tokens: Vec::new(),
-                finish_reason: FinishReason::Length,
-                prefill_ns: 0,
-                decode_ns: 0,
-                decode_runs: 0,
-            });
+        Ok(d.into_generation())
+    }
+}
+
+/// A copy of `t` (`[1, heads, rows, h]`) with `rows` rows, the first `valid` of each head
+/// copied.
+fn grow<T: crate::tensor::Elem + Copy + Default>(
+    t: &Tensor,
+    heads: usize,
+    valid: usize,
+    rows: usize,
+    h: usize,
+) -> Result<Tensor> {
+    let old_rows = t.shape().get(2).copied().unwrap_or(0);
+    let old = t.as_slice::<T>()?;
+    let mut v = vec![T::default(); heads * rows * h];
+    if valid > 0 {
+        for j in 0..heads {
+            v[j * rows * h..][..valid * h].copy_from_slice(&old[j * old_rows * h..][..valid * h]);
         }
-        let t0 = clock();
-        self.append_tokens(prompt, opts.prefill_chunk).await?;
-        let prefill_ns = clock().saturating_sub(t0);
-        let mut sampler = Sampler::new(opts.sampling.clone());
-        let mut tokens = Vec::new();
-        let mut decode_runs = 0usize;
-        // decode time: from the first new token chosen to the last (runs and choices)
-        let mut t_first = None;
-        let finish = loop {
-            let hold_eos = tokens.len() < opts.min_new_tokens;
-            let eos: &[i64] = if hold_eos {
-                &self.cfg.eos_token_ids
-            } else {
-                &[]
+    }
+    Tensor::from_vec(&[1, heads, rows, h], v)
+}
+
+/// Whether every past KV input of the decoder is read only by GroupQueryAttention (as its
+/// past key or value) and every present output is GroupQueryAttention's: then past and
+/// present may share one buffer with spare rows, as onnxruntime-genai binds them.
+fn past_read_only_by_gqa(session: &Session, cfg: &DecoderConfig) -> bool {
+    let g = session.graph();
+    let gqa =
+        |n: &crate::ir::Node| n.op_type == "GroupQueryAttention" && n.domain == "com.microsoft";
+    (0..cfg.layers).all(|l| {
+        let ok_past = |template: &str, slot: usize| {
+            let Some(id) = g.find_value(&DecoderConfig::layer_name(template, l)) else {
+                return false;
             };
-            let history = &self.ids;
-            let id = sampler.choose(&mut self.logits, eos, history)?;
-            tokens.push(id);
-            if t_first.is_none() {
-                t_first = Some(clock());
-            }
-            let go_on = on_token(id);
-            if !hold_eos && self.cfg.eos_token_ids.contains(&id) {
-                break FinishReason::Eos;
-            }
-            if !go_on {
-                break FinishReason::Stop;
-            }
-            if tokens.len() >= opts.max_new_tokens {
-                break FinishReason::Length;
-            }
-            if self.ids.len() >= self.cfg.context_length {
-                break FinishReason::Length;
-            }
-            self.run(&[id]).await?;
-            decode_runs += 1;
+            let mut readers = g
+                .nodes
+                .iter()
+                .flat_map(|n| n.inputs.iter().enumerate().map(move |(k, i)| (n, k, *i)))
+                .filter(|(_, _, i)| *i == Some(id))
+                .peekable();
+            readers.peek().is_some()
+                && readers.all(|(n, k, _)| gqa(n) && k == slot)
+                && !g.nodes.iter().any(|n| n.implicit_inputs.contains(&id))
         };
-        let decode_ns = match (t_first, decode_runs) {
-            (Some(t), 1..) => clock().saturating_sub(t),
+        let ok_present = |template: &str, slot: usize| {
+            let Some(id) = g.find_value(&DecoderConfig::layer_name(template, l)) else {
+                return false;
+            };
+            g.outputs.contains(&id)
+                && g.nodes
+                    .iter()
+                    .any(|n| gqa(n) && n.outputs.get(slot).copied().flatten() == Some(id))
+        };
+        ok_past(&cfg.past_key, 3)
+            && ok_past(&cfg.past_value, 4)
+            && ok_present(&cfg.present_key, 1)
+            && ok_present(&cfg.present_value, 2)
+    })
+}
+
+/// A generation in progress ([`Generator::begin`], [`Generator::next_token`]).
+pub struct Decoding {
+    sampler: Sampler,
+    max_new_tokens: usize,
+    min_new_tokens: usize,
+    prompt: Vec<i64>,
+    tokens: Vec<i64>,
+    /// The last id chosen, not yet fed to the decoder.
+    pending: Option<i64>,
+    finish: Option<FinishReason>,
+    prefill_ns: u64,
+    /// When the first and the last new ids were chosen.
+    t_first: Option<u64>,
+    t_last: u64,
+    decode_runs: usize,
+}
+
+impl Decoding {
+    /// Ends the generation after the ids given so far with `finish_reason` `stop` (a stop
+    /// string the last id completed), unless that id was an end-of-sequence id.
+    pub fn stop(&mut self) {
+        if self.finish != Some(FinishReason::Eos) {
+            self.pending = None;
+            self.finish = Some(FinishReason::Stop);
+        }
+    }
+
+    /// Why the generation ended (`None` while it goes on).
+    pub fn finish_reason(&self) -> Option<FinishReason> {
+        self.finish
+    }
+
+    /// The ids generated so far.
+    pub fn tokens(&self) -> &[i64] {
+        &self.tokens
+    }
+
+    /// The generation so far (`finish_reason` `stop` if it has not finished).
+    pub fn into_generation(self) -> Generation {
+        let decode_ns = match (self.t_first, self.decode_runs) {
+            (Some(t), 1..) => self.t_last.saturating_sub(t),
             _ => 0,
         };
-        Ok(Generation {
-            prompt_ids: prompt.to_vec(),
-            tokens,
-            finish_reason: finish,
-            prefill_ns,
+        Generation {
+            prompt_ids: self.prompt,
+            tokens: self.tokens,
+            finish_reason: self.finish.unwrap_or(FinishReason::Stop),
+            prefill_ns: self.prefill_ns,
             decode_ns,
-            decode_runs,
-        })
+            decode_runs: self.decode_runs,
+        }
     }
 }

@@ -9,6 +9,6 @@ pub mod sampling;
 pub mod stop;
 
 pub use config::{DecoderConfig, SearchDefaults};
-pub use engine::{FinishReason, GenOptions, Generation, Generator};
+pub use engine::{Decoding, FinishReason, GenOptions, Generation, Generator};
 pub use sampling::{Sampler, SamplingOptions};
 pub use stop::StopText;

@@ -1,0 +1,100 @@
+// Types for `nxrt/genai`: text generation with an onnxruntime-genai model folder.
+
+export interface GeneratorOptions {
+  /** Providers in preference order: 'webgpu', 'wasm' (alias 'cpu'). Default ['wasm']. */
+  executionProviders?: (string | { name: string })[];
+  graphOptimizationLevel?: 'disabled' | 'basic' | 'extended' | 'all';
+  /** External-data files of the decoder given directly (others are fetched beside it). */
+  externalData?: { path: string; data: Uint8Array | ArrayBuffer | string | URL }[];
+}
+
+export interface GenerationOptions {
+  /** New tokens at most (default 128). */
+  maxNewTokens?: number;
+  /** End-of-sequence ids are ignored until this many new tokens exist. */
+  minNewTokens?: number;
+  /** Sample with the options below; greedy (ties to the lowest id) otherwise. */
+  doSample?: boolean;
+  temperature?: number;
+  topK?: number;
+  topP?: number;
+  minP?: number;
+  /** HF's repetition penalty. */
+  repetitionPenalty?: number;
+  /** OpenAI's frequency and presence penalties. */
+  frequencyPenalty?: number;
+  presencePenalty?: number;
+  /** Never repeat an n-gram of this size (HF's no_repeat_ngram_size). */
+  noRepeatNgramSize?: number;
+  /** The same seed gives the same ids on every target. */
+  seed?: number;
+  /** Stop strings: the generation ends at the first one, which the text does not include. */
+  stop?: string | string[];
+  /** Prompt tokens per prefill run (default 512; 0: the whole prompt in one run). */
+  prefillChunk?: number;
+}
+
+export interface GenerationResult {
+  promptIds: number[];
+  /** The generated ids only. */
+  tokens: number[];
+  /** The generated text (special tokens skipped; '' without a tokenizer.json). */
+  text: string;
+  finishReason: 'length' | 'eos' | 'stop';
+  prefillMs: number;
+  decodeMs: number;
+  decodeTokensPerS: number;
+  prefillTokensPerS: number;
+  kvBytes: number;
+}
+
+export type GenerationInput = string | { promptIds: readonly number[] | Int32Array | Uint32Array };
+
+export interface DecoderInfo {
+  modelType: string;
+  vocabSize: number;
+  contextLength: number;
+  layers: number;
+  heads: number;
+  kvHeads: number;
+  headSize: number;
+  bosTokenId: number | null;
+  eosTokenIds: number[];
+  padTokenId: number | null;
+  search: {
+    maxLength: number | null; minLength: number; doSample: boolean; temperature: number;
+    topK: number; topP: number; repetitionPenalty: number;
+  };
+}
+
+/** A tokenizer.json's tokenizer (ids equal HF tokenizers'). */
+export declare class Tokenizer {
+  static create(src: string | URL | Uint8Array | ArrayBuffer): Promise<Tokenizer>;
+  encode(text: string, options?: { addSpecialTokens?: boolean }): { ids: number[]; tokens: string[] };
+  decode(ids: readonly number[] | Uint32Array, options?: { skipSpecialTokens?: boolean }): string;
+  readonly vocabSize: number;
+}
+
+/** A decoder folder ready to generate text. */
+export declare class TextGenerator {
+  /** Loads genai_config.json, its decoder (with external data) and tokenizer.json from a folder URL or path. */
+  static create(folder: string | URL, options?: GeneratorOptions): Promise<TextGenerator>;
+  readonly config: DecoderInfo;
+  readonly loadMs: number;
+  readonly tokenizer: Tokenizer | null;
+  /** Generates after the input (each call starts a new sequence). */
+  generate(input: GenerationInput, options?: GenerationOptions): Promise<GenerationResult>;
+  /** The generated text as it is decoded. */
+  stream(input: GenerationInput, options?: GenerationOptions): AsyncGenerator<string, void, unknown>;
+  /** Step level: feed ids, read the logits after the last one, rewind, reset. */
+  appendTokens(ids: readonly number[] | Int32Array | Uint32Array): Promise<void>;
+  logits(): Float32Array;
+  readonly ids: number[];
+  rewindTo(n: number): Promise<void>;
+  reset(): void;
+  readonly kvBytes: number;
+  release(): Promise<void>;
+}
+
+declare const _default: { TextGenerator: typeof TextGenerator; Tokenizer: typeof Tokenizer };
+export default _default;

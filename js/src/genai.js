@@ -1,0 +1,328 @@
+// nxrt/genai: text generation with a decoder folder (onnxruntime-genai's layout:
+// genai_config.json, the decoder with its external data, tokenizer.json).
+//
+//   import { TextGenerator } from 'nxrt/genai';
+//   const gen = await TextGenerator.create('models/llama/', { executionProviders: ['wasm'] });
+//   const { text, tokens, finishReason } = await gen.generate('Once upon a time', { maxNewTokens: 32 });
+//   for await (const piece of gen.stream('Hello', { maxNewTokens: 64, stop: ['\n\n'] })) show(piece);
+//
+// The decode loop is the engine's own (core, in the main wasm module), driven one token per
+// call, so the page's event loop runs between tokens. The tokenizer is a separate wasm module
+// (wasm/nxrt_tokenizer_bg.wasm) loaded on the first folder that has a tokenizer.json, so
+// `nxrt` users who never generate text never download it.
+
+import { wasm, env, ensureWasm, asError, warnThreadsOnce, toUrl, fetchBytes, externalFiles } from './runtime.js';
+
+let tokLoading = null;
+
+/** The tokenizer module, loaded once on first use. */
+async function tokenizerModule() {
+  if (!tokLoading) {
+    tokLoading = (async () => {
+      const mod = await import('../wasm/nxrt_tokenizer.js');
+      // the URL written out whole, so that bundlers see the file
+      const url = env.wasm.wasmPaths
+        ? new URL('nxrt_tokenizer_bg.wasm', env.wasm.wasmPaths)
+        : new URL('../wasm/nxrt_tokenizer_bg.wasm', import.meta.url);
+      const isNodeFile =
+        url.protocol === 'file:' && typeof process !== 'undefined' && process.versions?.node;
+      let src = url;
+      if (isNodeFile) {
+        const { readFile } = await import('node:fs/promises');
+        src = await readFile(url);
+      }
+      await mod.default({ module_or_path: src });
+      return mod;
+    })().catch((e) => {
+      tokLoading = null;
+      throw e;
+    });
+  }
+  return tokLoading;
+}
+
+/** The bytes of `file` in the folder `base`, or null when it is not there. */
+async function optionalFile(base, file) {
+  try {
+    return await fetchBytes(new URL(file, base), file);
+  } catch (e) {
+    if (/ENOENT|HTTP 404/.test(e.message)) return null;
+    throw e;
+  }
+}
+
+function folderUrl(src) {
+  const u = toUrl(src);
+  if (!u.pathname.endsWith('/')) u.pathname += '/';
+  return u;
+}
+
+/** A file a config names, which must stay inside the folder. */
+function inside(base, file) {
+  const u = new URL(file, base);
+  if (typeof file !== 'string' || file === '' || !u.href.startsWith(base.href)) {
+    throw new Error(`genai_config.json: decoder file '${file}' is not inside the folder`);
+  }
+  return u;
+}
+
+/** A tokenizer.json's tokenizer (ids equal HF `tokenizers`'). */
+export class Tokenizer {
+  #inner;
+  #mod;
+
+  constructor(mod, inner) {
+    this.#mod = mod;
+    this.#inner = inner;
+  }
+
+  /** Reads a tokenizer.json from a URL, a path (Node), or its bytes. */
+  static async create(src) {
+    const mod = await tokenizerModule();
+    const bytes = ArrayBuffer.isView(src) || src instanceof ArrayBuffer
+      ? new Uint8Array(src.buffer ?? src, src.byteOffset ?? 0, src.byteLength)
+      : await fetchBytes(toUrl(src), 'tokenizer');
+    try {
+      return new Tokenizer(mod, new mod.WasmTokenizer(bytes));
+    } catch (e) {
+      throw asError(e);
+    }
+  }
+
+  /** `{ids, tokens}` of `text` (special tokens as the post-processor adds them by default). */
+  encode(text, { addSpecialTokens = true } = {}) {
+    if (typeof text !== 'string') throw new TypeError('encode takes a string');
+    return this.#inner.encode(text, addSpecialTokens);
+  }
+
+  /** The text of `ids` (special tokens skipped by default). */
+  decode(ids, { skipSpecialTokens = true } = {}) {
+    return this.#inner.decode(Uint32Array.from(ids), skipSpecialTokens);
+  }
+
+  /** Ids, added tokens included. */
+  get vocabSize() {
+    return this.#inner.vocabSize();
+  }
+
+  /** @internal a streaming decoder and a stop-string checker */
+  _stream(stops) {
+    return [this.#inner.stream(true), new this.#mod.WasmStopText(stops)];
+  }
+}
+
+const OPTION_NAMES = new Set([
+  'maxNewTokens', 'minNewTokens', 'doSample', 'temperature', 'topK', 'topP', 'minP',
+  'repetitionPenalty', 'frequencyPenalty', 'presencePenalty', 'noRepeatNgramSize', 'seed',
+  'stop', 'prefillChunk',
+]);
+
+/** A decoder folder ready to generate text. */
+export class TextGenerator {
+  #inner;
+  #tokenizer;
+  #busy = false;
+
+  constructor(inner, tokenizer, loadMs) {
+    this.#inner = inner;
+    this.#tokenizer = tokenizer;
+    this.config = inner.config();
+    this.loadMs = loadMs;
+  }
+
+  /**
+   * Loads a model folder from a URL (or, in Node, a path): genai_config.json, the decoder it
+   * names with the decoder's external data, and tokenizer.json when there is one. Options:
+   * `executionProviders` (default `['wasm']`; `'webgpu'` too), `graphOptimizationLevel`.
+   */
+  static async create(src, options = {}) {
+    const t0 = performance.now();
+    await ensureWasm();
+    warnThreadsOnce();
+    const base = folderUrl(src);
+    const cfgBytes = await optionalFile(base, 'genai_config.json');
+    if (!cfgBytes) {
+      const hint = (await optionalFile(base, 'config.json'))
+        ? ' (a transformers.js / Optimum folder with config.json is not supported yet)'
+        : '';
+      throw new Error(`${base.href}: no genai_config.json${hint}`);
+    }
+    const cfgText = new TextDecoder().decode(cfgBytes);
+    let filename;
+    try {
+      filename = JSON.parse(cfgText)?.model?.decoder?.filename;
+    } catch (e) {
+      throw new Error(`genai_config.json: ${e.message}`);
+    }
+    const modelUrl = inside(base, filename);
+    const model = await fetchBytes(modelUrl, 'decoder');
+    const [extNames, extData] = await externalFiles(model, options.externalData, modelUrl);
+    const tokBytes = await optionalFile(base, 'tokenizer.json');
+    const providers = (options.executionProviders ?? ['wasm']).map((p) => (typeof p === 'string' ? p : p?.name));
+    let inner;
+    try {
+      inner = await wasm.WasmGenerator.create(
+        cfgText, model, extNames, extData, providers, options.graphOptimizationLevel ?? 'all',
+      );
+    } catch (e) {
+      throw asError(e);
+    }
+    const tokenizer = tokBytes ? await Tokenizer.create(tokBytes) : null;
+    return new TextGenerator(inner, tokenizer, performance.now() - t0);
+  }
+
+  /** The folder's tokenizer (null without a tokenizer.json). */
+  get tokenizer() {
+    return this.#tokenizer;
+  }
+
+  #live() {
+    if (!this.#inner) throw new Error('generator was released');
+    return this.#inner;
+  }
+
+  #promptIds(input) {
+    if (typeof input === 'string') {
+      if (!this.#tokenizer) throw new Error('a text prompt needs the folder\'s tokenizer.json (give {promptIds})');
+      return this.#tokenizer.encode(input).ids;
+    }
+    if (input && Array.isArray(input.promptIds)) return input.promptIds;
+    if (input && ArrayBuffer.isView(input.promptIds)) return Array.from(input.promptIds, Number);
+    throw new TypeError('input is a string or {promptIds: [...]}');
+  }
+
+  /**
+   * The generation as an async iterator: `{id, text}` per token (text: the piece it shows, maybe
+   * empty), then a final `{done: result}`.
+   */
+  async *#run(input, options) {
+    for (const k of Object.keys(options)) {
+      if (!OPTION_NAMES.has(k)) throw new Error(`unknown generation option '${k}'`);
+    }
+    const inner = this.#live();
+    if (this.#busy) throw new Error('the generator is busy: one generation at a time');
+    const stops = options.stop === undefined ? [] : [].concat(options.stop);
+    if (stops.some((s) => typeof s !== 'string')) throw new TypeError('stop holds strings');
+    if (stops.length && !this.#tokenizer) throw new Error('stop strings need the folder\'s tokenizer.json');
+    const ids = this.#promptIds(input);
+    const [stream, stopper] = this.#tokenizer ? this.#tokenizer._stream(stops) : [null, null];
+    this.#busy = true;
+    try {
+      // each call starts a new sequence (the KV cache is the prompt's own)
+      inner.reset();
+      await inner.begin(ids, options);
+      for (;;) {
+        const id = await inner.next();
+        if (id === undefined) break;
+        let text = '';
+        if (stream) {
+          const piece = stream.push(id);
+          if (piece !== undefined) text = stopper.push(piece);
+          if (stopper.stopped()) inner.stop();
+        }
+        yield { id, text };
+      }
+      const r = inner.finish();
+      if (stopper) {
+        if (stopper.stopped()) {
+          r.text = stopper.text();
+        } else {
+          const tail = stopper.finish();
+          if (tail) yield { id: undefined, text: tail };
+          r.text = this.#tokenizer.decode(r.tokens);
+        }
+      } else {
+        r.text = '';
+      }
+      yield { done: r };
+    } catch (e) {
+      throw asError(e);
+    } finally {
+      stream?.free();
+      stopper?.free();
+      this.#busy = false;
+    }
+  }
+
+  /**
+   * Generates after `input` (a string, or `{promptIds: [...]}`); resolves to `{promptIds,
+   * tokens, text, finishReason, prefillMs, decodeMs, decodeTokensPerS, prefillTokensPerS,
+   * kvBytes}`. Options: `maxNewTokens` (128), `minNewTokens`, `doSample` (greedy unless true),
+   * `temperature`, `topK`, `topP`, `minP`, `repetitionPenalty`, `frequencyPenalty`,
+   * `presencePenalty`, `noRepeatNgramSize`, `seed`, `stop` (strings).
+   */
+  async generate(input, options = {}) {
+    for await (const step of this.#run(input, options)) {
+      if (step.done) return step.done;
+    }
+    throw new Error('generation ended without a result');
+  }
+
+  /** The generated text as an async iterator of pieces (options as `generate`'s). */
+  async *stream(input, options = {}) {
+    for await (const step of this.#run(input, options)) {
+      if (step.done) return;
+      if (step.text) yield step.text;
+    }
+  }
+
+  /**
+   * Feeds ids after the sequence so far without generating (then `logits()` are those after
+   * the last one). With `reset()`, `rewindTo()` and `logits()`, the step-level API.
+   */
+  async appendTokens(ids) {
+    const inner = this.#idle();
+    try {
+      await inner.appendTokens(Array.from(ids, Number));
+    } catch (e) {
+      throw asError(e);
+    }
+  }
+
+  /** The logits after the last id fed (a Float32Array over the vocabulary). */
+  logits() {
+    return this.#idle().logits();
+  }
+
+  /** Every id the KV cache holds (prompt and generated). */
+  get ids() {
+    return this.#idle().ids();
+  }
+
+  /** Keeps the first `n` ids of the sequence and their KV entries. */
+  async rewindTo(n) {
+    const inner = this.#idle();
+    try {
+      await inner.rewindTo(n);
+    } catch (e) {
+      throw asError(e);
+    }
+  }
+
+  /** Forgets the sequence (an empty KV cache). `generate` and `stream` start from one. */
+  reset() {
+    this.#idle().reset();
+  }
+
+  #idle() {
+    const inner = this.#live();
+    if (this.#busy) throw new Error('the generator is busy: one generation at a time');
+    return inner;
+  }
+
+  /** Bytes the KV cache holds now. */
+  get kvBytes() {
+    return this.#live().kvBytes();
+  }
+
+  /** Frees the decoder and its memory now. */
+  async release() {
+    if (this.#inner) {
+      this.#inner.releaseCached();
+      this.#inner.free();
+      this.#inner = null;
+    }
+  }
+}
+
+export default { TextGenerator, Tokenizer };
