@@ -72,6 +72,22 @@ pub trait Kernel: Send + Sync {
     /// omitted when the node does not use them).
     fn compute(&self, cx: &KernelCx<'_>, inputs: &[Option<&Value>]) -> Result<Vec<Value>>;
 
+    /// Inputs (by index) whose storage this kernel can turn into an output's, writing in place
+    /// (GroupQueryAttention's past KV becoming its present). The eager executor then calls
+    /// [`Kernel::compute_owned`] instead of `compute`.
+    fn reusable_inputs(&self) -> &[usize] {
+        &[]
+    }
+
+    /// `compute` with the inputs by value: an input named by [`Kernel::reusable_inputs`] whose
+    /// last reader is this node was moved here (so a tensor nothing else holds is unique and
+    /// may be reused); the others are clones (shared storage). Must compute what `compute`
+    /// does.
+    fn compute_owned(&self, cx: &KernelCx<'_>, inputs: Vec<Option<Value>>) -> Result<Vec<Value>> {
+        let refs: Vec<Option<&Value>> = inputs.iter().map(Option::as_ref).collect();
+        self.compute(cx, &refs)
+    }
+
     /// Called once at load with the node's inputs that are constant initializers (`None` for
     /// the others), so a kernel can prepare what depends only on them (weights packed into
     /// the SGEMM's layout). A prepared kernel must still compute right when `compute` is

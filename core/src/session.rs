@@ -924,7 +924,48 @@ impl Session {
                     }
                 }
                 let t0 = if rc.spans.is_some() { clock() } else { 0 };
-                let mut outs = {
+                // a kernel that can write over inputs at their last reader gets them by value
+                // (eager runs: a planned or recording run keeps every value where it is)
+                let reusing = match &step.kind {
+                    StepKind::Kernel { provider, kernel }
+                        if !kernel.reusable_inputs().is_empty()
+                            && rc.arena.is_none()
+                            && rc.rec.is_none() =>
+                    {
+                        Some((*provider, kernel))
+                    }
+                    _ => None,
+                };
+                let mut outs = if let Some((provider, kernel)) = reusing {
+                    let reuse = kernel.reusable_inputs();
+                    let mut owned = Vec::with_capacity(node.inputs.len());
+                    for (k, i) in node.inputs.iter().enumerate() {
+                        let Some(id) = *i else {
+                            owned.push(None);
+                            continue;
+                        };
+                        let once = node.inputs.iter().filter(|x| **x == Some(id)).count() == 1;
+                        let v = if reuse.contains(&k) && once && step.frees.contains(&id) {
+                            env[id].take()
+                        } else {
+                            env[id].clone()
+                        };
+                        if v.is_none() {
+                            return Err(Error::node(
+                                &node.ctx(),
+                                alloc::format!("input '{}' has no value", g.values[id].name),
+                            ));
+                        }
+                        owned.push(v);
+                    }
+                    let cx = KernelCx {
+                        cpu: self.providers[provider].cpu_backend(),
+                        mem: None,
+                    };
+                    kernel
+                        .compute_owned(&cx, owned)
+                        .map_err(|e| e.in_node(&node.ctx()))?
+                } else {
                     let inputs: Vec<Option<&Value>> = node
                         .inputs
                         .iter()

@@ -389,6 +389,13 @@ impl Tensor {
             }
     }
 
+    /// Whether this tensor is the only user of its whole, contiguous host storage, so that
+    /// [`Tensor::into_vec`] takes the storage without a copy.
+    pub fn is_unique_host(&self) -> bool {
+        self.is_full_contiguous()
+            && matches!(&self.buf, Buffer::Host(d) if Arc::strong_count(d) == 1 && Arc::weak_count(d) == 0)
+    }
+
     /// A tensor in a planned run's arena (built by the executor and [`crate::arena::OutBuf`]).
     pub(crate) fn from_arena(
         dtype: DataType,

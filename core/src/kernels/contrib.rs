@@ -254,12 +254,52 @@ fn ints32(t: &Tensor, what: &str) -> Result<Vec<i64>> {
 
 impl Kernel for Gqa {
     fn compute(&self, cx: &KernelCx<'_>, inputs: &[Option<&Value>]) -> Result<Vec<Value>> {
+        self.run(cx, inputs, None)
+    }
+
+    /// past key and value: when the executor hands them over and nothing else holds them,
+    /// present is written into their storage (onnxruntime-genai's shared past/present buffer,
+    /// without a copy of the cache per step).
+    fn reusable_inputs(&self) -> &[usize] {
+        &[3, 4]
+    }
+
+    fn compute_owned(
+        &self,
+        cx: &KernelCx<'_>,
+        mut inputs: Vec<Option<Value>>,
+    ) -> Result<Vec<Value>> {
+        let unique = |v: Option<&Option<Value>>| matches!(v, Some(Some(Value::Tensor(t))) if t.dtype() == DataType::Float && t.is_unique_host());
+        let owned = if unique(inputs.get(3)) && unique(inputs.get(4)) {
+            match (inputs[3].take(), inputs[4].take()) {
+                (Some(Value::Tensor(k)), Some(Value::Tensor(v))) => Some((k, v)),
+                _ => None,
+            }
+        } else {
+            None
+        };
+        let refs: Vec<Option<&Value>> = inputs.iter().map(Option::as_ref).collect();
+        self.run(cx, &refs, owned)
+    }
+}
+
+impl Gqa {
+    /// The kernel; `owned`: past key and value moved out of `inputs` (slots 3 and 4 empty),
+    /// unique, reused as present when they hold enough rows.
+    fn run(
+        &self,
+        cx: &KernelCx<'_>,
+        inputs: &[Option<&Value>],
+        owned: Option<(Tensor, Tensor)>,
+    ) -> Result<Vec<Value>> {
         let (nh, nkv) = (self.heads, self.kv_heads);
         let q = tensor_in(inputs, 0)?;
         let key = opt_tensor_in(inputs, 1)?;
         let value = opt_tensor_in(inputs, 2)?;
-        let past_k = opt_tensor_in(inputs, 3)?;
-        let past_v = opt_tensor_in(inputs, 4)?;
+        let (past_k, past_v) = match &owned {
+            Some((k, v)) => (Some(k), Some(v)),
+            None => (opt_tensor_in(inputs, 3)?, opt_tensor_in(inputs, 4)?),
+        };
         let seqlens = ints32(tensor_in(inputs, 5)?, "seqlens_k")?;
         let total = ints32(tensor_in(inputs, 6)?, "total_sequence_length")?;
         let cos = opt_tensor_in(inputs, 7)?;
@@ -376,13 +416,18 @@ impl Kernel for Gqa {
             (Some(k), Some(v)) => Some((k.as_slice::<f32>()?, v.as_slice::<f32>()?)),
             _ => None,
         };
-        let pk = match past_k {
-            Some(t) => Some(t.as_slice::<f32>()?),
-            None => None,
-        };
-        let pv = match past_v {
-            Some(t) => Some(t.as_slice::<f32>()?),
-            None => None,
+        let n_present = b * nkv * plen * h;
+        // present in the past's own storage when it is ours and holds every row
+        let (mut present_k, mut present_v, pk, pv) = match owned {
+            Some((k, v)) if plen == past_len => {
+                (k.into_vec::<f32>()?, v.into_vec::<f32>()?, None, None)
+            }
+            _ => (
+                vec![0f32; n_present],
+                vec![0f32; n_present],
+                past_k.map(|t| t.as_slice::<f32>()).transpose()?,
+                past_v.map(|t| t.as_slice::<f32>()).transpose()?,
+            ),
         };
         let alpha = if self.scale == 0.0 {
             1.0 / libm::sqrtf(h as f32)
@@ -391,8 +436,6 @@ impl Kernel for Gqa {
         };
         let group = nh / nkv;
         let row = |bi: usize, si: usize| (bi * s + si) * qdim;
-        let mut present_k = vec![0f32; b * nkv * plen * h];
-        let mut present_v = vec![0f32; b * nkv * plen * h];
         let mut out = vec![0f32; b * s * nh * h];
         let mut qrot = vec![0f32; s * nh * h];
         let mut at_pos = Vec::with_capacity(s);
@@ -553,7 +596,7 @@ mod tests {
     use alloc::vec;
     use alloc::vec::Vec;
 
-    use super::super::test_util::{close, node, run, seq, t32};
+    use super::super::test_util::{close, node, run, run_owned, seq, t32};
     use crate::ir::{AttrValue, Node};
     use crate::tensor::Tensor;
 
@@ -743,6 +786,36 @@ mod tests {
         }
         let out = run(&n, &ins).unwrap();
         let plen = c.total.max(c.past);
+        if c.past > 0 {
+            // past key/value given up by the caller: the same results, and present written
+            // into the past's own storage when it holds every row (a copy otherwise)
+            let mut owned = ins.clone();
+            let (upk, upv) = (
+                t32(&[c.b, c.nkv, c.past, c.h], pk.clone()),
+                t32(&[c.b, c.nkv, c.past, c.h], pv.clone()),
+            );
+            let ptr = upk.as_slice::<f32>().unwrap().as_ptr();
+            owned[3] = Some(upk);
+            owned[4] = Some(upv);
+            let got = run_owned(&n, owned).unwrap();
+            assert_eq!(got[0].to_f32_vec().unwrap(), out[0].to_f32_vec().unwrap());
+            let same = got[1].as_slice::<f32>().unwrap().as_ptr() == ptr;
+            assert_eq!(same, plen == c.past, "present reuses the past's storage");
+            for o in 1..3 {
+                let (g, w) = (got[o].to_f32_vec().unwrap(), out[o].to_f32_vec().unwrap());
+                for bi in 0..c.b {
+                    let valid = if c.s == c.total {
+                        c.total
+                    } else {
+                        c.seqlens[bi] as usize + 1
+                    };
+                    for j in 0..c.nkv {
+                        let at = (bi * c.nkv + j) * plen * c.h;
+                        assert_eq!(g[at..at + valid * c.h], w[at..at + valid * c.h]);
+                    }
+                }
+            }
+        }
         let first = c.s == c.total;
         let rotate = |x: &mut [f64], p: usize| {
             for i in 0..c.rot_half {

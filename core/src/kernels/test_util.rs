@@ -83,6 +83,25 @@ pub fn run(node: &Node, inputs: &[Option<Tensor>]) -> Result<Vec<Tensor>> {
     run_prepared(node, inputs, &[]).map(|(out, _)| out)
 }
 
+/// The kernel's [`Kernel::compute_owned`] with `inputs` by value (a tensor the caller built
+/// and gave up is unique, so the kernel may reuse its storage).
+pub fn run_owned(node: &Node, inputs: Vec<Option<Tensor>>) -> Result<Vec<Tensor>> {
+    let reg = crate::kernels::cpu_registry();
+    let Lookup::Found(def) = reg.lookup(node, &[]) else {
+        panic!("no kernel for {}", node.op_type);
+    };
+    let k = (def.build)(node)?;
+    let vals: Vec<Option<Value>> = inputs.into_iter().map(|t| t.map(Value::Tensor)).collect();
+    let out = k.compute_owned(&KernelCx::new(&ThreadedCpu), vals)?;
+    Ok(out
+        .into_iter()
+        .map(|v| match v {
+            Value::Tensor(t) => t,
+            _ => panic!("not a tensor"),
+        })
+        .collect())
+}
+
 /// [`run`] after [`Kernel::prepare`](crate::provider::Kernel::prepare) with the inputs whose
 /// index `consts` lists as the constants; also returns the bytes the kernel prepared.
 pub fn run_prepared(
