@@ -176,6 +176,12 @@ impl Generator {
         self.inner.kv_bytes()
     }
 
+    /// Whether past and present share one KV buffer with spare rows (decoders whose past only
+    /// GroupQueryAttention reads): the cache grows geometrically and is written in place.
+    pub fn shared_kv_buffer(&self) -> bool {
+        self.inner.shared_kv_buffer()
+    }
+
     /// Forgets the sequence.
     pub fn reset(&mut self) -> Result<()> {
         self.inner.reset()

@@ -140,3 +140,54 @@ fn greedy_generation_matches_onnxruntime_genai() {
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
+
+/// The shared KV buffer (GroupQueryAttention decoders) through `rewind_to`: after generating
+/// the reference's 32 ids, rewinding into them and generating again gives the reference's ids
+/// from there (rows past the rewind point are overwritten in place, never read); and the
+/// buffer grows geometrically (at most twice the rows the sequence needs).
+#[test]
+fn rewind_then_generate_continues_the_reference() {
+    let (cache, r) = refs();
+    let m = &r["models"]["tiny_llama_genai_fp32"];
+    let dir = cache.join(m["dir"].as_str().unwrap());
+    let mut g = Generator::from_folder(&dir, &nxrt::Session::builder()).unwrap();
+    assert!(
+        g.shared_kv_buffer(),
+        "a GroupQueryAttention decoder shares past and present"
+    );
+    let per_row = 2 * 4 * 2 * 64 * 4; // K and V, 4 layers, 2 kv heads of 64, f32
+    for c in m["cases"].as_array().unwrap().iter().take(3) {
+        let prompt = ids(&c["prompt_ids"]);
+        let want = ids(&c["tokens"]);
+        let n = want.len();
+        let opts = nxrt::genai::GenOptions {
+            max_new_tokens: n,
+            min_new_tokens: n,
+            ..Default::default()
+        };
+        g.reset().unwrap();
+        let first = g.generate(&prompt, &opts, |_| true).unwrap();
+        assert_eq!(first.tokens, want);
+        let (rows, used) = (g.kv_bytes() / per_row, prompt.len() + n - 1);
+        assert!(
+            rows >= used && rows <= (2 * used).max(16),
+            "{rows} rows for {used} ids"
+        );
+        for back in [10, 1] {
+            g.rewind_to(prompt.len() + back).unwrap();
+            assert_eq!(g.ids().len(), prompt.len() + back);
+            let rest = nxrt::genai::GenOptions {
+                max_new_tokens: n - back,
+                min_new_tokens: n - back,
+                ..Default::default()
+            };
+            let again = g.generate(&[], &rest, |_| true).unwrap();
+            assert_eq!(
+                again.tokens,
+                want[back..],
+                "prompt of {}, rewound to +{back}",
+                prompt.len()
+            );
+        }
+    }
+}
