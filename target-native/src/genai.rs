@@ -1,10 +1,11 @@
 //! Generation from a model folder: the core engine ([`nxrt_core::genai`]) over a native
 //! session, with blocking calls.
 //!
-//! A folder is onnxruntime-genai's layout: `genai_config.json` naming the decoder file (with
-//! its external data beside it), its input and output names, head counts and special ids;
-//! with a `tokenizer.json` beside it, prompts and stop strings can be text
-//! ([`Generator::generate_text`]).
+//! A folder is onnxruntime-genai's layout (`genai_config.json` naming the decoder file, with
+//! its external data beside it, its input and output names, head counts and special ids) or a
+//! transformers.js / Optimum one (`config.json`, `generation_config.json`, the decoder in
+//! `onnx/` or at the top); with a `tokenizer.json` beside it, prompts and stop strings can be
+//! text ([`Generator::generate_text`]).
 
 use std::path::{Component, Path};
 use std::sync::Arc;
@@ -43,23 +44,53 @@ pub struct TextGeneration {
     pub text: String,
 }
 
-/// Reads a decoder folder's `genai_config.json`.
+/// Decoder files a transformers.js / Optimum folder may hold, in the order they are tried.
+pub const HF_DECODER_FILES: &[&str] = &[
+    "onnx/model.onnx",
+    "onnx/decoder_model_merged.onnx",
+    "model.onnx",
+    "decoder_model_merged.onnx",
+    "onnx/decoder_model.onnx",
+    "decoder_model.onnx",
+];
+
+fn read_text(path: &Path) -> Result<String> {
+    std::fs::read_to_string(path)
+        .map_err(|e| Error::Io(format!("cannot read {}: {e}", path.display())))
+}
+
+/// Reads a decoder folder's description: onnxruntime-genai's `genai_config.json`, or else a
+/// transformers.js / Optimum folder's `config.json` (with `generation_config.json` when there
+/// is one) and the first decoder file of [`HF_DECODER_FILES`] it holds.
 pub fn read_config(dir: &Path) -> Result<DecoderConfig> {
     let path = dir.join("genai_config.json");
-    if !path.exists() {
-        let hint = if dir.join("config.json").exists() {
-            " (a transformers.js / Optimum folder with config.json is not supported yet)"
-        } else {
-            ""
-        };
+    if path.exists() {
+        return DecoderConfig::from_genai_json(&read_text(&path)?);
+    }
+    let hf = dir.join("config.json");
+    if !hf.exists() {
         return Err(Error::Io(format!(
-            "{}: no genai_config.json{hint}",
+            "{}: no genai_config.json (onnxruntime-genai) or config.json (transformers.js / Optimum)",
             dir.display()
         )));
     }
-    let text = std::fs::read_to_string(&path)
-        .map_err(|e| Error::Io(format!("cannot read {}: {e}", path.display())))?;
-    DecoderConfig::from_genai_json(&text)
+    let file = HF_DECODER_FILES
+        .iter()
+        .find(|f| dir.join(f).is_file())
+        .ok_or_else(|| {
+            Error::Io(format!(
+                "{}: config.json but no decoder ({})",
+                dir.display(),
+                HF_DECODER_FILES.join(", ")
+            ))
+        })?;
+    let gen_path = dir.join("generation_config.json");
+    let gen = if gen_path.exists() {
+        Some(read_text(&gen_path)?)
+    } else {
+        None
+    };
+    DecoderConfig::from_hf_config(&read_text(&hf)?, gen.as_deref(), file)
 }
 
 impl Generator {

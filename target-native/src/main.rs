@@ -29,7 +29,7 @@ enum Cmd {
     Bench(BenchArgs),
     /// Show a model's opsets, ops, inputs/outputs, weights and unsupported nodes.
     Inspect(InspectArgs),
-    /// Generate tokens with a decoder folder (onnxruntime-genai's genai_config.json layout).
+    /// Generate tokens with a decoder folder (onnxruntime-genai or transformers.js / Optimum layout).
     Generate(GenerateArgs),
     /// Encode text to ids, or decode ids to text, with a tokenizer.json (HF `tokenizers`).
     Tokenize(TokenizeArgs),
@@ -57,7 +57,7 @@ struct TokenizeArgs {
 
 #[derive(Args)]
 struct GenerateArgs {
-    /// The model folder (genai_config.json, the decoder and its external data).
+    /// The model folder: genai_config.json (onnxruntime-genai) or config.json (transformers.js / Optimum), the decoder, tokenizer.json.
     model_dir: PathBuf,
     /// The prompt as text (needs the folder's tokenizer).
     #[arg(long, conflicts_with = "prompt_ids")]

@@ -191,3 +191,37 @@ fn rewind_then_generate_continues_the_reference() {
         }
     }
 }
+
+/// A transformers.js / Optimum folder: `config.json` and a decoder of plain ONNX ops whose
+/// present is Concat(past, new) (the corpus's `tiny_llama`, exported by torch from the same
+/// seeded weights the onnxruntime-genai builder turned into `tiny_llama_genai_fp32`), so
+/// `nxrt generate` on it must give onnxruntime-genai's greedy ids for that model.
+#[test]
+fn optimum_folder_generates_onnxruntime_genai_ids_for_the_same_weights() {
+    let (cache, r) = refs();
+    let src = cache.join("corpus/tiny_llama");
+    let meta: Json =
+        serde_json::from_slice(&std::fs::read(src.join("tiny_llama_meta.json")).unwrap()).unwrap();
+    let m = &r["models"]["tiny_llama_genai_fp32"];
+    let dir = std::env::temp_dir().join(format!("nxrt-optimum-{}", std::process::id()));
+    std::fs::create_dir_all(dir.join("onnx")).unwrap();
+    let mut config = meta["config"].clone();
+    config["model_type"] = "llama".into();
+    config["bos_token_id"] = m["bos_token_id"].clone();
+    config["eos_token_id"] = m["eos_token_id"].clone();
+    std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
+    std::os::unix::fs::symlink(src.join("model.onnx"), dir.join("onnx/model.onnx")).unwrap();
+    let g = Generator::from_folder(&dir, &nxrt::Session::builder()).unwrap();
+    assert!(
+        !g.shared_kv_buffer(),
+        "a Concat decoder gets a past of the sequence's own length"
+    );
+    drop(g);
+    let n = r["new_tokens"].as_u64().unwrap() as usize;
+    for c in m["cases"].as_array().unwrap() {
+        let prompt = ids(&c["prompt_ids"]);
+        let (got, _) = cli_generate(&dir, &prompt, n);
+        assert_eq!(got, ids(&c["tokens"]), "prompt of {} ids", prompt.len());
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -1,5 +1,7 @@
 //! A decoder folder's description: onnxruntime-genai's `genai_config.json` (the decoder file,
-//! its input and output names, head counts and sizes, the special ids, the search defaults).
+//! its input and output names, head counts and sizes, the special ids, the search defaults), or
+//! a transformers.js / Optimum folder's `config.json` and `generation_config.json` (a decoder
+//! with `past_key_values.N.key|value` inputs and `present.N.key|value` outputs).
 
 use alloc::format;
 use alloc::string::{String, ToString};
@@ -42,6 +44,8 @@ pub struct DecoderConfig {
     pub input_ids: String,
     pub attention_mask: Option<String>,
     pub position_ids: Option<String>,
+    /// A merged decoder's `use_cache_branch` input (fed `true` once a past exists).
+    pub use_cache_branch: Option<String>,
     /// Name templates with `%d` for the layer.
     pub past_key: String,
     pub past_value: String,
@@ -127,6 +131,7 @@ impl DecoderConfig {
             input_ids: name(&inputs, "input_ids", "input_ids"),
             attention_mask: Some(name(&inputs, "attention_mask", "attention_mask")),
             position_ids: Some(name(&inputs, "position_ids", "position_ids")),
+            use_cache_branch: None,
             past_key: name(&inputs, "past_key_names", "past_key_values.%d.key"),
             past_value: name(&inputs, "past_value_names", "past_key_values.%d.value"),
             logits: name(&outputs, "logits", "logits"),
@@ -166,6 +171,104 @@ impl DecoderConfig {
         Ok(cfg)
     }
 
+    /// Reads a transformers.js / Optimum folder's `config.json` (its `text_config` when it has
+    /// one) and `generation_config.json` (special ids and search defaults, which take
+    /// precedence), for the decoder file `filename` with the Optimum names: `input_ids`,
+    /// `attention_mask`, `position_ids`, `use_cache_branch` (each used when the decoder has
+    /// it), `past_key_values.%d.key|value`, `logits`, `present.%d.key|value`.
+    pub fn from_hf_config(
+        config: &str,
+        generation: Option<&str>,
+        filename: &str,
+    ) -> Result<DecoderConfig> {
+        let bad = |w: String| Error::InvalidModel(format!("config.json: {w}"));
+        let root: Json =
+            serde_json::from_str(config).map_err(|e| bad(format!("not JSON ({e})")))?;
+        let gen: Json = match generation {
+            Some(t) => serde_json::from_str(t).map_err(|e| {
+                Error::InvalidModel(format!("generation_config.json: not JSON ({e})"))
+            })?,
+            None => Json::Null,
+        };
+        let c = root.get("text_config").unwrap_or(&root);
+        let first = |keys: &[&str]| keys.iter().find_map(|k| c.get(*k).and_then(Json::as_u64));
+        let need = |keys: &[&str]| {
+            first(keys)
+                .map(|v| v as usize)
+                .ok_or_else(|| bad(format!("no `{}`", keys[0])))
+        };
+        let layers = need(&["num_hidden_layers", "n_layer", "num_layers"])?;
+        let heads = need(&["num_attention_heads", "n_head"])?;
+        let hidden = need(&["hidden_size", "n_embd", "d_model"])?;
+        let kv_heads = match first(&["num_key_value_heads"]) {
+            Some(v) => v as usize,
+            None if c.get("multi_query").and_then(Json::as_bool) == Some(true) => 1,
+            None => heads,
+        };
+        let head_size = match first(&["head_dim"]) {
+            Some(v) => v as usize,
+            None if heads > 0 => hidden / heads,
+            None => 0,
+        };
+        // special ids: generation_config.json first (as transformers reads them), then config
+        let pick = |key: &str| -> Result<Vec<i64>> {
+            let g = ids_at(&gen, key)?;
+            if g.is_empty() {
+                ids_at(c, key).or_else(|_| ids_at(&root, key))
+            } else {
+                Ok(g)
+            }
+        };
+        let f = |key: &str, d: f64| gen.get(key).and_then(Json::as_f64).unwrap_or(d) as f32;
+        let cfg = DecoderConfig {
+            model_type: str_at(c, "model_type")
+                .or_else(|| str_at(&root, "model_type"))
+                .unwrap_or_default(),
+            filename: filename.into(),
+            layers,
+            heads,
+            kv_heads,
+            head_size,
+            hidden_size: hidden,
+            vocab_size: need(&["vocab_size"])?,
+            context_length: first(&["max_position_embeddings", "n_positions", "seq_length"])
+                .map_or(2048, |v| v as usize),
+            bos_token_id: pick("bos_token_id")?.first().copied(),
+            eos_token_ids: pick("eos_token_id")?,
+            pad_token_id: pick("pad_token_id")?.first().copied(),
+            input_ids: "input_ids".into(),
+            attention_mask: Some("attention_mask".into()),
+            position_ids: Some("position_ids".into()),
+            use_cache_branch: Some("use_cache_branch".into()),
+            past_key: "past_key_values.%d.key".into(),
+            past_value: "past_key_values.%d.value".into(),
+            logits: "logits".into(),
+            present_key: "present.%d.key".into(),
+            present_value: "present.%d.value".into(),
+            search: SearchDefaults {
+                max_length: gen
+                    .get("max_length")
+                    .and_then(Json::as_u64)
+                    .map(|v| v as usize),
+                min_length: gen.get("min_length").and_then(Json::as_u64).unwrap_or(0) as usize,
+                do_sample: gen
+                    .get("do_sample")
+                    .and_then(Json::as_bool)
+                    .unwrap_or(false),
+                temperature: f("temperature", 1.0),
+                top_k: gen.get("top_k").and_then(Json::as_u64).unwrap_or(0) as usize,
+                top_p: f("top_p", 1.0),
+                repetition_penalty: f("repetition_penalty", 1.0),
+            },
+        };
+        if cfg.layers == 0 || cfg.heads == 0 || cfg.kv_heads == 0 || cfg.head_size == 0 {
+            return Err(bad(
+                "layer and head counts and the head size must be positive".into(),
+            ));
+        }
+        Ok(cfg)
+    }
+
     /// A name template (`past_key_values.%d.key`) for layer `i`.
     pub fn layer_name(template: &str, i: usize) -> String {
         template.replacen("%d", &format!("{i}"), 1)
@@ -200,6 +303,33 @@ mod tests {
         assert_eq!(c.search.min_length, 3);
         assert_eq!(c.search.top_k, 50);
         assert!((c.search.temperature - 0.7).abs() < 1e-6);
+    }
+
+    #[test]
+    fn reads_a_transformers_config_with_generation_defaults() {
+        let cfg = r#"{"model_type": "qwen2", "num_hidden_layers": 24, "num_attention_heads": 14,
+            "num_key_value_heads": 2, "hidden_size": 896, "vocab_size": 151936,
+            "max_position_embeddings": 32768, "bos_token_id": 151643, "eos_token_id": 151643}"#;
+        let gen = r#"{"eos_token_id": [151645, 151643], "do_sample": true, "top_k": 20,
+            "top_p": 0.8, "temperature": 0.7}"#;
+        let c = DecoderConfig::from_hf_config(cfg, Some(gen), "onnx/model.onnx").unwrap();
+        assert_eq!(
+            (c.layers, c.heads, c.kv_heads, c.head_size),
+            (24, 14, 2, 64)
+        );
+        assert_eq!(c.eos_token_ids, alloc::vec![151645, 151643]);
+        assert_eq!(c.bos_token_id, Some(151643));
+        assert_eq!((c.context_length, c.vocab_size), (32768, 151936));
+        assert!(c.search.do_sample && c.search.top_k == 20);
+        assert_eq!(c.filename, "onnx/model.onnx");
+        assert_eq!(c.model_type, "qwen2");
+        // without generation_config.json, config.json's ids; a nested text_config
+        let nested = alloc::format!(r#"{{"model_type": "x", "text_config": {cfg}}}"#);
+        let c = DecoderConfig::from_hf_config(&nested, None, "model.onnx").unwrap();
+        assert_eq!(c.eos_token_ids, alloc::vec![151643]);
+        assert_eq!(c.layers, 24);
+        assert!(DecoderConfig::from_hf_config("{}", None, "model.onnx").is_err());
+        assert!(DecoderConfig::from_hf_config(cfg, Some("{"), "model.onnx").is_err());
     }
 
     #[test]

@@ -94,6 +94,7 @@ pub struct Generator<S: Borrow<Session>> {
     kv_dtype: DataType,
     has_mask: bool,
     has_pos: bool,
+    has_branch: bool,
     /// Every id the cache holds, in order.
     ids: Vec<i64>,
     /// Keys then values per layer: `[1, kv_heads, rows, head_size]` (rows: the sequence's
@@ -153,6 +154,7 @@ impl<S: Borrow<Session>> Generator<S> {
         let has = |o: &Option<String>| o.as_deref().is_some_and(|n| find(n).is_some());
         let has_mask = has(&cfg.attention_mask);
         let has_pos = has(&cfg.position_ids);
+        let has_branch = has(&cfg.use_cache_branch);
         let shared = has_mask && past_read_only_by_gqa(session.borrow(), &cfg);
         let mut g = Generator {
             session,
@@ -160,6 +162,7 @@ impl<S: Borrow<Session>> Generator<S> {
             kv_dtype,
             has_mask,
             has_pos,
+            has_branch,
             ids: Vec::new(),
             past: Vec::new(),
             shared,
@@ -320,6 +323,12 @@ impl<S: Borrow<Session>> Generator<S> {
             feeds.push((
                 cfg.position_ids.clone().expect("checked"),
                 Value::Tensor(Tensor::from_vec(&[1, n], pos)?),
+            ));
+        }
+        if self.has_branch {
+            feeds.push((
+                cfg.use_cache_branch.clone().expect("checked"),
+                Value::Tensor(Tensor::from_vec(&[1], vec![past > 0])?),
             ));
         }
         let past_vals = core::mem::take(&mut self.past);
