@@ -6,7 +6,12 @@ export interface GeneratorOptions {
   graphOptimizationLevel?: 'disabled' | 'basic' | 'extended' | 'all';
   /** External-data files of the decoder given directly (others are fetched beside it). */
   externalData?: { path: string; data: Uint8Array | ArrayBuffer | string | URL }[];
+  /** A transformers.js / Optimum folder's decoder file (default: the first of HF_DECODER_FILES it holds). */
+  decoderFile?: string;
 }
+
+/** Decoder files a transformers.js / Optimum folder may hold, in the order they are tried. */
+export declare const HF_DECODER_FILES: readonly string[];
 
 export interface GenerationOptions {
   /** New tokens at most (default 128). */
@@ -77,7 +82,7 @@ export declare class Tokenizer {
 
 /** A decoder folder ready to generate text. */
 export declare class TextGenerator {
-  /** Loads genai_config.json, its decoder (with external data) and tokenizer.json from a folder URL or path. */
+  /** Loads a folder (URL or path): genai_config.json (onnxruntime-genai) or config.json (transformers.js / Optimum), the decoder with its external data, tokenizer.json. */
   static create(folder: string | URL, options?: GeneratorOptions): Promise<TextGenerator>;
   readonly config: DecoderInfo;
   readonly loadMs: number;
@@ -96,5 +101,5 @@ export declare class TextGenerator {
   release(): Promise<void>;
 }
 
-declare const _default: { TextGenerator: typeof TextGenerator; Tokenizer: typeof Tokenizer };
+declare const _default: { TextGenerator: typeof TextGenerator; Tokenizer: typeof Tokenizer; HF_DECODER_FILES: readonly string[] };
 export default _default;

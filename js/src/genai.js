@@ -66,6 +66,30 @@ function inside(base, file) {
   return u;
 }
 
+/** Decoder files a transformers.js / Optimum folder may hold, in the order they are tried. */
+export const HF_DECODER_FILES = [
+  'onnx/model.onnx',
+  'onnx/decoder_model_merged.onnx',
+  'model.onnx',
+  'decoder_model_merged.onnx',
+  'onnx/decoder_model.onnx',
+  'decoder_model.onnx',
+];
+
+async function firstDecoder(base) {
+  for (const f of HF_DECODER_FILES) {
+    const u = new URL(f, base);
+    if (u.protocol === 'file:') {
+      const { stat } = await import('node:fs/promises');
+      if (await stat(u).then((st) => st.isFile(), () => false)) return f;
+    } else {
+      const r = await fetch(u, { method: 'HEAD' });
+      if (r.ok) return f;
+    }
+  }
+  throw new Error(`${base.href}: config.json but no decoder (${HF_DECODER_FILES.join(', ')}); or give options.decoderFile`);
+}
+
 /** A tokenizer.json's tokenizer (ids equal HF `tokenizers`'). */
 export class Tokenizer {
   #inner;
@@ -131,42 +155,62 @@ export class TextGenerator {
   }
 
   /**
-   * Loads a model folder from a URL (or, in Node, a path): genai_config.json, the decoder it
-   * names with the decoder's external data, and tokenizer.json when there is one. Options:
-   * `executionProviders` (default `['wasm']`; `'webgpu'` too), `graphOptimizationLevel`.
+   * Loads a model folder from a URL (or, in Node, a path): onnxruntime-genai's
+   * (genai_config.json and the decoder it names) or transformers.js / Optimum's (config.json,
+   * generation_config.json, the first of `HF_DECODER_FILES`, or `decoderFile`), the decoder's
+   * external data, and tokenizer.json when there is one. Options: `executionProviders`
+   * (default `['wasm']`; `'webgpu'` too), `graphOptimizationLevel`, `externalData`,
+   * `decoderFile`.
    */
   static async create(src, options = {}) {
     const t0 = performance.now();
     await ensureWasm();
     warnThreadsOnce();
     const base = folderUrl(src);
-    const cfgBytes = await optionalFile(base, 'genai_config.json');
-    if (!cfgBytes) {
-      const hint = (await optionalFile(base, 'config.json'))
-        ? ' (a transformers.js / Optimum folder with config.json is not supported yet)'
-        : '';
-      throw new Error(`${base.href}: no genai_config.json${hint}`);
-    }
-    const cfgText = new TextDecoder().decode(cfgBytes);
-    let filename;
-    try {
-      filename = JSON.parse(cfgText)?.model?.decoder?.filename;
-    } catch (e) {
-      throw new Error(`genai_config.json: ${e.message}`);
-    }
-    const modelUrl = inside(base, filename);
-    const model = await fetchBytes(modelUrl, 'decoder');
-    const [extNames, extData] = await externalFiles(model, options.externalData, modelUrl);
-    const tokBytes = await optionalFile(base, 'tokenizer.json');
     const providers = (options.executionProviders ?? ['wasm']).map((p) => (typeof p === 'string' ? p : p?.name));
+    const level = options.graphOptimizationLevel ?? 'all';
+    const load = async (filename) => {
+      const modelUrl = inside(base, filename);
+      const model = await fetchBytes(modelUrl, 'decoder');
+      const [extNames, extData] = await externalFiles(model, options.externalData, modelUrl);
+      return [model, extNames, extData];
+    };
     let inner;
-    try {
-      inner = await wasm.WasmGenerator.create(
-        cfgText, model, extNames, extData, providers, options.graphOptimizationLevel ?? 'all',
-      );
-    } catch (e) {
-      throw asError(e);
+    const cfgBytes = await optionalFile(base, 'genai_config.json');
+    if (cfgBytes) {
+      // onnxruntime-genai's folder
+      const cfgText = new TextDecoder().decode(cfgBytes);
+      let filename;
+      try {
+        filename = JSON.parse(cfgText)?.model?.decoder?.filename;
+      } catch (e) {
+        throw new Error(`genai_config.json: ${e.message}`);
+      }
+      const [model, extNames, extData] = await load(filename);
+      try {
+        inner = await wasm.WasmGenerator.create(cfgText, model, extNames, extData, providers, level);
+      } catch (e) {
+        throw asError(e);
+      }
+    } else {
+      // transformers.js / Optimum: config.json, generation_config.json, the decoder file
+      const hf = await optionalFile(base, 'config.json');
+      if (!hf) {
+        throw new Error(`${base.href}: no genai_config.json (onnxruntime-genai) or config.json (transformers.js / Optimum)`);
+      }
+      const gen = await optionalFile(base, 'generation_config.json');
+      const filename = options.decoderFile ?? (await firstDecoder(base));
+      const [model, extNames, extData] = await load(filename);
+      const text = (b) => (b ? new TextDecoder().decode(b) : undefined);
+      try {
+        inner = await wasm.WasmGenerator.createHf(
+          text(hf), text(gen), filename, model, extNames, extData, providers, level,
+        );
+      } catch (e) {
+        throw asError(e);
+      }
     }
+    const tokBytes = await optionalFile(base, 'tokenizer.json');
     const tokenizer = tokBytes ? await Tokenizer.create(tokBytes) : null;
     return new TextGenerator(inner, tokenizer, performance.now() - t0);
   }
@@ -325,4 +369,4 @@ export class TextGenerator {
   }
 }
 
-export default { TextGenerator, Tokenizer };
+export default { TextGenerator, Tokenizer, HF_DECODER_FILES };

@@ -10,7 +10,7 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { execFileSync } from 'node:child_process';
-import { existsSync, mkdtempSync, readFileSync, rmSync, symlinkSync } from 'node:fs';
+import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, symlinkSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { TextGenerator, Tokenizer } from '../src/genai.js';
@@ -178,6 +178,35 @@ test('a folder without tokenizer.json takes ids only; external data is required'
     });
     assert.ok(s.inputNames.includes('input_ids'));
     await s.release();
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
+});
+
+test('a transformers.js / Optimum folder (config.json, onnx/model.onnx) gives onnxruntime-genai\'s ids for the same weights', async () => {
+  // the corpus's torch export of the seeded tiny Llama that tiny_llama_genai_fp32 was built from
+  const src = join(CACHE, 'corpus', 'tiny_llama');
+  const meta = JSON.parse(readFileSync(join(src, 'tiny_llama_meta.json'), 'utf8'));
+  const m = r.models.tiny_llama_genai_fp32;
+  const dir = mkdtempSync(join(tmpdir(), 'nxrt-optimum-'));
+  try {
+    mkdirSync(join(dir, 'onnx'));
+    writeFileSync(join(dir, 'config.json'), JSON.stringify({
+      ...meta.config, model_type: 'llama', bos_token_id: m.bos_token_id, eos_token_id: m.eos_token_id,
+    }));
+    symlinkSync(join(src, 'model.onnx'), join(dir, 'onnx', 'model.onnx'));
+    const gen = await TextGenerator.create(dir);
+    try {
+      assert.equal(gen.config.modelType, 'llama');
+      assert.deepEqual(gen.config.eosTokenIds, [].concat(m.eos_token_id));
+      for (const c of m.cases) {
+        const n = c.tokens.length;
+        const got = await gen.generate({ promptIds: c.prompt_ids }, { maxNewTokens: n, minNewTokens: n });
+        assert.deepEqual(got.tokens, c.tokens, `prompt of ${c.prompt_ids.length} ids`);
+      }
+    } finally {
+      await gen.release();
+    }
   } finally {
     rmSync(dir, { recursive: true, force: true });
   }

@@ -176,8 +176,41 @@ impl WasmGenerator {
         providers: Vec<String>,
         opt: String,
     ) -> js_sys::Promise {
+        let cfg = DecoderConfig::from_genai_json(&config);
+        Self::load(cfg, model, ext_names, ext_data, providers, opt)
+    }
+
+    /// Loads a transformers.js / Optimum decoder: `config` is config.json's text,
+    /// `generation` generation_config.json's (if the folder has one), `filename` the decoder's
+    /// path in the folder; the rest as [`WasmGenerator::create`].
+    #[wasm_bindgen(js_name = createHf)]
+    #[allow(clippy::too_many_arguments)]
+    pub fn create_hf(
+        config: String,
+        generation: Option<String>,
+        filename: String,
+        model: Vec<u8>,
+        ext_names: Vec<String>,
+        ext_data: Vec<Uint8Array>,
+        providers: Vec<String>,
+        opt: String,
+    ) -> js_sys::Promise {
+        let cfg = DecoderConfig::from_hf_config(&config, generation.as_deref(), &filename);
+        Self::load(cfg, model, ext_names, ext_data, providers, opt)
+    }
+}
+
+impl WasmGenerator {
+    fn load(
+        cfg: nxrt_core::Result<DecoderConfig>,
+        model: Vec<u8>,
+        ext_names: Vec<String>,
+        ext_data: Vec<Uint8Array>,
+        providers: Vec<String>,
+        opt: String,
+    ) -> js_sys::Promise {
         wasm_bindgen_futures::future_to_promise(async move {
-            let cfg = DecoderConfig::from_genai_json(&config).map_err(js_err)?;
+            let cfg = cfg.map_err(js_err)?;
             let level = opt_level(&opt).map_err(js_err)?;
             let ext = JsFiles::new(ext_names, ext_data).map_err(js_err)?;
             let s = crate::build_session_async(&model, &providers, level, &ext)
@@ -191,7 +224,10 @@ impl WasmGenerator {
             }))
         })
     }
+}
 
+#[wasm_bindgen]
+impl WasmGenerator {
     /// The decoder's description: `{modelType, vocabSize, contextLength, layers, heads,
     /// kvHeads, headSize, bosTokenId, eosTokenIds, padTokenId, search: {maxLength, minLength,
     /// doSample, temperature, topK, topP, repetitionPenalty}}`.

@@ -24,6 +24,23 @@ pub struct SearchDefaults {
     pub repetition_penalty: f32,
 }
 
+impl SearchDefaults {
+    /// From genai_config.json's `search` or a generation_config.json (the same key names).
+    fn from_json(j: &Json) -> SearchDefaults {
+        let f = |key: &str, d: f64| j.get(key).and_then(Json::as_f64).unwrap_or(d) as f32;
+        let n = |key: &str| j.get(key).and_then(Json::as_u64).map(|v| v as usize);
+        SearchDefaults {
+            max_length: n("max_length"),
+            min_length: n("min_length").unwrap_or(0),
+            do_sample: j.get("do_sample").and_then(Json::as_bool).unwrap_or(false),
+            temperature: f("temperature", 1.0),
+            top_k: n("top_k").unwrap_or(0),
+            top_p: f("top_p", 1.0),
+            repetition_penalty: f("repetition_penalty", 1.0),
+        }
+    }
+}
+
 /// What the generation engine needs to know about a decoder.
 #[derive(Clone, Debug, PartialEq)]
 pub struct DecoderConfig {
@@ -111,7 +128,6 @@ impl DecoderConfig {
         };
         let heads = usize_at(dec, "num_attention_heads")?;
         let search = root.get("search").cloned().unwrap_or(Json::Null);
-        let f = |key: &str, d: f64| search.get(key).and_then(Json::as_f64).unwrap_or(d) as f32;
         let cfg = DecoderConfig {
             model_type: str_at(model, "type").unwrap_or_default(),
             filename: str_at(dec, "filename").ok_or_else(|| bad("no `model.decoder.filename`"))?,
@@ -137,21 +153,7 @@ impl DecoderConfig {
             logits: name(&outputs, "logits", "logits"),
             present_key: name(&outputs, "present_key_names", "present.%d.key"),
             present_value: name(&outputs, "present_value_names", "present.%d.value"),
-            search: SearchDefaults {
-                max_length: search
-                    .get("max_length")
-                    .and_then(Json::as_u64)
-                    .map(|v| v as usize),
-                min_length: search.get("min_length").and_then(Json::as_u64).unwrap_or(0) as usize,
-                do_sample: search
-                    .get("do_sample")
-                    .and_then(Json::as_bool)
-                    .unwrap_or(false),
-                temperature: f("temperature", 1.0),
-                top_k: search.get("top_k").and_then(Json::as_u64).unwrap_or(0) as usize,
-                top_p: f("top_p", 1.0),
-                repetition_penalty: f("repetition_penalty", 1.0),
-            },
+            search: SearchDefaults::from_json(&search),
         };
         if cfg.layers == 0 || cfg.heads == 0 || cfg.kv_heads == 0 || cfg.head_size == 0 {
             return Err(bad(
@@ -219,7 +221,6 @@ impl DecoderConfig {
                 Ok(g)
             }
         };
-        let f = |key: &str, d: f64| gen.get(key).and_then(Json::as_f64).unwrap_or(d) as f32;
         let cfg = DecoderConfig {
             model_type: str_at(c, "model_type")
                 .or_else(|| str_at(&root, "model_type"))
@@ -245,21 +246,7 @@ impl DecoderConfig {
             logits: "logits".into(),
             present_key: "present.%d.key".into(),
             present_value: "present.%d.value".into(),
-            search: SearchDefaults {
-                max_length: gen
-                    .get("max_length")
-                    .and_then(Json::as_u64)
-                    .map(|v| v as usize),
-                min_length: gen.get("min_length").and_then(Json::as_u64).unwrap_or(0) as usize,
-                do_sample: gen
-                    .get("do_sample")
-                    .and_then(Json::as_bool)
-                    .unwrap_or(false),
-                temperature: f("temperature", 1.0),
-                top_k: gen.get("top_k").and_then(Json::as_u64).unwrap_or(0) as usize,
-                top_p: f("top_p", 1.0),
-                repetition_penalty: f("repetition_penalty", 1.0),
-            },
+            search: SearchDefaults::from_json(&gen),
         };
         if cfg.layers == 0 || cfg.heads == 0 || cfg.kv_heads == 0 || cfg.head_size == 0 {
             return Err(bad(
