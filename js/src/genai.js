@@ -11,7 +11,7 @@
 // (wasm/nxrt_tokenizer_bg.wasm) loaded on the first folder that has a tokenizer.json, so
 // `nxrt` users who never generate text never download it.
 
-import { wasm, env, ensureWasm, asError, warnThreadsOnce, toUrl, fetchBytes, externalFiles } from './runtime.js';
+import { wasm, env, ensureWasm, asError, warnThreadsOnce, toUrl, fetchBytes, asBytes, externalFiles } from './runtime.js';
 
 let tokLoading = null;
 
@@ -24,13 +24,8 @@ async function tokenizerModule() {
       const url = env.wasm.wasmPaths
         ? new URL('nxrt_tokenizer_bg.wasm', env.wasm.wasmPaths)
         : new URL('../wasm/nxrt_tokenizer_bg.wasm', import.meta.url);
-      const isNodeFile =
-        url.protocol === 'file:' && typeof process !== 'undefined' && process.versions?.node;
-      let src = url;
-      if (isNodeFile) {
-        const { readFile } = await import('node:fs/promises');
-        src = await readFile(url);
-      }
+      // a file URL (Node) is read from disk; wasm-bindgen's loader fetches any other
+      const src = url.protocol === 'file:' ? await fetchBytes(url, 'tokenizer module') : url;
       await mod.default({ module_or_path: src });
       return mod;
     })().catch((e) => {
@@ -103,9 +98,7 @@ export class Tokenizer {
   /** Reads a tokenizer.json from a URL, a path (Node), or its bytes. */
   static async create(src) {
     const mod = await tokenizerModule();
-    const bytes = ArrayBuffer.isView(src) || src instanceof ArrayBuffer
-      ? new Uint8Array(src.buffer ?? src, src.byteOffset ?? 0, src.byteLength)
-      : await fetchBytes(toUrl(src), 'tokenizer');
+    const bytes = asBytes(src) ?? (await fetchBytes(toUrl(src), 'tokenizer'));
     try {
       return new Tokenizer(mod, new mod.WasmTokenizer(bytes));
     } catch (e) {

@@ -102,8 +102,6 @@ pub struct Generator<S: Borrow<Session>> {
     past: Vec<Value>,
     /// Past and present share one buffer with spare rows (see the module's doc).
     shared: bool,
-    /// Rows of the past buffers.
-    rows: usize,
     /// The logits after the last id fed.
     logits: Vec<f32>,
 }
@@ -166,7 +164,6 @@ impl<S: Borrow<Session>> Generator<S> {
             ids: Vec::new(),
             past: Vec::new(),
             shared,
-            rows: 0,
             logits: Vec::new(),
         };
         g.reset()?;
@@ -179,7 +176,6 @@ impl<S: Borrow<Session>> Generator<S> {
         self.past = (0..2 * self.cfg.layers)
             .map(|_| Tensor::zeros(self.kv_dtype, &shape).map(Value::Tensor))
             .collect::<Result<_>>()?;
-        self.rows = 0;
         self.ids.clear();
         self.logits.clear();
         Ok(())
@@ -194,11 +190,12 @@ impl<S: Borrow<Session>> Generator<S> {
     /// Makes room for `need` rows in shared-buffer mode: a new buffer of twice the rows (at
     /// least `need`, at most the context length) holding the valid rows so far.
     fn reserve(&mut self, need: usize) -> Result<()> {
-        if !self.shared || need <= self.rows {
+        let have = self.kv_rows();
+        if !self.shared || need <= have {
             return Ok(());
         }
         let rows = need
-            .max(2 * self.rows)
+            .max(2 * have)
             .max(16)
             .min(self.cfg.context_length.max(need));
         let valid = self.ids.len();
@@ -212,8 +209,15 @@ impl<S: Borrow<Session>> Generator<S> {
                 _ => grow::<f32>(t, heads, valid, rows, h)?,
             };
         }
-        self.rows = rows;
         Ok(())
+    }
+
+    /// Rows of the past buffers (the sequence's length, or the capacity of a shared buffer).
+    fn kv_rows(&self) -> usize {
+        match self.past.first() {
+            Some(Value::Tensor(t)) => t.shape().get(2).copied().unwrap_or(0),
+            _ => 0,
+        }
     }
 
     /// The session the generator runs.
@@ -304,7 +308,11 @@ impl<S: Borrow<Session>> Generator<S> {
             )));
         }
         self.reserve(past + n)?;
-        let rows_after = if self.shared { self.rows } else { past + n };
+        let rows_after = if self.shared {
+            self.kv_rows()
+        } else {
+            past + n
+        };
         let cfg = &self.cfg;
         let mut feeds: Vec<(String, Value)> = Vec::with_capacity(3 + 2 * cfg.layers);
         feeds.push((
