@@ -17,6 +17,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+pub use alloc::LargePages;
 pub use nxrt_core::planner::MemoryPlanStats;
 pub use nxrt_core::profile::{
     activation_memory_plan_enabled, disable_activation_memory_plan_for_process,
@@ -27,6 +28,7 @@ pub use nxrt_core::profile::{
 pub use nxrt_core::session::{ExecMode, IoInfo, PartitionReport};
 pub use nxrt_core::{npy, DataType, Dim, Error, OptLevel, Result, Tensor, TypeInfo, Value};
 
+pub mod alloc;
 pub mod cpu;
 pub mod embedded;
 pub mod genai;

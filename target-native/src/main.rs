@@ -193,6 +193,10 @@ struct InspectArgs {
     provider: String,
 }
 
+/// Large blocks (weights, arenas, big outputs) on transparent huge pages: see `nxrt::alloc`.
+#[global_allocator]
+static ALLOC: nxrt::LargePages = nxrt::LargePages;
+
 fn main() -> ExitCode {
     // Behave like other Unix tools when stdout is a closed pipe (`nxrt inspect m | head`).
     #[cfg(unix)]
