@@ -17,7 +17,9 @@ use crate::value::Value;
 /// A boxed future, so that provider traits stay object-safe and the run path stays async.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
-pub use crate::simd::gemm::{gemm_fits, pack_a, pack_b, reference_sgemm, scale_c, Gemm, Operand};
+pub use crate::simd::gemm::{
+    gemm_fits, pack_a, pack_b, reference_sgemm, scale_c, Gemm, GemmEpi, Operand,
+};
 
 /// Hot primitives a CPU target may accelerate (SIMD, threads). Core's reference kernels call
 /// these, so every kernel written once in core gets the target's fast paths.
@@ -37,6 +39,20 @@ pub trait CpuBackend: Send + Sync {
             crate::simd::sgemm_ops_checked(g, a, b, c),
             "sgemm_ops: packed operands do not fit the product"
         );
+    }
+    /// [`sgemm_ops`](Self::sgemm_ops), then `epi` on C (a bias per row, a clamp). A backend
+    /// with a register-blocked micro-kernel applies it as it stores each tile of C, so the
+    /// bias and a bounded activation cost no passes over C of their own.
+    fn sgemm_ops_epi(
+        &self,
+        g: &Gemm,
+        a: Operand<'_>,
+        b: Operand<'_>,
+        c: &mut [f32],
+        epi: GemmEpi<'_>,
+    ) {
+        self.sgemm_ops(g, a, b, c);
+        epi.apply(g.m, g.n, g.ldc, c);
     }
     /// Runs `f(i)` for `i in 0..n`, possibly in parallel.
     fn parallel_for(&self, n: usize, f: &(dyn Fn(usize) + Sync)) {
@@ -328,5 +344,22 @@ impl CpuBackend for ReferenceCpu {
         if !crate::simd::sgemm_checked(g, a, b, c) {
             reference_sgemm(g, a, b, c)
         }
+    }
+    fn sgemm_ops_epi(
+        &self,
+        g: &Gemm,
+        a: Operand<'_>,
+        b: Operand<'_>,
+        c: &mut [f32],
+        epi: GemmEpi<'_>,
+    ) {
+        // the micro-kernel applies the epilogue where it takes the product (a packed A only
+        // with alpha 1: the packed path folds no alpha in)
+        let takes = g.alpha == 1.0 || matches!(a, Operand::Strided(_));
+        if takes && crate::simd::sgemm_ops_fit(g, &a, &b, c.len()) {
+            return crate::simd::sgemm_ops_epi_unchecked(g, a, b, c, epi);
+        }
+        self.sgemm_ops(g, a, b, c);
+        epi.apply(g.m, g.n, g.ldc, c);
     }
 }

@@ -4,7 +4,7 @@
 //! `parallel_for`.
 
 use crate::pool::Pool;
-use nxrt_core::provider::{gemm_fits, reference_sgemm, CpuBackend, Gemm, Operand};
+use nxrt_core::provider::{gemm_fits, reference_sgemm, CpuBackend, Gemm, GemmEpi, Operand};
 use nxrt_core::{Error, Result};
 
 /// Threaded, SIMD-dispatched CPU primitives.
@@ -49,19 +49,22 @@ impl CPtr {
     }
 }
 
-/// A single-threaded SGEMM over (possibly packed) operands that fit.
-type Inner = fn(&Gemm, Operand<'_>, Operand<'_>, &mut [f32]);
+/// A single-threaded SGEMM over (possibly packed) operands that fit, with its epilogue.
+type Inner = fn(&Gemm, Operand<'_>, Operand<'_>, &mut [f32], GemmEpi<'_>);
 
 /// Core's SIMD SGEMM (the operands were checked).
-fn simd_inner(g: &Gemm, a: Operand<'_>, b: Operand<'_>, c: &mut [f32]) {
-    nxrt_core::simd::sgemm_ops_unchecked(g, a, b, c)
+fn simd_inner(g: &Gemm, a: Operand<'_>, b: Operand<'_>, c: &mut [f32], epi: GemmEpi<'_>) {
+    nxrt_core::simd::sgemm_ops_epi_unchecked(g, a, b, c, epi)
 }
 
-/// The `gemm` crate's SGEMM (strided operands only).
-fn crate_inner(g: &Gemm, a: Operand<'_>, b: Operand<'_>, c: &mut [f32]) {
+/// The `gemm` crate's SGEMM (strided operands only), then the epilogue as a pass over C.
+fn crate_inner(g: &Gemm, a: Operand<'_>, b: Operand<'_>, c: &mut [f32], epi: GemmEpi<'_>) {
     match (a, b) {
-        (Operand::Strided(a), Operand::Strided(b)) => gemm_crate_one(g, a, b, c),
-        _ => simd_inner(g, a, b, c),
+        (Operand::Strided(a), Operand::Strided(b)) => {
+            gemm_crate_one(g, a, b, c);
+            epi.apply(g.m, g.n, g.ldc, c);
+        }
+        _ => simd_inner(g, a, b, c, epi),
     }
 }
 
@@ -70,11 +73,18 @@ impl NativeCpu {
     /// the session's threads: by row blocks when there are enough rows, else by column blocks
     /// computed into per-task tiles. The operands must fit (`gemm_fits`, `panels_fit`); a
     /// packed operand is split at its panels' edges.
-    fn split_sgemm(&self, g: &Gemm, a: Operand<'_>, b: Operand<'_>, c: &mut [f32], inner: Inner) {
+    fn split_sgemm(
+        &self,
+        g: &Gemm,
+        (a, b): (Operand<'_>, Operand<'_>),
+        c: &mut [f32],
+        epi: GemmEpi<'_>,
+        inner: Inner,
+    ) {
         let (m, n, k) = (g.m, g.n, g.k);
         let t = self.threads;
         if t == 1 || m * n * k < PAR_MIN_MACS {
-            return inner(g, a, b, c);
+            return inner(g, a, b, c, epi);
         }
         let unit = |o: &Operand<'_>, d: usize| match o {
             Operand::Panels { panel, .. } => d.div_ceil(*panel) * *panel,
@@ -97,12 +107,12 @@ impl NativeCpu {
                 // disjoint from every other block's range and inside C.
                 let cs = unsafe { std::slice::from_raw_parts_mut(cp.at(start), len) };
                 let sub = Gemm { m: h, ..*g };
-                inner(&sub, a.from(i0, k, g.a_rs), b, cs);
+                inner(&sub, a.from(i0, k, g.a_rs), b, cs, epi.rows_from(i0));
             });
             return;
         }
         if n < 64 * t {
-            return inner(g, a, b, c);
+            return inner(g, a, b, c, epi);
         }
         // column blocks, each computed into its own m x w tile and copied into C by its task
         let cols = unit(&b, n.div_ceil(t).div_ceil(32) * 32);
@@ -121,7 +131,7 @@ impl NativeCpu {
                 }
             }
             let sub = Gemm { n: w, ldc: w, ..*g };
-            inner(&sub, a, b.from(j0, k, g.b_cs), &mut tile);
+            inner(&sub, a, b.from(j0, k, g.b_cs), &mut tile, epi);
             for i in 0..m {
                 // SAFETY: block q alone writes columns [j0, j0 + w) of each row
                 let dst = unsafe { std::slice::from_raw_parts_mut(cp.at(at(i)), w) };
@@ -131,32 +141,52 @@ impl NativeCpu {
     }
 }
 
+impl NativeCpu {
+    /// The strided SGEMM and its epilogue.
+    fn sgemm_strided(&self, g: &Gemm, a: &[f32], b: &[f32], c: &mut [f32], epi: GemmEpi<'_>) {
+        let (m, n, k) = (g.m, g.n, g.k);
+        if m == 0 || n == 0 {
+            return;
+        }
+        let ops = (Operand::Strided(a), Operand::Strided(b));
+        if !gemm_fits(g, a.len(), b.len(), c.len()) || k == 0 {
+            // Negative strides or an empty reduction: the portable path handles them (and
+            // bounds-checks every access).
+            reference_sgemm(g, a, b, c);
+            return epi.apply(m, n, g.ldc, c);
+        }
+        if n < 16 && m >= 64 {
+            // A narrow C (strided 1-D convolutions: oww_melspectrogram's 257 x 8 x 512): the
+            // gemm crate's small-N kernels measure faster here than our 2-vector-wide tiles
+            return self.split_sgemm(g, ops, c, epi, crate_inner);
+        }
+        self.split_sgemm(g, ops, c, epi, simd_inner)
+    }
+}
+
 impl CpuBackend for NativeCpu {
     fn name(&self) -> String {
         format!("{} x{}", Self::isa(), self.threads)
     }
 
     fn sgemm(&self, g: &Gemm, a: &[f32], b: &[f32], c: &mut [f32]) {
-        let (m, n, k) = (g.m, g.n, g.k);
-        if m == 0 || n == 0 {
-            return;
-        }
-        if !gemm_fits(g, a.len(), b.len(), c.len()) || k == 0 {
-            // Negative strides or an empty reduction: the portable path handles them (and
-            // bounds-checks every access).
-            return reference_sgemm(g, a, b, c);
-        }
-        if n < 16 && m >= 64 {
-            // A narrow C (strided 1-D convolutions: oww_melspectrogram's 257 x 8 x 512): the
-            // gemm crate's small-N kernels measure faster here than our 2-vector-wide tiles
-            return self.split_sgemm(g, Operand::Strided(a), Operand::Strided(b), c, crate_inner);
-        }
-        self.split_sgemm(g, Operand::Strided(a), Operand::Strided(b), c, simd_inner)
+        self.sgemm_strided(g, a, b, c, GemmEpi::NONE)
     }
 
     fn sgemm_ops(&self, g: &Gemm, a: Operand<'_>, b: Operand<'_>, c: &mut [f32]) {
+        self.sgemm_ops_epi(g, a, b, c, GemmEpi::NONE)
+    }
+
+    fn sgemm_ops_epi(
+        &self,
+        g: &Gemm,
+        a: Operand<'_>,
+        b: Operand<'_>,
+        c: &mut [f32],
+        epi: GemmEpi<'_>,
+    ) {
         if let (Operand::Strided(a), Operand::Strided(b)) = (a, b) {
-            return self.sgemm(g, a, b, c);
+            return self.sgemm_strided(g, a, b, c, epi);
         }
         let fits = nxrt_core::simd::sgemm_ops_fit(g, &a, &b, c.len());
         if !fits || g.alpha != 1.0 || g.m == 0 || g.n == 0 || g.k == 0 {
@@ -165,9 +195,9 @@ impl CpuBackend for NativeCpu {
                 nxrt_core::simd::sgemm_ops_checked(g, a, b, c),
                 "sgemm_ops: packed operands do not fit the product"
             );
-            return;
+            return epi.apply(g.m, g.n, g.ldc, c);
         }
-        self.split_sgemm(g, a, b, c, simd_inner)
+        self.split_sgemm(g, (a, b), c, epi, simd_inner)
     }
 
     fn parallel_for(&self, n: usize, f: &(dyn Fn(usize) + Sync)) {

@@ -13,7 +13,7 @@ use crate::kernels::types::{FLOATS, INT8, PLAIN};
 use crate::kernels::{
     bad_type, def, def_in, dims_of, opt_tensor_in, out1, tensor_in, Prepacked, LATEST,
 };
-use crate::provider::{CpuBackend, Gemm, Kernel, KernelCx, KernelDef, Operand};
+use crate::provider::{CpuBackend, Gemm, GemmEpi, Kernel, KernelCx, KernelDef, Operand};
 use crate::simd;
 use crate::tensor::{Elem, Tensor};
 use crate::value::Value;
@@ -577,6 +577,7 @@ fn conv_tile_product<T: Num>(
     col: &mut [T],
     c: &mut [T],
     (ldc, beta): (usize, f32),
+    gepi: GemmEpi<'_>,
 ) {
     let gm = Gemm {
         m: mg,
@@ -601,7 +602,8 @@ fn conv_tile_product<T: Num>(
             data: &bp,
             panel: nr,
         };
-        cx.cpu.sgemm_ops(&gm, weights_operand(w, wpg, gm.m), b, c);
+        cx.cpu
+            .sgemm_ops_epi(&gm, weights_operand(w, wpg, gm.m), b, c, gepi);
         return;
     }
     // a few rows or a narrow C (a strided 1-D convolution with a few output positions): the
@@ -630,14 +632,16 @@ fn conv_tile_product<T: Num>(
     ) {
         // a narrow C from weights packed at load: the SGEMM's narrow product streams them as
         // they are (a few rows, or one column, keep the strided paths below)
-        return cx.cpu.sgemm_ops(
+        return cx.cpu.sgemm_ops_epi(
             &gm,
             weights_operand(w, Some(wp), mg),
             Operand::Strided(b),
             c,
+            gepi,
         );
     }
     T::gemm(cx, &gm, wg, col, c);
+    gemm_epi_after(&gm, c, gepi);
 }
 
 /// Group `gi`'s rows of convolution weights packed by [`pack_conv_weights`] (`mg` rows of
@@ -663,21 +667,23 @@ fn weights_operand<'a>(w: &'a [f32], wpg: Option<&'a [f32]>, mg: usize) -> Opera
 fn pointwise_gemm<T: Num>(
     cx: &KernelCx<'_>,
     gm: &Gemm,
-    wg: &[T],
-    wpg: Option<&[f32]>,
+    (wg, wpg): (&[T], Option<&[f32]>),
     b: &[T],
     c: &mut [T],
+    gepi: GemmEpi<'_>,
 ) {
     let wpg = wpg.filter(|_| crate::simd::panels_pay(gm.m, gm.n));
-    if let (Some(wpg), Some(b), Some(c)) = (wpg, T::as_f32(b), T::as_f32_mut(c)) {
-        return cx.cpu.sgemm_ops(
-            gm,
-            weights_operand(&[], Some(wpg), gm.m),
-            Operand::Strided(b),
-            c,
-        );
+    if let (Some(b), Some(c)) = (T::as_f32(b), T::as_f32_mut(c)) {
+        let a = match (wpg, T::as_f32(wg)) {
+            (Some(wpg), _) => weights_operand(&[], Some(wpg), gm.m),
+            (None, Some(w)) => Operand::Strided(w),
+            // (f32 weights are f32)
+            (None, None) => return,
+        };
+        return cx.cpu.sgemm_ops_epi(gm, a, Operand::Strided(b), c, gepi);
     }
-    T::gemm(cx, gm, wg, b, c)
+    T::gemm(cx, gm, wg, b, c);
+    gemm_epi_after(gm, c, gepi);
 }
 
 /// Output positions per im2col tile: about `COL_BUDGET` patch values, a whole number of the
@@ -1301,6 +1307,61 @@ impl<T: 'static> ConvEpilogue<'static, T> {
     };
 }
 
+/// What an f32 convolution's SGEMM applies as it stores each tile of C ([`GemmEpi`]): the
+/// bias, and a Relu or Clip when no residual `+ Z` comes between the product and it. Other
+/// element types fill C with the bias before the product and pass over each tile after it.
+#[derive(Clone, Copy)]
+struct ConvFusion<'a> {
+    bias: Option<&'a [f32]>,
+    clamp: Option<simd::Clamp>,
+}
+
+impl<'a> ConvFusion<'a> {
+    fn of<T: Num>(bias: Option<&'a [T]>, epi: &ConvEpilogue<'_, T>) -> ConvFusion<'a> {
+        if T::as_f32(&[]).is_none() {
+            return ConvFusion {
+                bias: None,
+                clamp: None,
+            };
+        }
+        ConvFusion {
+            bias: bias.and_then(T::as_f32),
+            clamp: epi
+                .simd_act
+                .filter(|_| epi.z.is_none())
+                .and_then(simd::Clamp::of),
+        }
+    }
+
+    /// The SGEMM's epilogue for group `gi` (its `mg` rows of C).
+    fn gemm(&self, gi: usize, mg: usize) -> GemmEpi<'a> {
+        GemmEpi {
+            bias: self.bias.map(|b| &b[gi * mg..]),
+            clamp: self.clamp,
+        }
+    }
+
+    /// Whether the bias is left to a fill of C before the product (then `beta = 1`).
+    fn fills_bias<T>(&self, bias: Option<&[T]>) -> bool {
+        bias.is_some() && self.bias.is_none()
+    }
+
+    /// The activation left to a pass over each tile after the product, if any.
+    fn act_after<'e, T>(&self, epi: &ConvEpilogue<'e, T>) -> Option<TileFn<'e, T>> {
+        epi.act.filter(|_| self.clamp.is_none())
+    }
+}
+
+/// Applies a [`GemmEpi`] to C after a product that did not take it (a generic GEMM; only f32
+/// products are given a non-empty one).
+fn gemm_epi_after<T: Num>(gm: &Gemm, c: &mut [T], gepi: GemmEpi<'_>) {
+    if let Some(c) = T::as_f32_mut(c) {
+        gepi.apply(gm.m, gm.n, gm.ldc, c);
+    } else {
+        debug_assert!(gepi.is_none(), "an epilogue for a non-f32 product");
+    }
+}
+
 /// Convolution of `x` ([N, C, inp..]) with `w` ([M, C/group, k..]; `wp`: the same packed by
 /// [`pack_conv_weights`], when it was) plus optional bias, into `y` ([N, M, out..]; every
 /// element is written), then the epilogue.
@@ -1347,10 +1408,13 @@ fn conv_compute_into<T: Num>(
         return;
     }
     let par = cx.cpu.threads() > 1 && kdim > 0 && n * m * out_plane * kdim >= PAR_CONV_MIN_MACS;
+    let fusion = ConvFusion::of(bias, &epi);
+    let fill_bias = fusion.fills_bias(bias);
+    let act_after = fusion.act_after(&epi);
     // the bias of one tile (mg rows of nc positions from p0 of one image and group), written
-    // just before the products add to it, while it is in cache
+    // just before the products add to it, while it is in cache (where the SGEMM does not add it)
     let tile_bias = |yg: &mut [T], gi: usize, p0: usize, nc: usize| {
-        if let Some(b) = bias {
+        if let (Some(b), true) = (bias, fill_bias) {
             for r in 0..mg {
                 yg[r * out_plane + p0..r * out_plane + p0 + nc].fill(b[gi * mg + r]);
             }
@@ -1366,12 +1430,11 @@ fn conv_compute_into<T: Num>(
                 let zr = &zg[r * out_plane + p0..r * out_plane + p0 + nc];
                 row.iter_mut().zip(zr).for_each(|(v, &z)| *v = v.add(z));
             }
-            if let Some(act) = epi.act {
+            if let Some(act) = act_after {
                 act(row);
             }
         }
     };
-    let has_epi = epi.z.is_some() || epi.act.is_some();
     if kdim == 0 {
         // no products: the bias or zero
         match bias {
@@ -1382,18 +1445,26 @@ fn conv_compute_into<T: Num>(
             }
             None => y.fill(T::ZERO),
         }
-        if has_epi {
-            for ni in 0..n {
-                for gi in 0..group {
-                    let o = (ni * m + gi * mg) * out_plane;
-                    let zg = epi.z.map(|z| &z[o..o + mg * out_plane]);
-                    tile_epi(&mut y[o..o + mg * out_plane], zg, 0, out_plane);
+        for ni in 0..n {
+            for gi in 0..group {
+                let o = (ni * m + gi * mg) * out_plane;
+                let zg = epi.z.map(|z| &z[o..o + mg * out_plane]);
+                for r in 0..mg {
+                    let row = &mut y[o + r * out_plane..o + (r + 1) * out_plane];
+                    if let Some(zg) = zg {
+                        let zr = &zg[r * out_plane..(r + 1) * out_plane];
+                        row.iter_mut().zip(zr).for_each(|(v, &z)| *v = v.add(z));
+                    }
+                    if let Some(act) = epi.act {
+                        act(row);
+                    }
                 }
             }
         }
         return;
     }
-    let beta = if bias.is_some() { 1.0 } else { 0.0 };
+    let has_epi = epi.z.is_some() || act_after.is_some();
+    let beta = if fill_bias { 1.0 } else { 0.0 };
     let pointwise =
         kk == 1 && g.s.iter().all(|&s| s == 1) && g.pb.iter().all(|&p| p == 0) && g.out == g.inp;
     if par {
@@ -1443,7 +1514,8 @@ fn conv_compute_into<T: Num>(
                         alpha: 1.0,
                         beta,
                     };
-                    pointwise_gemm(cx, &gm, wg, wpg, &xg[p0..], &mut yg[p0..]);
+                    let (w, gepi) = ((wg, wpg), fusion.gemm(gi, mg));
+                    pointwise_gemm(cx, &gm, w, &xg[p0..], &mut yg[p0..], gepi);
                     if has_epi {
                         tile_epi(yg, zg, p0, nc);
                     }
@@ -1465,6 +1537,7 @@ fn conv_compute_into<T: Num>(
                     &mut col,
                     &mut yg[p0..],
                     (out_plane, beta),
+                    fusion.gemm(gi, mg),
                 );
                 if has_epi {
                     tile_epi(yg, zg, p0, nc);
@@ -1563,6 +1636,10 @@ fn conv_implicit<T: Num>(
     }
     let tile = tile.min(q_len.div_ceil(nr) * nr);
     let tiles = q_len.div_ceil(tile);
+    // conv_implicit is f32 only (implicit_fits): the bias and a bounded activation always go
+    // to the SGEMM
+    let fusion = ConvFusion::of(bias, &epi);
+    let act_after = fusion.act_after(&epi);
     let mut xp = crate::simd::scratch::<T>(cg * cplane + nr);
     xp[cg * cplane..].fill(T::ZERO);
     let yp = SyncPtr(y.as_mut_ptr());
@@ -1648,15 +1725,8 @@ fn conv_implicit<T: Num>(
                 let q0 = ti * tile;
                 let nc = tile.min(q_len - q0);
                 let mut ct = crate::simd::scratch::<T>(mg * nc);
-                let beta = match bias {
-                    Some(b) => {
-                        for (r, row) in ct.chunks_exact_mut(nc).enumerate() {
-                            row.fill(b[gi * mg + r]);
-                        }
-                        1.0
-                    }
-                    None => 0.0,
-                };
+                // (f32 only: the bias and a Relu/Clip go to the SGEMM's epilogue)
+                let gepi = fusion.gemm(gi, mg);
                 let gm = Gemm {
                     m: mg,
                     n: nc,
@@ -1667,7 +1737,7 @@ fn conv_implicit<T: Num>(
                     b_cs: 0,
                     ldc: nc,
                     alpha: 1.0,
-                    beta,
+                    beta: 0.0,
                 };
                 let (Some(w32), Some(x32), Some(c32)) =
                     (T::as_f32(wg), T::as_f32(&xpr[q0..]), T::as_f32_mut(&mut ct))
@@ -1679,7 +1749,8 @@ fn conv_implicit<T: Num>(
                     offs: &offs,
                 };
                 let wpg = wpg.filter(|_| crate::simd::panels_pay(mg, nc));
-                cx.cpu.sgemm_ops(&gm, weights_operand(w32, wpg, mg), b, c32);
+                cx.cpu
+                    .sgemm_ops_epi(&gm, weights_operand(w32, wpg, mg), b, c32, gepi);
                 // the valid positions of each padded row that meets [q0, q0 + nc): calls
                 // f(range in the tile, offset in y) for each row of C
                 let segments = |f: &mut dyn FnMut(core::ops::Range<usize>, usize)| {
@@ -1711,7 +1782,7 @@ fn conv_implicit<T: Num>(
                             .for_each(|(v, &zv)| *v = v.add(zv));
                     });
                 }
-                if let Some(act) = epi.act {
+                if let Some(act) = act_after {
                     act(&mut ct);
                 }
                 segments(&mut |at, o| {
@@ -1787,6 +1858,9 @@ fn conv_tiles_parallel<T: Num>(
     let tiles = out_plane.div_ceil(tile);
     let yp = SyncPtr(y.as_mut_ptr());
     let ylen = y.len();
+    let fusion = ConvFusion::of(bias, &epi);
+    let fill_bias = fusion.fills_bias(bias);
+    let act_after = fusion.act_after(&epi);
     cx.cpu
         .parallel_for_work(base * tiles, n * m * out_plane * kdim, &|it| {
             let (ng, ti) = (it / tiles, it % tiles);
@@ -1800,12 +1874,16 @@ fn conv_tiles_parallel<T: Num>(
                 mg * nc + if pointwise || direct { 0 } else { kdim * nc },
             );
             let (ct, colt) = buf.split_at_mut(mg * nc);
-            if let Some(b) = bias {
-                for (r, row) in ct.chunks_exact_mut(nc).enumerate() {
-                    row.fill(b[gi * mg + r]);
+            let beta = match bias {
+                Some(b) if fill_bias => {
+                    for (r, row) in ct.chunks_exact_mut(nc).enumerate() {
+                        row.fill(b[gi * mg + r]);
+                    }
+                    1.0
                 }
-            }
-            let beta = if bias.is_some() { 1.0 } else { 0.0 };
+                _ => 0.0,
+            };
+            let gepi = fusion.gemm(gi, mg);
             if pointwise {
                 let gm = Gemm {
                     m: mg,
@@ -1819,10 +1897,10 @@ fn conv_tiles_parallel<T: Num>(
                     alpha: 1.0,
                     beta,
                 };
-                pointwise_gemm(cx, &gm, wg, wpg, &xg[p0..], ct);
+                pointwise_gemm(cx, &gm, (wg, wpg), &xg[p0..], ct, gepi);
             } else {
-                let w = (wg, wpg);
-                conv_tile_product(cx, xg, w, g, (p0, nc), (mg, kdim), colt, ct, (nc, beta));
+                let (w, pos) = ((wg, wpg), (p0, nc));
+                conv_tile_product(cx, xg, w, g, pos, (mg, kdim), colt, ct, (nc, beta), gepi);
             }
             let yo = (ni * m + gi * mg) * out_plane;
             for (r, row) in ct.chunks_exact_mut(nc).enumerate() {
@@ -1832,7 +1910,7 @@ fn conv_tiles_parallel<T: Num>(
                         .zip(&z[o..o + nc])
                         .for_each(|(v, &zv)| *v = v.add(zv));
                 }
-                if let Some(act) = epi.act {
+                if let Some(act) = act_after {
                     act(row);
                 }
                 debug_assert!(o + nc <= ylen);

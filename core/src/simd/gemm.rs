@@ -3,6 +3,8 @@
 //! unchecked SGEMM needs, and the portable bounds-checked SGEMM.
 use alloc::vec::Vec;
 
+use super::kernels::{Clamp, Then};
+
 /// Strided single-precision GEMM: `C = alpha * A·B + beta * C` with A m×k, B k×n, C m×n
 /// (C row-major with row stride `ldc`). A and B are addressed through (row, column) strides so
 /// transposed operands need no copy.
@@ -35,6 +37,55 @@ impl Gemm {
             ldc: n,
             alpha: 1.0,
             beta: 0.0,
+        }
+    }
+}
+
+/// What an SGEMM does to C as it stores the product, while the tile is in registers: adds a
+/// bias per row of C to `alpha*A*B + beta*C`, then clamps (Relu, Clip). A convolution's or a
+/// Gemm's bias and bounded activation this way cost no passes over C of their own.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct GemmEpi<'a> {
+    /// One value per row of C (at least `m`).
+    pub bias: Option<&'a [f32]>,
+    /// Applied after the bias.
+    pub clamp: Option<Clamp>,
+}
+
+impl<'a> GemmEpi<'a> {
+    /// Stores the product as it is.
+    pub const NONE: GemmEpi<'static> = GemmEpi {
+        bias: None,
+        clamp: None,
+    };
+
+    pub fn is_none(&self) -> bool {
+        self.bias.is_none() && self.clamp.is_none()
+    }
+
+    /// The epilogue of C's rows from `i0` on.
+    pub fn rows_from(self, i0: usize) -> GemmEpi<'a> {
+        GemmEpi {
+            bias: self.bias.map(|b| &b[i0..]),
+            clamp: self.clamp,
+        }
+    }
+
+    /// Applies the epilogue to C's `m x n` block (row stride `ldc`) after a product that did
+    /// not (the paths without a register tile to apply it in).
+    pub fn apply(&self, m: usize, n: usize, ldc: usize, c: &mut [f32]) {
+        if self.is_none() {
+            return;
+        }
+        for i in 0..m {
+            let row = &mut c[i * ldc..i * ldc + n];
+            if let Some(b) = self.bias {
+                let bi = b[i];
+                row.iter_mut().for_each(|x| *x += bi);
+            }
+            if let Some(cl) = self.clamp {
+                row.iter_mut().for_each(|x| *x = cl.then1(*x));
+            }
         }
     }
 }

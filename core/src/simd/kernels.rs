@@ -1,7 +1,7 @@
 //! The generic bodies behind `simd`'s dispatched functions. Each is `#[inline(always)]` so it
 //! is compiled inside the ISA-specific wrapper that instantiates it.
 
-use super::gemm::{scale_c, Gemm, Operand};
+use super::gemm::{scale_c, Gemm, GemmEpi, Operand};
 use super::VF32;
 use alloc::vec::Vec;
 
@@ -1461,10 +1461,23 @@ pub fn gemm_panel_ok<V: VF32>(panel: usize) -> bool {
 #[inline(always)]
 #[cfg_attr(not(test), allow(dead_code))]
 pub fn sgemm_ops<V: VF32>(g: &Gemm, a: Operand<'_>, b: Operand<'_>, c: &mut [f32]) {
+    sgemm_ops_epi::<V>(g, a, b, c, GemmEpi::NONE)
+}
+
+/// [`sgemm_ops`] with an epilogue (a bias per row of C, a clamp) applied as C is stored.
+#[inline(always)]
+#[cfg_attr(not(test), allow(dead_code))]
+pub fn sgemm_ops_epi<V: VF32>(
+    g: &Gemm,
+    a: Operand<'_>,
+    b: Operand<'_>,
+    c: &mut [f32],
+    epi: GemmEpi<'_>,
+) {
     match sgemm_panel_height::<V>(g, &a) {
-        12 => sgemm_ops_12::<V>(g, a, b, c),
-        8 => sgemm_ops_8::<V>(g, a, b, c),
-        _ => sgemm_ops_4::<V>(g, a, b, c),
+        12 => sgemm_ops_12::<V>(g, a, b, c, epi),
+        8 => sgemm_ops_8::<V>(g, a, b, c, epi),
+        _ => sgemm_ops_4::<V>(g, a, b, c, epi),
     }
 }
 
@@ -1480,38 +1493,63 @@ pub fn sgemm_panel_height<V: VF32>(g: &Gemm, a: &Operand<'_>) -> usize {
 
 /// [`sgemm_ops`] on 12-row A panels (8-row ones where the vector type has no 12-row tile).
 #[inline(always)]
-pub fn sgemm_ops_12<V: VF32>(g: &Gemm, a: Operand<'_>, b: Operand<'_>, c: &mut [f32]) {
+pub fn sgemm_ops_12<V: VF32>(
+    g: &Gemm,
+    a: Operand<'_>,
+    b: Operand<'_>,
+    c: &mut [f32],
+    epi: GemmEpi<'_>,
+) {
     if V::GEMM_MR >= 12 {
-        sgemm_mr::<V, 12>(g, a, b, c)
+        sgemm_mr::<V, 12>(g, a, b, c, epi)
     } else {
-        sgemm_ops_8::<V>(g, a, b, c)
+        sgemm_ops_8::<V>(g, a, b, c, epi)
     }
 }
 
 /// [`sgemm_ops`] on 8-row A panels (4-row ones where the vector type has no 8-row tile).
 #[inline(always)]
-pub fn sgemm_ops_8<V: VF32>(g: &Gemm, a: Operand<'_>, b: Operand<'_>, c: &mut [f32]) {
+pub fn sgemm_ops_8<V: VF32>(
+    g: &Gemm,
+    a: Operand<'_>,
+    b: Operand<'_>,
+    c: &mut [f32],
+    epi: GemmEpi<'_>,
+) {
     if V::GEMM_MR >= 8 {
-        sgemm_mr::<V, 8>(g, a, b, c)
+        sgemm_mr::<V, 8>(g, a, b, c, epi)
     } else {
-        sgemm_ops_4::<V>(g, a, b, c)
+        sgemm_ops_4::<V>(g, a, b, c, epi)
     }
 }
 
 /// [`sgemm_ops`] on 4-row A panels.
 #[inline(always)]
-pub fn sgemm_ops_4<V: VF32>(g: &Gemm, a: Operand<'_>, b: Operand<'_>, c: &mut [f32]) {
-    sgemm_mr::<V, 4>(g, a, b, c)
+pub fn sgemm_ops_4<V: VF32>(
+    g: &Gemm,
+    a: Operand<'_>,
+    b: Operand<'_>,
+    c: &mut [f32],
+    epi: GemmEpi<'_>,
+) {
+    sgemm_mr::<V, 4>(g, a, b, c, epi)
 }
 
 #[inline(always)]
-fn sgemm_mr<V: VF32, const MR: usize>(g: &Gemm, a: Operand<'_>, b: Operand<'_>, c: &mut [f32]) {
+fn sgemm_mr<V: VF32, const MR: usize>(
+    g: &Gemm,
+    a: Operand<'_>,
+    b: Operand<'_>,
+    c: &mut [f32],
+    epi: GemmEpi<'_>,
+) {
     let (m, n, k) = (g.m, g.n, g.k);
     if m == 0 || n == 0 {
         return;
     }
     if k == 0 || g.alpha == 0.0 {
-        return scale_c(g, c);
+        scale_c(g, c);
+        return epi.apply(m, n, g.ldc, c);
     }
     // with beta 0 the blocked paths write C on their first pass over K (no zero-fill first)
     let overwrite = g.beta == 0.0;
@@ -1519,14 +1557,14 @@ fn sgemm_mr<V: VF32, const MR: usize>(g: &Gemm, a: Operand<'_>, b: Operand<'_>, 
         scale_c(g, c);
     }
     let (Operand::Strided(a), Operand::Strided(b)) = (a, b) else {
-        return sgemm_packed::<V, MR>(g, a, b, c, overwrite);
+        return sgemm_packed::<V, MR>(g, a, b, c, overwrite, epi);
     };
     if m < SMALL_M {
         if overwrite {
             scale_c(g, c);
         }
         if sgemm_few_rows::<V>(g, a, b, c) {
-            return;
+            return epi.apply(m, n, g.ldc, c);
         }
     }
     let nr = 2 * V::LANES;
@@ -1549,7 +1587,7 @@ fn sgemm_mr<V: VF32, const MR: usize>(g: &Gemm, a: Operand<'_>, b: Operand<'_>, 
         t.fill(0.0);
         if !(gt.m < SMALL_M && sgemm_few_rows::<V>(&gt, b, a, &mut t)) {
             let (b, a) = (Operand::Strided(b), Operand::Strided(a));
-            sgemm_packed::<V, MR>(&gt, b, a, &mut t, false);
+            sgemm_packed::<V, MR>(&gt, b, a, &mut t, false, GemmEpi::NONE);
         }
         for i in 0..m {
             let row = &mut c[i * g.ldc..i * g.ldc + n];
@@ -1558,9 +1596,16 @@ fn sgemm_mr<V: VF32, const MR: usize>(g: &Gemm, a: Operand<'_>, b: Operand<'_>, 
                 *x = if overwrite { v } else { *x + v };
             }
         }
-        return;
+        return epi.apply(m, n, g.ldc, c);
     }
-    sgemm_packed::<V, MR>(g, Operand::Strided(a), Operand::Strided(b), c, overwrite)
+    sgemm_packed::<V, MR>(
+        g,
+        Operand::Strided(a),
+        Operand::Strided(b),
+        c,
+        overwrite,
+        epi,
+    )
 }
 
 /// Whether [`sgemm_narrow`] takes a product: A packed in panels of a height the vector type
@@ -1738,6 +1783,7 @@ fn sgemm_packed<V: VF32, const MR: usize>(
     b: Operand<'_>,
     c: &mut [f32],
     overwrite: bool,
+    epi: GemmEpi<'_>,
 ) {
     let (m, n, k) = (g.m, g.n, g.k);
     let nr = 2 * V::LANES;
@@ -1756,7 +1802,7 @@ fn sgemm_packed<V: VF32, const MR: usize>(
     };
     let mut buf = super::scratch::<f32>(bn + an);
     let (bp, ap) = buf.split_at_mut(bn);
-    sgemm_blocks::<V, MR>(g, a, b, c, bp, ap, overwrite)
+    sgemm_blocks::<V, MR>(g, a, b, c, (bp, ap), overwrite, epi)
 }
 
 /// The blocked loops of [`sgemm_mr`] over packing buffers `bp` (B panels) and `ap` (A panels),
@@ -1774,9 +1820,9 @@ fn sgemm_blocks<V: VF32, const MR: usize>(
     a: Operand<'_>,
     b: Operand<'_>,
     c: &mut [f32],
-    bp: &mut [f32],
-    ap: &mut [f32],
+    (bp, ap): (&mut [f32], &mut [f32]),
     overwrite: bool,
+    epi: GemmEpi<'_>,
 ) {
     let (m, n, k) = (g.m, g.n, g.k);
     let nr = 2 * V::LANES;
@@ -1804,6 +1850,8 @@ fn sgemm_blocks<V: VF32, const MR: usize>(
                 _ => &[],
             };
             let store = overwrite && pc == 0;
+            // the bias joins C on the first block of K, the clamp on the last
+            let (first, last) = (pc == 0, pc + kc == k);
             let mut jc = 0;
             while jc < n {
                 let nc = NC.min(n - jc);
@@ -1840,10 +1888,14 @@ fn sgemm_blocks<V: VF32, const MR: usize>(
                             let h = MR.min(is + ms - i0);
                             let apanel = &ablock[pi * astep..pi * astep + kc * MR];
                             let c0 = i0 * g.ldc + j0;
+                            let e = GemmEpi {
+                                bias: epi.bias.filter(|_| first).map(|b| &b[i0..]),
+                                clamp: epi.clamp.filter(|_| last),
+                            };
                             if rows.is_empty() {
                                 let bpanel = &bsrc[pj * bstep..pj * bstep + kc * nr];
                                 let brows = bpanel.chunks_exact(nr);
-                                micro::<V, MR>(kc, apanel, brows, c, (c0, g.ldc), (h, w), store);
+                                micro::<V, MR>(kc, apanel, brows, c, (c0, g.ldc), (h, w), store, e);
                             } else {
                                 // SAFETY: every row offset plus this block's columns rounded
                                 // up to whole panels lies inside `bsrc` (asserted above), and
@@ -1851,7 +1903,7 @@ fn sgemm_blocks<V: VF32, const MR: usize>(
                                 let brows = rows
                                     .iter()
                                     .map(|&o| unsafe { bsrc.get_unchecked(o + j0..o + j0 + nr) });
-                                micro::<V, MR>(kc, apanel, brows, c, (c0, g.ldc), (h, w), store);
+                                micro::<V, MR>(kc, apanel, brows, c, (c0, g.ldc), (h, w), store, e);
                             }
                         }
                     }
@@ -2272,6 +2324,7 @@ fn micro<'b, V: VF32, const MR: usize>(
     (c0, ldc): (usize, usize),
     (h, w): (usize, usize),
     store: bool,
+    epi: GemmEpi<'_>,
 ) {
     let l = V::LANES;
     let nr = 2 * l;
@@ -2296,21 +2349,37 @@ fn micro<'b, V: VF32, const MR: usize>(
         acc[r][0].store(&mut tile[r][..]);
         acc[r][1].store(&mut tile[r][l..]);
     }
+    // C (+)= the tile, then the epilogue: the bias after the sums (as a C filled with the bias
+    // and accumulated into gives it), the clamp last
     for (r, t) in tile.iter().enumerate().take(h) {
         let o = c0 + r * ldc;
+        let bias = epi.bias.map(|b| b[r]);
         if w == nr {
             let row = &mut c[o..o + nr];
-            let (t0, t1) = (V::load(&t[..]), V::load(&t[l..]));
-            if store {
-                t0.store(row);
-                t1.store(&mut row[l..]);
-            } else {
-                V::load(row).add(t0).store(row);
-                V::load(&row[l..]).add(t1).store(&mut row[l..]);
+            let (mut t0, mut t1) = (V::load(&t[..]), V::load(&t[l..]));
+            if !store {
+                t0 = V::load(row).add(t0);
+                t1 = V::load(&row[l..]).add(t1);
             }
+            if let Some(b) = bias {
+                let bv = V::splat(b);
+                (t0, t1) = (t0.add(bv), t1.add(bv));
+            }
+            if let Some(cl) = epi.clamp {
+                (t0, t1) = (cl.then(t0), cl.then(t1));
+            }
+            t0.store(row);
+            t1.store(&mut row[l..]);
         } else {
             for (d, s) in c[o..o + w].iter_mut().zip(t) {
-                *d = if store { *s } else { *d + s };
+                let mut v = if store { *s } else { *d + s };
+                if let Some(b) = bias {
+                    v += b;
+                }
+                if let Some(cl) = epi.clamp {
+                    v = cl.then1(v);
+                }
+                *d = v;
             }
         }
     }

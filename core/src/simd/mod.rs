@@ -31,7 +31,7 @@ mod wasm;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
-pub use gemm::{Gemm, Operand};
+pub use gemm::{Gemm, GemmEpi, Operand};
 pub use kernels::{Act, BinOp, Clamp, DwPlane, DW_BLOCK};
 pub use nbits::{q4_pack, q8_rows, NBits, Q4Packed, Q8Rows};
 pub use nchwc::{NcGeom, NCHWC};
@@ -664,18 +664,45 @@ pub fn sgemm_ops_unchecked(g: &Gemm, a: Operand<'_>, b: Operand<'_>, c: &mut [f3
 
 #[doc(hidden)]
 pub fn sgemm_ops_unchecked_on(isa: Isa, g: &Gemm, a: Operand<'_>, b: Operand<'_>, c: &mut [f32]) {
+    sgemm_ops_epi_unchecked_on(isa, g, a, b, c, GemmEpi::NONE)
+}
+
+/// [`sgemm_ops_unchecked`] then `epi` (a bias per row of C, a clamp), applied to each tile of
+/// C as the micro-kernel stores it (by a pass over C on the few-row and narrow paths).
+#[inline]
+pub fn sgemm_ops_epi_unchecked(
+    g: &Gemm,
+    a: Operand<'_>,
+    b: Operand<'_>,
+    c: &mut [f32],
+    epi: GemmEpi<'_>,
+) {
+    sgemm_ops_epi_unchecked_on(isa(), g, a, b, c, epi)
+}
+
+#[doc(hidden)]
+pub fn sgemm_ops_epi_unchecked_on(
+    isa: Isa,
+    g: &Gemm,
+    a: Operand<'_>,
+    b: Operand<'_>,
+    c: &mut [f32],
+    epi: GemmEpi<'_>,
+) {
     if sgemm_narrow_fits_on(isa, g, &a, &b) {
-        return sgemm_narrow_on(isa, g, a, b, c);
+        sgemm_narrow_on(isa, g, a, b, c);
+        return epi.apply(g.m, g.n, g.ldc, c);
     }
     if let (Operand::Strided(a), Operand::Panels { data, .. }) = (a, b) {
         if kernels::few_panels_fit(g.m) {
-            return sgemm_few_panels_on(isa, g, a, data, c);
+            sgemm_few_panels_on(isa, g, a, data, c);
+            return epi.apply(g.m, g.n, g.ldc, c);
         }
     }
     match sgemm_panel_height_on(isa, g, &a) {
-        12 => sgemm_mr12_on(isa, g, a, b, c),
-        8 => sgemm_mr8_on(isa, g, a, b, c),
-        _ => sgemm_mr4_on(isa, g, a, b, c),
+        12 => sgemm_mr12_on(isa, g, a, b, c, epi),
+        8 => sgemm_mr8_on(isa, g, a, b, c, epi),
+        _ => sgemm_mr4_on(isa, g, a, b, c, epi),
     }
 }
 
@@ -703,17 +730,17 @@ dispatch!(
 dispatch!(
     /// The SGEMM on 12-row A panels (each height is a function of its own: see
     /// `kernels::sgemm_ops`).
-    fn sgemm_mr12 / sgemm_mr12_on(g: &Gemm, a: Operand<'_>, b: Operand<'_>, c: &mut [f32]) => sgemm_ops_12
+    fn sgemm_mr12 / sgemm_mr12_on(g: &Gemm, a: Operand<'_>, b: Operand<'_>, c: &mut [f32], epi: GemmEpi<'_>) => sgemm_ops_12
 );
 
 dispatch!(
     /// The SGEMM on 8-row A panels.
-    fn sgemm_mr8 / sgemm_mr8_on(g: &Gemm, a: Operand<'_>, b: Operand<'_>, c: &mut [f32]) => sgemm_ops_8
+    fn sgemm_mr8 / sgemm_mr8_on(g: &Gemm, a: Operand<'_>, b: Operand<'_>, c: &mut [f32], epi: GemmEpi<'_>) => sgemm_ops_8
 );
 
 dispatch!(
     /// The SGEMM on 4-row A panels.
-    fn sgemm_mr4 / sgemm_mr4_on(g: &Gemm, a: Operand<'_>, b: Operand<'_>, c: &mut [f32]) => sgemm_ops_4
+    fn sgemm_mr4 / sgemm_mr4_on(g: &Gemm, a: Operand<'_>, b: Operand<'_>, c: &mut [f32], epi: GemmEpi<'_>) => sgemm_ops_4
 );
 
 dispatch!(

@@ -374,6 +374,31 @@ fn packed_and_row_operands_give_the_strided_product_on_every_isa() {
                             want[i]
                         );
                     }
+                    if alpha != 1.0 {
+                        continue;
+                    }
+                    // the epilogue (a bias per row, then a clamp that cuts on both sides) on
+                    // every path: the blocked one (the bias on the first block of K, the
+                    // clamp on the last), the narrow, few-row and few-panel ones (a pass)
+                    let bias = data(m, 14);
+                    let epi = GemmEpi {
+                        bias: Some(&bias),
+                        clamp: Some(Clamp { lo: -0.3, hi: 0.4 }),
+                    };
+                    let mut want_e = want.clone();
+                    epi.apply(m, n, g.ldc, &mut want_e);
+                    let mut got = c0.clone();
+                    sgemm_ops_epi_unchecked_on(isa, &g, oa, ob, &mut got, epi);
+                    let clamped = want_e.iter().filter(|&&v| v == 0.4 || v == -0.3).count();
+                    assert!(clamped > 0 || m * n < 8, "the case clamps nothing");
+                    for i in 0..want_e.len() {
+                        assert!(
+                            close(got[i], want_e[i], 1e-4, tol),
+                            "{isa:?} {what} {m}x{n}x{k} epilogue, beta {beta} at {i}: {} vs {}",
+                            got[i],
+                            want_e[i]
+                        );
+                    }
                 }
             }
         }
