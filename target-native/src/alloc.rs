@@ -76,7 +76,17 @@ unsafe impl GlobalAlloc for LargePages {
             // SAFETY: forwarded as given
             return unsafe { System.alloc_zeroed(layout) };
         }
-        // advised before the zeroing touches the pages, so the zeroing faults huge pages in
+        if layout.align() <= 16 {
+            // calloc leaves memory it knows is zero (fresh from the kernel) untouched, so the
+            // advice still comes before the first write there, and a large zeroed block that
+            // is used sparsely stays uncommitted
+            // SAFETY: forwarded as given
+            let p = unsafe { System.alloc_zeroed(layout) };
+            advise(p, layout.size());
+            return p;
+        }
+        // over-aligned: `System` would allocate and zero it itself, before the advice; advise
+        // first, so the zeroing faults huge pages in
         // SAFETY: forwarded as given; the block has `layout.size()` writable bytes
         unsafe {
             let p = System.alloc(layout);
@@ -181,18 +191,27 @@ mod tests {
             return;
         }
         let size = 16 << 20;
-        let layout = Layout::from_size_align(size, 64).unwrap();
-        // SAFETY: a non-zero layout, written within its size, freed once
-        unsafe {
-            let p = LargePages.alloc(layout);
-            assert!(!p.is_null());
-            core::ptr::write_bytes(p, 1, size);
-            let (lo, _) = huge_range(p as usize, size).unwrap();
-            let kb = huge_kb_at(lo).expect("the block's mapping in /proc/self/smaps");
-            LargePages.dealloc(p, layout);
-            // at least one of the (at least seven) whole huge pages inside: the kernel may fail
-            // to find free 2 MiB frames for some of them
-            assert!(kb >= 2048, "no huge pages in a 16 MiB block ({kb} kB)");
+        for (zeroed, align) in [(false, 64), (true, 4), (true, 64)] {
+            let layout = Layout::from_size_align(size, align).unwrap();
+            // SAFETY: a non-zero layout, written within its size, freed once
+            unsafe {
+                let p = if zeroed {
+                    LargePages.alloc_zeroed(layout)
+                } else {
+                    LargePages.alloc(layout)
+                };
+                assert!(!p.is_null());
+                core::ptr::write_bytes(p, 1, size);
+                let (lo, _) = huge_range(p as usize, size).unwrap();
+                let kb = huge_kb_at(lo).expect("the block's mapping in /proc/self/smaps");
+                LargePages.dealloc(p, layout);
+                // at least one of the (at least seven) whole huge pages inside: the kernel may
+                // fail to find free 2 MiB frames for some of them
+                assert!(
+                    kb >= 2048,
+                    "no huge pages in a 16 MiB block ({kb} kB, zeroed {zeroed}, align {align})"
+                );
+            }
         }
     }
 }

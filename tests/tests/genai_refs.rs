@@ -44,6 +44,11 @@ fn ids(j: &Json) -> Vec<i64> {
 
 /// `nxrt generate --json` on one prompt: the generated ids and the JSON line.
 fn cli_generate(dir: &Path, prompt: &[i64], n: usize) -> (Vec<i64>, Json) {
+    cli_generate_on(dir, prompt, n, "cpu")
+}
+
+/// [`cli_generate`] with `--provider`.
+fn cli_generate_on(dir: &Path, prompt: &[i64], n: usize, provider: &str) -> (Vec<i64>, Json) {
     let list: Vec<String> = prompt.iter().map(|i| i.to_string()).collect();
     let (n, ids_arg) = (n.to_string(), list.join(","));
     let j = nxrt_json(&[
@@ -55,6 +60,8 @@ fn cli_generate(dir: &Path, prompt: &[i64], n: usize) -> (Vec<i64>, Json) {
         &n,
         "--min-new-tokens",
         &n,
+        "--provider",
+        provider,
         "--json",
     ]);
     for key in [
@@ -137,6 +144,60 @@ fn greedy_generation_matches_onnxruntime_genai() {
             "{name}: {exact} of {} prompts give the same 32 ids",
             cases.len()
         );
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// The fp32 reference models on WebGPU (lavapipe in CI: the ops WebGPU declines, such as
+/// GroupQueryAttention, run on the CPU with reported copies): the same 32 ids as
+/// onnxruntime-genai on every prompt of the small model and on the two shortest prompts of the
+/// larger one (software Vulkan decodes it at about 4 tokens/s). Skips, saying so, where there is
+/// no WebGPU adapter.
+#[test]
+fn greedy_generation_on_webgpu_matches_onnxruntime_genai_for_fp32() {
+    let bin = nxrt_bin();
+    let probe = std::process::Command::new(&bin)
+        .args(["run", "--provider", "webgpu"])
+        .output()
+        .expect("nxrt runs");
+    if !probe.status.success() {
+        let e = String::from_utf8_lossy(&probe.stderr);
+        // only a missing adapter skips; a binary built without the provider is a failure
+        assert!(
+            e.contains("no WebGPU adapter"),
+            "the webgpu probe failed for another reason: {e}"
+        );
+        println!("skipped: {}", e.trim());
+        return;
+    }
+    let (cache, r) = refs();
+    let n = r["new_tokens"].as_u64().unwrap() as usize;
+    let mut failures = Vec::new();
+    for (name, take) in [("tiny_llama_genai_fp32", 6), ("llama_bench_fp32", 2)] {
+        let m = &r["models"][name];
+        assert!(m.is_object(), "no reference model {name}");
+        let dir = cache.join(m["dir"].as_str().unwrap());
+        for c in m["cases"].as_array().unwrap().iter().take(take) {
+            let prompt = ids(&c["prompt_ids"]);
+            let want = ids(&c["tokens"]);
+            let (got, j) = cli_generate_on(&dir, &prompt, n, "webgpu");
+            println!(
+                "webgpu {name:<22} prompt {:>3}: {} ({:.1} tok/s)",
+                prompt.len(),
+                if got == want {
+                    "same 32 ids"
+                } else {
+                    "differs"
+                },
+                j["decode_tokens_per_s"].as_f64().unwrap()
+            );
+            if got != want {
+                failures.push(format!(
+                    "{name}, prompt of {}: {got:?} != {want:?}",
+                    prompt.len()
+                ));
+            }
+        }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
