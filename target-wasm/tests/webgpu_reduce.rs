@@ -388,6 +388,44 @@ fn rms_normalization() {
 }
 
 #[test]
+fn simplified_and_skip_simplified_layer_normalization() {
+    // ONNX Runtime's contrib RMS norms as its transformer exporters emit them
+    let x = ft(&[2, 3, 64], 1);
+    Case::new("SimplifiedLayerNormalization", vec![x.clone()])
+        .consts(vec![Some(ft(&[64], 2))])
+        .attr(af("epsilon", 1e-6))
+        .opset(17)
+        .check();
+    // skip of the input's shape, with and without bias; output 3 (input + skip + bias) read
+    // or not; skip repeated over the batch; a hidden size over one workgroup's lanes
+    for (shape, skip, bias, sum) in [
+        (&[2, 3, 64][..], &[2, 3, 64][..], true, true),
+        (&[2, 3, 64], &[2, 3, 64], false, true),
+        (&[2, 3, 64], &[3, 64], true, false),
+        (&[1, 5, 1031], &[1, 5, 1031], false, true),
+    ] {
+        let h = *shape.last().unwrap();
+        let mut consts = vec![Some(ft(&[h], 3))];
+        if bias {
+            consts.push(Some(ft(&[h], 4)));
+        }
+        let case = Case::new(
+            "SkipSimplifiedLayerNormalization",
+            vec![ft(shape, 5), ft(skip, 6)],
+        )
+        .consts(consts)
+        .attr(af("epsilon", 1e-6))
+        .domain("com.microsoft")
+        .atol(1e-4);
+        if sum {
+            case.outputs(4).unnamed(&[1, 2]).check();
+        } else {
+            case.check();
+        }
+    }
+}
+
+#[test]
 fn instance_normalization() {
     for (k, shape) in [&[2, 3, 5, 7][..], &[1, 2, 1031], &[100, 3, 4], &[2, 5, 1]]
         .iter()

@@ -1067,10 +1067,11 @@ impl WebGpuProvider {
     }
 
     fn find(&self, node: &Node) -> Option<&'static OpDef> {
-        if !node.domain.is_empty() {
-            return None;
+        match node.domain.as_str() {
+            "" | "ai.onnx" => all_ops().find(|d| d.op == node.op_type && node.opset >= d.since),
+            "com.microsoft" => norm::MS_OPS.iter().find(|d| d.op == node.op_type),
+            _ => None,
         }
-        all_ops().find(|d| d.op == node.op_type && node.opset >= d.since)
     }
 }
 

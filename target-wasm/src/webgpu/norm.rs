@@ -44,6 +44,15 @@ pub(crate) const OPS: &[OpDef] = &[
         build: build_layer_norm,
     },
     OpDef {
+        // ONNX Runtime's contrib op in the ai.onnx domain (RMSNormalization's forerunner)
+        op: "SimplifiedLayerNormalization",
+        since: 1,
+        type_input: 0,
+        half: false,
+        host: &[],
+        build: build_layer_norm,
+    },
+    OpDef {
         op: "InstanceNormalization",
         since: 1,
         type_input: 0,
@@ -60,6 +69,16 @@ pub(crate) const OPS: &[OpDef] = &[
         build: build_batch_norm,
     },
 ];
+
+/// com.microsoft ops ([`super::WebGpuProvider`] matches them by domain).
+pub(crate) const MS_OPS: &[OpDef] = &[OpDef {
+    op: "SkipSimplifiedLayerNormalization",
+    since: 1,
+    type_input: 0,
+    half: false,
+    host: &[],
+    build: build_skip_simplified,
+}];
 
 fn prod(d: &[usize]) -> usize {
     d.iter().product()
@@ -183,7 +202,7 @@ fn norm_param(gpu: &Gpu, t: &Tensor, norm: &[usize], what: &str) -> Result<Optio
 
 /// LayerNormalization (opset 17) and RMSNormalization (opset 23) over the axes from `axis`.
 fn build_layer_norm(node: &Node) -> Result<Exec> {
-    let rms = node.op_type == "RMSNormalization";
+    let rms = node.op_type == "RMSNormalization" || node.op_type == "SimplifiedLayerNormalization";
     let axis = node.get_i("axis", -1)?;
     let eps = node.get_f("epsilon", 1e-5)?;
     stash_check(node)?;
@@ -279,6 +298,139 @@ fn build_layer_norm(node: &Node) -> Result<Exec> {
         bufs.push(yb.raw());
         run_lines(gpu, &pipe, mode, &mut params, &bufs, rows)?;
         out1(y)
+    }))
+}
+
+/// com.microsoft SkipSimplifiedLayerNormalization: `v = input + skip (+ bias)` per row of the
+/// last axis (`skip` repeats over the leading rows), `y = v / sqrt(mean(v^2) + eps) * gamma`,
+/// and `v` itself as output 3 when the graph reads it (the residual stream of a decoder). The
+/// mean and inv_std_var outputs (1, 2) are refused, as on the CPU.
+fn build_skip_simplified(node: &Node) -> Result<Exec> {
+    let eps = node.get_f("epsilon", 1e-12)?;
+    let wired = |k: usize| node.outputs.get(k).copied().flatten().is_some();
+    if wired(1) || wired(2) {
+        return Err(Error::Other(
+            "the WebGPU SkipSimplifiedLayerNormalization kernel does not produce mean and \
+             inv_std_var"
+                .into(),
+        ));
+    }
+    let want_sum = wired(3);
+    let n_out = node.outputs.len().clamp(1, 4);
+    Ok(Box::new(move |gpu: &Gpu, inputs| {
+        let (x, xb) = dev_in(inputs, 0)?;
+        let (skip, sb) = dev_in(inputs, 1)?;
+        let (gamma, gb) = dev_in(inputs, 2)?;
+        let bias = opt_tensor_in(inputs, 3)?;
+        let shape = x.shape();
+        let h = *shape.last().unwrap_or(&0);
+        if shape.len() < 2 || h == 0 {
+            return Err(Error::Shape(format!(
+                "SkipSimplifiedLayerNormalization: input of shape {shape:?}"
+            )));
+        }
+        if skip.is_empty() || x.len() % skip.len() != 0 || skip.len() % h != 0 {
+            return Err(Error::Shape(format!(
+                "skip of shape {:?} does not repeat over input {shape:?}",
+                skip.shape()
+            )));
+        }
+        check_len("gamma", gamma, h)?;
+        if let Some(b) = bias {
+            check_len("bias", b, h)?;
+        }
+        let mut ins = vec![x, skip, gamma];
+        ins.extend(bias);
+        let (sts, skey) = stores_of(gpu, &ins)?;
+        let (y, yb) = gpu.alloc(x.dtype(), shape)?;
+        let sum = if want_sum {
+            Some(gpu.alloc(x.dtype(), shape)?)
+        } else {
+            None
+        };
+        if !y.is_empty() {
+            let rows = y.len() / h;
+            let mode = Mode::pick(h, rows);
+            let has_b = bias.is_some();
+            let key = format!("skipsimplifiedln:{has_b}:{want_sum}:{}:{skey}", mode.tag());
+            let pipe = gpu.pipeline(&key, || {
+                let mut bufs = vec![
+                    ("x", "read", sts[0].ty()),
+                    ("sk", "read", sts[1].ty()),
+                    ("g", "read", sts[2].ty()),
+                ];
+                if has_b {
+                    bufs.push(("bb", "read", sts[3].ty()));
+                }
+                bufs.push(("y", "read_write", "T"));
+                if want_sum {
+                    bufs.push(("vs", "read_write", "T"));
+                }
+                let plus_b = if has_b { " + f32(bb[k])" } else { "" };
+                let keep = if want_sum {
+                    "vs[base + k] = st(v); "
+                } else {
+                    ""
+                };
+                let text = line_shader(
+                    &bufs,
+                    mode,
+                    &[("s", SUM)],
+                    "",
+                    &format!(
+                        "  if (line >= p[1]) {{ return; }}
+  let n = p[2];
+  let eps = bitcast<f32>(p[3]);
+  let base = line * n;
+  let sbase = base % p[4];
+  var q = 0.0;
+  for (var k = t; k < n; k += S) {{
+    let v = f32(x[base + k]) + f32(sk[sbase + k]){plus_b};
+    q += v * v;
+  }}
+  q = wg_s(t, q);
+  let d = sqrt(q / f32(n) + eps);
+  for (var k = t; k < n; k += S) {{
+    let v = f32(x[base + k]) + f32(sk[sbase + k]){plus_b};
+    {keep}y[base + k] = st(v / d * f32(g[k]));
+  }}"
+                    ),
+                );
+                format!("{}{text}", module_header(&sts, sts[0]))
+            })?;
+            let mut params = [
+                0,
+                word(rows, "rows")?,
+                word(h, "the hidden size")?,
+                eps.to_bits(),
+                word(skip.len(), "the skip size")?,
+            ];
+            let mut bufs = vec![xb.raw(), sb.raw(), gb.raw()];
+            if let Some(b) = bias {
+                bufs.push(dev_buf(b)?.raw());
+            }
+            bufs.push(yb.raw());
+            if let Some((_, vb)) = &sum {
+                bufs.push(vb.raw());
+            }
+            run_lines(gpu, &pipe, mode, &mut params, &bufs, rows)?;
+        }
+        let mut outs = vec![nxrt_core::Value::Tensor(y)];
+        let mut sum = sum.map(|(t, _)| t);
+        while outs.len() < n_out {
+            match (outs.len(), sum.take()) {
+                (3, Some(v)) => outs.push(nxrt_core::Value::Tensor(v)),
+                (_, s) => {
+                    sum = s;
+                    // an unused optional output's placeholder (the executor drops it)
+                    outs.push(nxrt_core::Value::Tensor(Tensor::from_vec::<f32>(
+                        &[0],
+                        Vec::new(),
+                    )?));
+                }
+            }
+        }
+        Ok(outs)
     }))
 }
 

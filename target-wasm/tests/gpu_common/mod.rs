@@ -203,6 +203,10 @@ pub struct Case {
     pub outputs: usize,
     /// inputs (feeds, then consts) that stay float32 in `check_half` (Resize's scales, ...)
     pub keep_f32: Vec<usize>,
+    /// the node's domain ("" for ai.onnx; its opset is 1 when another)
+    pub domain: &'static str,
+    /// outputs left unnamed (optional outputs the graph does not read)
+    pub unnamed: Vec<usize>,
 }
 
 impl Case {
@@ -216,7 +220,19 @@ impl Case {
             atol: 1e-5,
             outputs: 1,
             keep_f32: vec![],
+            domain: "",
+            unnamed: vec![],
         }
+    }
+    /// The node in another domain (opset 1 of it).
+    pub fn domain(mut self, d: &'static str) -> Self {
+        self.domain = d;
+        self
+    }
+    /// Outputs `k` left unnamed.
+    pub fn unnamed(mut self, k: &[usize]) -> Self {
+        self.unnamed = k.to_vec();
+        self
     }
     /// Inputs (numbered over feeds, then consts) that `check_half` leaves float32.
     pub fn keep_f32(mut self, k: &[usize]) -> Self {
@@ -266,23 +282,38 @@ impl Case {
         }
         ModelProto {
             ir_version: 9,
-            opset_import: vec![OperatorSetIdProto {
+            opset_import: core::iter::once(OperatorSetIdProto {
                 domain: String::new(),
                 version: self.opset,
-            }],
+            })
+            .chain((!self.domain.is_empty()).then(|| OperatorSetIdProto {
+                domain: self.domain.into(),
+                version: 1,
+            }))
+            .collect(),
             graph: Some(GraphProto {
                 name: "one".into(),
                 node: vec![NodeProto {
                     op_type: self.op.into(),
+                    domain: self.domain.into(),
                     name: "n0".into(),
                     input: names,
-                    output: (0..self.outputs).map(|k| format!("y{k}")).collect(),
+                    output: (0..self.outputs)
+                        .map(|k| {
+                            if self.unnamed.contains(&k) {
+                                String::new()
+                            } else {
+                                format!("y{k}")
+                            }
+                        })
+                        .collect(),
                     attribute: self.attrs.clone(),
                     ..Default::default()
                 }],
                 initializer: inits,
                 input: inputs,
                 output: (0..self.outputs)
+                    .filter(|k| !self.unnamed.contains(k))
                     .map(|k| ValueInfoProto {
                         name: format!("y{k}"),
                         ..Default::default()
@@ -387,6 +418,8 @@ impl Case {
                 .collect(),
             atol: self.atol,
             outputs: self.outputs,
+            domain: self.domain,
+            unnamed: self.unnamed.clone(),
             keep_f32: self.keep_f32.clone(),
         }
     }
