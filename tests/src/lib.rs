@@ -45,3 +45,23 @@ pub fn nxrt_json(args: &[&str]) -> serde_json::Value {
 }
 
 pub use nxrt_core::conformance::{compare, ErrStats};
+
+/// Whether [`nxrt_bin`] finds a WebGPU adapter, probed by running the embedded model on it.
+/// Where there is none it prints why (the caller skips); any other failure of the probe (a
+/// binary built without the provider, a crash) fails the test.
+pub fn webgpu_available() -> bool {
+    let probe = std::process::Command::new(nxrt_bin())
+        .args(["run", "--provider", "webgpu"])
+        .output()
+        .expect("nxrt runs");
+    if probe.status.success() {
+        return true;
+    }
+    let e = String::from_utf8_lossy(&probe.stderr);
+    assert!(
+        e.contains("no WebGPU adapter"),
+        "the webgpu probe failed for another reason: {e}"
+    );
+    println!("skipped: {}", e.trim());
+    false
+}

@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use nxrt::{Tensor, Value};
-use nxrt_tests::{cache_dir, compare, nxrt_bin, ErrStats};
+use nxrt_tests::{cache_dir, compare, nxrt_bin, webgpu_available, ErrStats};
 use serde_json::Value as Json;
 
 /// Whether a corpus model takes part on `provider`: all, but the onnxruntime-genai pair only
@@ -200,20 +200,8 @@ fn corpus_models_match_onnx_runtime() {
 
 #[test]
 fn corpus_models_match_onnx_runtime_on_webgpu() {
-    let bin = nxrt_bin();
     // the embedded model is the probe: no adapter, no test
-    let probe = Command::new(&bin)
-        .args(["run", "--provider", "webgpu"])
-        .output()
-        .expect("nxrt runs");
-    if !probe.status.success() {
-        let e = String::from_utf8_lossy(&probe.stderr);
-        // only a missing adapter skips; a binary built without the provider is a failure
-        assert!(
-            e.contains("no WebGPU adapter"),
-            "the webgpu probe failed for another reason: {e}"
-        );
-        println!("skipped: {}", e.trim());
+    if !webgpu_available() {
         return;
     }
     parity("webgpu");

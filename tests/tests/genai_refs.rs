@@ -16,7 +16,7 @@
 use std::path::{Path, PathBuf};
 
 use nxrt::genai::Generator;
-use nxrt_tests::{cache_dir, nxrt_bin, nxrt_json};
+use nxrt_tests::{cache_dir, nxrt_bin, nxrt_json, webgpu_available};
 use serde_json::Value as Json;
 
 /// How far below our best logit the reference's id may sit at a teacher-forced int4 step.
@@ -155,19 +155,7 @@ fn greedy_generation_matches_onnxruntime_genai() {
 /// no WebGPU adapter.
 #[test]
 fn greedy_generation_on_webgpu_matches_onnxruntime_genai_for_fp32() {
-    let bin = nxrt_bin();
-    let probe = std::process::Command::new(&bin)
-        .args(["run", "--provider", "webgpu"])
-        .output()
-        .expect("nxrt runs");
-    if !probe.status.success() {
-        let e = String::from_utf8_lossy(&probe.stderr);
-        // only a missing adapter skips; a binary built without the provider is a failure
-        assert!(
-            e.contains("no WebGPU adapter"),
-            "the webgpu probe failed for another reason: {e}"
-        );
-        println!("skipped: {}", e.trim());
+    if !webgpu_available() {
         return;
     }
     let (cache, r) = refs();
