@@ -270,20 +270,7 @@ fn build_layer_norm(node: &Node) -> Result<Exec> {
   }}"
                 )
             };
-            let text = line_shader(
-                &bufs,
-                mode,
-                &[("s", SUM)],
-                "",
-                &format!(
-                    "  if (line >= p[1]) {{ return; }}
-  let n = p[2];
-  let eps = bitcast<f32>(p[3]);
-  let base = line * n;
-{body}"
-                ),
-            );
-            format!("{}{text}", module_header(&sts, sts[0]))
+            row_norm_shader(&bufs, mode, &sts, &body)
         })?;
         let mut params = [
             0,
@@ -372,17 +359,8 @@ fn build_skip_simplified(node: &Node) -> Result<Exec> {
                 } else {
                     ""
                 };
-                let text = line_shader(
-                    &bufs,
-                    mode,
-                    &[("s", SUM)],
-                    "",
-                    &format!(
-                        "  if (line >= p[1]) {{ return; }}
-  let n = p[2];
-  let eps = bitcast<f32>(p[3]);
-  let base = line * n;
-  let sbase = base % p[4];
+                let body = format!(
+                    "  let sbase = base % p[4];
   var q = 0.0;
   for (var k = t; k < n; k += S) {{
     let v = f32(x[base + k]) + f32(sk[sbase + k]){plus_b};
@@ -394,9 +372,8 @@ fn build_skip_simplified(node: &Node) -> Result<Exec> {
     let v = f32(x[base + k]) + f32(sk[sbase + k]){plus_b};
     {keep}y[base + k] = st(v / d * f32(g[k]));
   }}"
-                    ),
                 );
-                format!("{}{text}", module_header(&sts, sts[0]))
+                row_norm_shader(&bufs, mode, &sts, &body)
             })?;
             let mut params = [
                 0,
@@ -432,6 +409,30 @@ fn build_skip_simplified(node: &Node) -> Result<Exec> {
         }
         Ok(outs)
     }))
+}
+
+/// The module of a row normalisation: one line per row of `n` (`p[2]`) elements from `base`,
+/// `eps` from `p[3]`, one summing reducer `wg_s`; `body` computes and writes the row.
+fn row_norm_shader(
+    bufs: &[(&str, &str, &str)],
+    mode: Mode,
+    sts: &[super::Store],
+    body: &str,
+) -> String {
+    let text = line_shader(
+        bufs,
+        mode,
+        &[("s", SUM)],
+        "",
+        &format!(
+            "  if (line >= p[1]) {{ return; }}
+  let n = p[2];
+  let eps = bitcast<f32>(p[3]);
+  let base = line * n;
+{body}"
+        ),
+    );
+    format!("{}{text}", module_header(sts, sts[0]))
 }
 
 fn check_len(what: &str, t: &Tensor, want: usize) -> Result<()> {
