@@ -6,8 +6,8 @@
 //! more. A kernel that streams through tens of megabytes (a decode step's weights, a large
 //! element-wise op) then misses the TLB every 4 KiB, and under a hypervisor each miss walks two
 //! page tables. Asked for 2 MiB pages, the same stream misses 512 times less often: a decode
-//! step of the corpus's tiny_llama (45 MB of f32 weights) ran in 0.77 of the time, a 4M-element
-//! `Add` in about 0.7 (docs/benchmarks.md).
+//! step of the corpus's tiny_llama (45 MB of f32 weights) ran in 0.78 of the time, a 4M-element
+//! `Add` in about 0.75 (docs/benchmarks.md).
 //!
 //! Only blocks of at least [`LARGE`] bytes are advised, and only the whole 2 MiB pages inside
 //! them, so small allocations (and their neighbours) keep the allocator's usual behaviour. The
@@ -36,6 +36,7 @@ const HUGE: usize = 2 << 20;
 pub struct LargePages;
 
 /// The whole huge pages inside `[p, p + size)`, as (start, length); `None` if there are none.
+#[cfg_attr(not(target_os = "linux"), allow(dead_code))]
 fn huge_range(p: usize, size: usize) -> Option<(usize, usize)> {
     let lo = p.checked_next_multiple_of(HUGE)?;
     let hi = p.checked_add(size)? / HUGE * HUGE;
@@ -76,6 +77,7 @@ unsafe impl GlobalAlloc for LargePages {
             // SAFETY: forwarded as given
             return unsafe { System.alloc_zeroed(layout) };
         }
+        // (16: the alignment glibc's calloc gives on 64-bit targets, up to which `System` uses it)
         if layout.align() <= 16 {
             // calloc leaves memory it knows is zero (fresh from the kernel) untouched, so the
             // advice still comes before the first write there, and a large zeroed block that

@@ -139,9 +139,7 @@ impl NativeCpu {
             }
         });
     }
-}
 
-impl NativeCpu {
     /// The strided SGEMM and its epilogue.
     fn sgemm_strided(&self, g: &Gemm, a: &[f32], b: &[f32], c: &mut [f32], epi: GemmEpi<'_>) {
         let (m, n, k) = (g.m, g.n, g.k);

@@ -1422,19 +1422,20 @@ fn conv_compute_into<T: Num>(
     };
     // The epilogue of one tile (mg rows of nc positions from p0 of one image and group), while
     // it is in cache: `+ Z` (after the bias and the products, as the unfused Add would), then
-    // the activation.
-    let tile_epi = |yg: &mut [T], zg: Option<&[T]>, p0: usize, nc: usize| {
-        for r in 0..mg {
-            let row = &mut yg[r * out_plane + p0..r * out_plane + p0 + nc];
-            if let Some(zg) = zg {
-                let zr = &zg[r * out_plane + p0..r * out_plane + p0 + nc];
-                row.iter_mut().zip(zr).for_each(|(v, &z)| *v = v.add(z));
+    // `act` (the activation the SGEMM did not apply).
+    let tile_epi =
+        |yg: &mut [T], zg: Option<&[T]>, p0: usize, nc: usize, act: Option<TileFn<'_, T>>| {
+            for r in 0..mg {
+                let row = &mut yg[r * out_plane + p0..r * out_plane + p0 + nc];
+                if let Some(zg) = zg {
+                    let zr = &zg[r * out_plane + p0..r * out_plane + p0 + nc];
+                    row.iter_mut().zip(zr).for_each(|(v, &z)| *v = v.add(z));
+                }
+                if let Some(act) = act {
+                    act(row);
+                }
             }
-            if let Some(act) = act_after {
-                act(row);
-            }
-        }
-    };
+        };
     if kdim == 0 {
         // no products: the bias or zero
         match bias {
@@ -1445,20 +1446,12 @@ fn conv_compute_into<T: Num>(
             }
             None => y.fill(T::ZERO),
         }
+        // (no SGEMM ran: the whole activation here)
         for ni in 0..n {
             for gi in 0..group {
                 let o = (ni * m + gi * mg) * out_plane;
                 let zg = epi.z.map(|z| &z[o..o + mg * out_plane]);
-                for r in 0..mg {
-                    let row = &mut y[o + r * out_plane..o + (r + 1) * out_plane];
-                    if let Some(zg) = zg {
-                        let zr = &zg[r * out_plane..(r + 1) * out_plane];
-                        row.iter_mut().zip(zr).for_each(|(v, &z)| *v = v.add(z));
-                    }
-                    if let Some(act) = epi.act {
-                        act(row);
-                    }
-                }
+                tile_epi(&mut y[o..o + mg * out_plane], zg, 0, out_plane, epi.act);
             }
         }
         return;
@@ -1517,7 +1510,7 @@ fn conv_compute_into<T: Num>(
                     let (w, gepi) = ((wg, wpg), fusion.gemm(gi, mg));
                     pointwise_gemm(cx, &gm, w, &xg[p0..], &mut yg[p0..], gepi);
                     if has_epi {
-                        tile_epi(yg, zg, p0, nc);
+                        tile_epi(yg, zg, p0, nc, act_after);
                     }
                     p0 += nc;
                 }
@@ -1540,7 +1533,7 @@ fn conv_compute_into<T: Num>(
                     fusion.gemm(gi, mg),
                 );
                 if has_epi {
-                    tile_epi(yg, zg, p0, nc);
+                    tile_epi(yg, zg, p0, nc, act_after);
                 }
                 p0 += nc;
             }

@@ -1461,19 +1461,7 @@ pub fn gemm_panel_ok<V: VF32>(panel: usize) -> bool {
 #[inline(always)]
 #[cfg_attr(not(test), allow(dead_code))]
 pub fn sgemm_ops<V: VF32>(g: &Gemm, a: Operand<'_>, b: Operand<'_>, c: &mut [f32]) {
-    sgemm_ops_epi::<V>(g, a, b, c, GemmEpi::NONE)
-}
-
-/// [`sgemm_ops`] with an epilogue (a bias per row of C, a clamp) applied as C is stored.
-#[inline(always)]
-#[cfg_attr(not(test), allow(dead_code))]
-pub fn sgemm_ops_epi<V: VF32>(
-    g: &Gemm,
-    a: Operand<'_>,
-    b: Operand<'_>,
-    c: &mut [f32],
-    epi: GemmEpi<'_>,
-) {
+    let epi = GemmEpi::NONE;
     match sgemm_panel_height::<V>(g, &a) {
         12 => sgemm_ops_12::<V>(g, a, b, c, epi),
         8 => sgemm_ops_8::<V>(g, a, b, c, epi),

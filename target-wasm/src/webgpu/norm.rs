@@ -4,7 +4,7 @@
 
 use nxrt_core::ir::Node;
 use nxrt_core::kernels::{norm_axis, opt_tensor_in};
-use nxrt_core::{Error, Result, Tensor};
+use nxrt_core::{Error, Result, Tensor, Value};
 
 use super::module_header;
 use super::reduce::{line_shader, run_lines, stores_of, word, Mode, MAX, SUM};
@@ -392,20 +392,14 @@ fn build_skip_simplified(node: &Node) -> Result<Exec> {
             }
             run_lines(gpu, &pipe, mode, &mut params, &bufs, rows)?;
         }
-        let mut outs = vec![nxrt_core::Value::Tensor(y)];
-        let mut sum = sum.map(|(t, _)| t);
-        while outs.len() < n_out {
-            match (outs.len(), sum.take()) {
-                (3, Some(v)) => outs.push(nxrt_core::Value::Tensor(v)),
-                (_, s) => {
-                    sum = s;
-                    // an unused optional output's placeholder (the executor drops it)
-                    outs.push(nxrt_core::Value::Tensor(Tensor::from_vec::<f32>(
-                        &[0],
-                        Vec::new(),
-                    )?));
-                }
-            }
+        // unused optional outputs get an empty placeholder (the executor drops them); a wired
+        // output 3 means the node has all four
+        let mut outs = vec![Value::Tensor(y)];
+        for _ in 1..n_out {
+            outs.push(Value::Tensor(Tensor::from_vec::<f32>(&[0], Vec::new())?));
+        }
+        if let Some((v, _)) = sum {
+            outs[3] = Value::Tensor(v);
         }
         Ok(outs)
     }))
