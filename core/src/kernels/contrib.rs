@@ -67,6 +67,38 @@ fn rms_row(v: &[f32], gamma: &[f32], eps: f32, y: &mut [f32]) -> f32 {
     1.0 / d
 }
 
+/// SimplifiedLayerNormalization's row as ONNX Runtime's CPU kernel (1.32) rounds it, which
+/// differs from its SkipSimplifiedLayerNormalization ([`rms_row`]); fitted bit for bit to its
+/// outputs on x86-64 (every element of 240 rows of 512): the squares accumulate in 8 lanes by
+/// fused multiply-adds (element i into lane i % 8), the lanes are added as halves (4 + 4, then
+/// 2 + 2, then 1 + 1), `inv = 1 / sqrt(sum / n + eps)` and `y = x * inv * gamma`. Elements
+/// past the last 8 (no such row was measured) are fused into the sum in order. Returns `inv`.
+/// Where an int8-quantizing MatMulNBits follows (accuracy level 4), a last-bit difference here
+/// becomes a quantization step downstream, so the int4 decoders' greedy tokens depend on it.
+fn rms_row_lanes(v: &[f32], gamma: &[f32], eps: f32, y: &mut [f32]) -> f32 {
+    let mut acc = [0f32; 8];
+    let n8 = v.len() / 8 * 8;
+    for c in v[..n8].chunks_exact(8) {
+        for (a, &x) in acc.iter_mut().zip(c) {
+            *a = libm::fmaf(x, x, *a);
+        }
+    }
+    for w in [4, 2, 1] {
+        for j in 0..w {
+            acc[j] += acc[j + w];
+        }
+    }
+    let mut ss = acc[0];
+    for &x in &v[n8..] {
+        ss = libm::fmaf(x, x, ss);
+    }
+    let inv = 1.0 / libm::sqrtf(ss / v.len() as f32 + eps);
+    for ((o, &x), &g) in y.iter_mut().zip(v).zip(gamma) {
+        *o = x * inv * g;
+    }
+    inv
+}
+
 // ----------------------------------------------------------------------------- RMS norms
 
 /// SimplifiedLayerNormalization: RMS normalisation over the axes from `axis` on; output 1 is
@@ -98,7 +130,7 @@ fn build_simplified_ln(node: &Node) -> Result<Box<dyn Kernel>> {
             let mut y = cx.output::<f32>(0, shape)?;
             let mut inv = vec![0f32; rows];
             for (r, iv) in inv.iter_mut().enumerate() {
-                *iv = rms_row(&xs[r * n..][..n], &g, eps, &mut y[r * n..][..n]);
+                *iv = rms_row_lanes(&xs[r * n..][..n], &g, eps, &mut y[r * n..][..n]);
             }
             let mut outs = vec![Value::Tensor(y.into_tensor())];
             if n_out > 1 {
@@ -229,6 +261,9 @@ fn build_gqa(node: &Node) -> Result<Box<dyn Kernel>> {
 
 /// Rotates the first `2 * cos.len()` elements of `x` by the angles of one position.
 fn rope(x: &mut [f32], cos: &[f32], sin: &[f32], interleaved: bool) {
+    if !interleaved {
+        return crate::simd::rotate_halves(x, cos, sin);
+    }
     let h2 = cos.len();
     for i in 0..h2 {
         let (a, b) = if interleaved {
@@ -237,10 +272,30 @@ fn rope(x: &mut [f32], cos: &[f32], sin: &[f32], interleaved: bool) {
             (i, i + h2)
         };
         let (xa, xb) = (x[a], x[b]);
-        x[a] = xa * cos[i] - xb * sin[i];
-        x[b] = xb * cos[i] + xa * sin[i];
+        // ONNX Runtime's rounding (its rotary kernel's fused multiply-adds, fitted to its
+        // rotated keys bit for bit)
+        x[a] = libm::fmaf(xa, cos[i], -(xb * sin[i]));
+        x[b] = libm::fmaf(xa, sin[i], xb * cos[i]);
     }
 }
+
+/// A softmax's sum of exponentials in ONNX Runtime's order (its 16-lane kernel): element i
+/// into sum i % 16 in order, sums i and i + 8 added, then the 8 folded as
+/// `((m0 + m1) + (m2 + m3)) + ((m4 + m5) + (m6 + m7))`.
+fn sum_lanes16(e: &[f32]) -> f32 {
+    let mut l = [0f32; 16];
+    for c in e.chunks(16) {
+        for (s, &v) in l.iter_mut().zip(c) {
+            *s += v;
+        }
+    }
+    let m: [f32; 8] = core::array::from_fn(|i| l[i] + l[i + 8]);
+    ((m[0] + m[1]) + (m[2] + m[3])) + ((m[4] + m[5]) + (m[6] + m[7]))
+}
+
+/// The block of keys ONNX Runtime's GEMM sums in one chain before adding it to the output
+/// (longer rows of weighted values are summed 256 keys at a time).
+const PV_BLOCK: usize = 256;
 
 fn ints32(t: &Tensor, what: &str) -> Result<Vec<i64>> {
     if t.dtype() != DataType::Int32 {
@@ -525,8 +580,18 @@ impl Gqa {
                 let j = n / group;
                 let kb = &pk_all[(bi * nkv + j) * plen * h..][..plen * h];
                 let vb = &pv_all[(bi * nkv + j) * plen * h..][..plen * h];
-                let mut scores = crate::simd::scratch::<f32>(2 * plen);
+                let mut scores = crate::simd::scratch::<f32>(2 * plen + h);
                 let (scores, ex) = scores.split_at_mut(plen);
+                let (ex, blk) = ex.split_at_mut(plen);
+                // a prompt's scores: keys transposed (k-major), one fused chain per score
+                let mut kt = crate::simd::scratch::<f32>(if s > 1 { total_b * h } else { 0 });
+                if s > 1 {
+                    for (t, key) in kb[..total_b * h].chunks_exact(h).enumerate() {
+                        for (k, &x) in key.iter().enumerate() {
+                            kt[k * total_b + t] = x;
+                        }
+                    }
+                }
                 for si in 0..s {
                     let len = (past_b + si + 1).min(total_b);
                     let start = if self.window >= 0 && len > self.window as usize {
@@ -536,7 +601,14 @@ impl Gqa {
                     };
                     let qr = &qrot[(si * nh + n) * h..][..h];
                     let sc = &mut scores[start..len];
-                    crate::simd::dot_rows(&kb[start * h..], h, qr, sc);
+                    // scores rounded as ONNX Runtime's: its one-row kernel for one new token,
+                    // its GEMM's fused chains for a prompt
+                    if s == 1 {
+                        let isa = crate::simd::isa().min(crate::simd::Isa::Avx2);
+                        crate::simd::dots_lanes8_on(isa, &kb[start * h..], h, qr, sc);
+                    } else {
+                        crate::simd::fma_chains(&kt[start..], total_b, qr, sc);
+                    }
                     let mut mx = f32::NEG_INFINITY;
                     for (t, x) in (start..len).zip(sc.iter_mut()) {
                         *x *= alpha;
@@ -558,10 +630,9 @@ impl Gqa {
                     if let Some(sx) = sink_x {
                         mx = mx.max(sx);
                     }
-                    sc.iter_mut().for_each(|x| *x -= mx);
                     let ex = &mut ex[start..len];
-                    crate::simd::exp(sc, ex);
-                    let mut den = crate::simd::sum(ex);
+                    crate::simd::exp_shifted(sc, -mx, ex);
+                    let mut den = sum_lanes16(ex);
                     if let Some(sx) = sink_x {
                         den += libm::expf(sx - mx);
                     }
@@ -574,7 +645,30 @@ impl Gqa {
                         )
                     };
                     if len > start && den > 0.0 {
-                        crate::simd::axpy_rows(ex, &vb[start * h..], h, o);
+                        // the weighted values rounded as ONNX Runtime's: unfused products
+                        // added in order for one new token; for a prompt, fused chains over
+                        // blocks of PV_BLOCK keys (from key 0), each block added to the output
+                        if s == 1 {
+                            for (t, &e) in (start..len).zip(ex.iter()) {
+                                for (od, &v) in o.iter_mut().zip(&vb[t * h..][..h]) {
+                                    *od += e * v;
+                                }
+                            }
+                        } else {
+                            let mut b0 = start / PV_BLOCK * PV_BLOCK;
+                            while b0 < len {
+                                let (lo, hi) = (b0.max(start), (b0 + PV_BLOCK).min(len));
+                                blk.fill(0.0);
+                                crate::simd::axpy_rows(
+                                    &ex[lo - start..hi - start],
+                                    &vb[lo * h..],
+                                    h,
+                                    blk,
+                                );
+                                o.iter_mut().zip(blk.iter()).for_each(|(od, &b)| *od += b);
+                                b0 += PV_BLOCK;
+                            }
+                        }
                         let inv = 1.0 / den;
                         o.iter_mut().for_each(|x| *x *= inv);
                     }

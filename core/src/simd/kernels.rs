@@ -1144,6 +1144,104 @@ pub fn exp<V: VF32>(x: &[f32], out: &mut [f32]) {
     map::<V>(Act::Exp, x, out);
 }
 
+/// `out[t] = dot(q, keys[t * ld..][..q.len()])` with 8 partial sums (see
+/// [`super::dots_lanes8`]); `V::LANES` must divide 8.
+#[inline(always)]
+pub fn dots_lanes8<V: VF32>(keys: &[f32], ld: usize, q: &[f32], out: &mut [f32]) {
+    let l = V::LANES;
+    assert!(8 % l == 0, "dots_lanes8: {l} lanes");
+    let (h, nv) = (q.len(), 8 / l);
+    let h8 = h / 8 * 8;
+    for (t, o) in out.iter_mut().enumerate() {
+        let key = &keys[t * ld..t * ld + h];
+        let mut acc = [V::splat(0.0); 2];
+        for c in (0..h8).step_by(8) {
+            for (v, a) in acc.iter_mut().enumerate().take(nv) {
+                let e = c + v * l;
+                *a = a.add(V::load(&q[e..]).mul(V::load(&key[e..])));
+            }
+        }
+        let mut s = [0f32; 8];
+        for (v, a) in acc.iter().enumerate().take(nv) {
+            a.store(&mut s[v * l..]);
+        }
+        for e in h8..h {
+            s[e - h8] += q[e] * key[e];
+        }
+        *o = ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
+    }
+}
+
+/// `(a, b) <- (a cos - b sin, a sin + b cos)` over `a = x[..n]`, `b = x[n..2n]` for `n =
+/// cos.len()` (see [`super::rotate_halves`]).
+#[inline(always)]
+pub fn rotate_halves<V: VF32>(x: &mut [f32], cos: &[f32], sin: &[f32]) {
+    let (l, n) = (V::LANES, cos.len().min(sin.len()));
+    let (a, b) = x[..2 * n].split_at_mut(n);
+    let mut i = 0;
+    while i + l <= n {
+        let (va, vb) = (V::load(&a[i..]), V::load(&b[i..]));
+        let (c, s) = (V::load(&cos[i..]), V::load(&sin[i..]));
+        let na = va.fma(c, V::splat(0.0).sub(vb.mul(s)));
+        let nb = va.fma(s, vb.mul(c));
+        na.store(&mut a[i..]);
+        nb.store(&mut b[i..]);
+        i += l;
+    }
+    for j in i..n {
+        let (xa, xb) = (a[j], b[j]);
+        a[j] = libm::fmaf(xa, cos[j], -(xb * sin[j]));
+        b[j] = libm::fmaf(xa, sin[j], xb * cos[j]);
+    }
+}
+
+/// `out[i] = e^(x[i] + shift)` (see [`super::exp_shifted`]).
+#[inline(always)]
+pub fn exp_shifted<V: VF32>(x: &[f32], shift: f32, out: &mut [f32]) {
+    let (l, n) = (V::LANES, x.len().min(out.len()));
+    let sv = V::splat(shift);
+    let mut i = 0;
+    while i + l <= n {
+        V::load(&x[i..])
+            .add(sv)
+            .exp_nonpositive()
+            .store(&mut out[i..]);
+        i += l;
+    }
+    if i < n {
+        let mut buf = [0f32; 16];
+        buf[..n - i].copy_from_slice(&x[i..n]);
+        V::load(&buf[..])
+            .add(sv)
+            .exp_nonpositive()
+            .store(&mut buf[..]);
+        out[i..n].copy_from_slice(&buf[..n - i]);
+    }
+}
+
+/// `out[j] = sum_k q[k] * kt[k * ld + j]`, one fused chain per j in order of k (see
+/// [`super::fma_chains`]); `V::LANES` values of j at a time.
+#[inline(always)]
+pub fn fma_chains<V: VF32>(kt: &[f32], ld: usize, q: &[f32], out: &mut [f32]) {
+    let (l, n) = (V::LANES, out.len());
+    let mut j = 0;
+    while j + l <= n {
+        let mut acc = V::splat(0.0);
+        for (k, &qk) in q.iter().enumerate() {
+            acc = V::load(&kt[k * ld + j..]).fma(V::splat(qk), acc);
+        }
+        acc.store(&mut out[j..]);
+        j += l;
+    }
+    for (jj, o) in out.iter_mut().enumerate().skip(j) {
+        let mut acc = 0f32;
+        for (k, &qk) in q.iter().enumerate() {
+            acc = libm::fmaf(qk, kt[k * ld + jj], acc);
+        }
+        *o = acc;
+    }
+}
+
 /// `out[r] = sum_e m[r * ld + e] * x[e]` for `r < out.len()`, `e < x.len()` (attention
 /// scores: a query against rows of keys).
 #[inline(always)]

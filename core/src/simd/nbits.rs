@@ -428,6 +428,146 @@ fn q4_tile<V: VF32, const R: usize>(p: &Q4Packed, a: &Q8Rows, r0: usize, gi: usi
     acc
 }
 
+/// Where each of a block's four partial sums goes among the sixteen accumulators of a group
+/// of four blocks, by the block's place in the group (see [`q4_tile32`]).
+const SLOT32: [[usize; 4]; 4] = [[0, 1, 4, 5], [8, 9, 12, 13], [2, 3, 6, 7], [10, 11, 14, 15]];
+
+/// [`q4_tile`] for blocks of 32, rounded as ONNX Runtime's MLAS kernel for them (AVX-512
+/// VNNI, blocks of 32 at accuracy level 4) rounds, fitted to its outputs bit for bit (every
+/// element of M = 1, 2 and 8 products of 768 columns): per column, each block's 32 products
+/// with the unsigned codes as four integer partial sums of 8 (elements 0-3 and 8-11, 4-7 and
+/// 12-15, 16-19 and 24-27, 20-23 and 28-31), each times `scale_a * scale_b` fused into one of
+/// 16 f32 sums (four blocks share the 16), those folded pairwise (sum i plus sum i + 8); the
+/// blocks past the last four whole groups as eight partial sums of 4 into the 8; the 8 added
+/// as `((s0 + s1) + s2) + s3` plus the same of s4..s7; then the zero points' share
+/// `sum_b (scale_a * sum q) * (-zp * scale_b)` (fused, in block order, from 0) added last.
+/// Order-dependent roundings of a few ulp, but an int4 decoder's greedy tokens at accuracy
+/// level 4 change with them (the next quantization turns a last bit into a whole int8 step).
+#[inline(always)]
+fn q4_tile32<V: VF32, const R: usize>(p: &Q4Packed, a: &Q8Rows, r0: usize, gi: usize) -> [V; R] {
+    let blocks = p.blocks;
+    debug_assert_eq!(p.bs, 32);
+    let z = V::splat(0.0);
+    let mut acc16 = [[z; 16]; R];
+    let mut zps = [z; R];
+    let whole = blocks / 4 * 4;
+    // four blocks at a time, each through its own constant slots (a run-time slot index
+    // would keep the sums in memory)
+    for b4 in (0..whole).step_by(4) {
+        q4_block32::<V, R, 0>(p, a, (r0, gi, b4), &mut acc16, &mut zps);
+        q4_block32::<V, R, 1>(p, a, (r0, gi, b4 + 1), &mut acc16, &mut zps);
+        q4_block32::<V, R, 2>(p, a, (r0, gi, b4 + 2), &mut acc16, &mut zps);
+        q4_block32::<V, R, 3>(p, a, (r0, gi, b4 + 3), &mut acc16, &mut zps);
+    }
+    let mut acc8 = [[z; 8]; R];
+    for r in 0..R {
+        for j in 0..8 {
+            acc8[r][j] = acc16[r][j].add(acc16[r][j + 8]);
+        }
+    }
+    for bi in whole..blocks {
+        q4_block32_rest::<V, R>(p, a, (r0, gi, bi), &mut acc8, &mut zps);
+    }
+    let mut out = [z; R];
+    for r in 0..R {
+        let s = &acc8[r];
+        let lo = s[0].add(s[1]).add(s[2]).add(s[3]);
+        let hi = s[4].add(s[5]).add(s[6]).add(s[7]);
+        out[r] = lo.add(hi).add(zps[r]);
+    }
+    out
+}
+
+/// A block of 32 codes for one group of columns: (lo, hi) codes per 8 elements, the
+/// `scale_b` lanes and the `-zp * scale_b` lanes.
+type Block32<V> = ([(<V as VF32>::Q, <V as VF32>::Q); 4], V, V);
+
+/// Block `bi`'s codes for column group `gi` (see [`Block32`]).
+#[inline(always)]
+fn q4_block32_codes<V: VF32>(p: &Q4Packed, gi: usize, bi: usize) -> Block32<V> {
+    let l = V::LANES;
+    let at = (gi * p.blocks + bi) * l;
+    let codes = &p.codes[at * 16..(at + l) * 16];
+    let nib = [
+        V::q_nibbles(codes),
+        V::q_nibbles(&codes[4 * l..]),
+        V::q_nibbles(&codes[8 * l..]),
+        V::q_nibbles(&codes[12 * l..]),
+    ];
+    let s = V::load(&p.scales[at..]);
+    (nib, s, V::splat(0.0).sub(V::load(&p.zp[at..])).mul(s))
+}
+
+/// One block of a group of four (place `P`) into [`q4_tile32`]'s 16 sums: its four partial
+/// sums of 8 into the sums `SLOT32[P]`, its zero points' share into `zps`.
+#[inline(always)]
+fn q4_block32<V: VF32, const R: usize, const P: usize>(
+    p: &Q4Packed,
+    a: &Q8Rows,
+    (r0, gi, bi): (usize, usize, usize),
+    acc16: &mut [[V; 16]; R],
+    zps: &mut [V; R],
+) {
+    let (nib, s, nzs) = q4_block32_codes::<V>(p, gi, bi);
+    let [s0, s1, s2, s3] = SLOT32[P];
+    for r in 0..R {
+        let i = (r0 + r) * p.blocks + bi;
+        let o = (r0 + r) * a.kp + bi * 32;
+        let q = &a.q[o..o + 32];
+        let word = |e: usize| u32::from_le_bytes([q[e], q[e + 1], q[e + 2], q[e + 3]]);
+        let sab = s.mul(V::splat(a.sa[i]));
+        zps[r] = V::splat(a.sa[i] * a.sq[i]).fma(nzs, zps[r]);
+        let zq = V::q_zero();
+        let p0 = V::q_f32(V::q_dot(V::q_dot(zq, nib[0].0, word(0)), nib[1].0, word(8)));
+        let p1 = V::q_f32(V::q_dot(
+            V::q_dot(zq, nib[0].1, word(4)),
+            nib[1].1,
+            word(12),
+        ));
+        let p2 = V::q_f32(V::q_dot(
+            V::q_dot(zq, nib[2].0, word(16)),
+            nib[3].0,
+            word(24),
+        ));
+        let p3 = V::q_f32(V::q_dot(
+            V::q_dot(zq, nib[2].1, word(20)),
+            nib[3].1,
+            word(28),
+        ));
+        let acc = &mut acc16[r];
+        acc[s0] = p0.fma(sab, acc[s0]);
+        acc[s1] = p1.fma(sab, acc[s1]);
+        acc[s2] = p2.fma(sab, acc[s2]);
+        acc[s3] = p3.fma(sab, acc[s3]);
+    }
+}
+
+/// A block past the last whole group of four: eight partial sums of 4 into the 8 sums.
+#[inline(always)]
+fn q4_block32_rest<V: VF32, const R: usize>(
+    p: &Q4Packed,
+    a: &Q8Rows,
+    (r0, gi, bi): (usize, usize, usize),
+    acc8: &mut [[V; 8]; R],
+    zps: &mut [V; R],
+) {
+    let (nib, s, nzs) = q4_block32_codes::<V>(p, gi, bi);
+    for r in 0..R {
+        let i = (r0 + r) * p.blocks + bi;
+        let o = (r0 + r) * a.kp + bi * 32;
+        let q = &a.q[o..o + 32];
+        let word = |e: usize| u32::from_le_bytes([q[e], q[e + 1], q[e + 2], q[e + 3]]);
+        let sab = s.mul(V::splat(a.sa[i]));
+        zps[r] = V::splat(a.sa[i] * a.sq[i]).fma(nzs, zps[r]);
+        for (kk, &(lo, hi)) in nib.iter().enumerate() {
+            let pl = V::q_f32(V::q_dot(V::q_zero(), lo, word(8 * kk)));
+            let ph = V::q_f32(V::q_dot(V::q_zero(), hi, word(8 * kk + 4)));
+            acc8[r][2 * kk] = pl.fma(sab, acc8[r][2 * kk]);
+            acc8[r][2 * kk + 1] = ph.fma(sab, acc8[r][2 * kk + 1]);
+        }
+    }
+}
+
 /// Stores a tile of rows `r0..r0 + R` for column group `gi` at group slot `slot` of `y`
 /// (columns past N left out).
 #[inline(always)]
@@ -469,6 +609,21 @@ pub fn q4_rows<V: VF32>(
     );
     for gi in g0..g1 {
         let mut r0 = 0;
+        if p.bs == 32 {
+            // ONNX Runtime's rounding for blocks of 32 (16 sums per row: a row at a time,
+            // which measured faster than two, whose 32 sums spill)
+            while r0 < a.rows {
+                q4_put(
+                    p,
+                    q4_tile32::<V, 1>(p, a, r0, gi),
+                    (r0, gi - g0, gi),
+                    y,
+                    ldy,
+                );
+                r0 += 1;
+            }
+            continue;
+        }
         while r0 < a.rows {
             let r = (a.rows - r0).min(4);
             match r {
