@@ -45,12 +45,21 @@ const REFERENCE_ERRORS: &[(&str, &str, f64, &str)] = &[
         "tiny_llama_genai_int4",
         "*",
         4e-2,
-        "MatMulNBits rounds each block of activations to int8 (accuracy_level 4): over a \
-         64-token prefill, last-bit differences upstream (1 of layer 0's 16384 attention \
-         outputs) land on the other int8 neighbour and spread through later layers (up to \
-         1.7e-2 measured in logits and the KV outputs; logit std 0.32); a one-token decode step matches to 7e-7",
+        "MatMulNBits rounds each block of activations to int8 (accuracy_level 4), so a \
+         last-bit difference upstream can land on the other int8 neighbour; our kernels round \
+         as ONNX Runtime's AVX-512 VNNI ones (equal bit for bit there, where this entry is \
+         not used), and on other machines ONNX Runtime's own kernels round otherwise (before \
+         they were matched: up to 1.7e-2 in logits over a 64-token prefill)",
     ),
 ];
+
+/// Whether a [`REFERENCE_ERRORS`] entry applies on this machine: the int4 model's is for
+/// machines where ONNX Runtime's int4 kernels are not the AVX-512 VNNI ones ours reproduce
+/// (there its outputs must be within the strict tolerance: measured equal bit for bit).
+fn reference_error_applies(model: &str) -> bool {
+    model != "tiny_llama_genai_int4"
+        || nxrt_core::simd::q4_isa().0 != nxrt_core::simd::Isa::Avx512
+}
 
 fn safe(name: &str) -> String {
     name.chars()
@@ -177,7 +186,8 @@ fn check_case(
         if let Err(e) = compare(&got, &want, RTOL, ATOL, &mut stats) {
             let known = REFERENCE_ERRORS
                 .iter()
-                .find(|(m, o, _, _)| *m == model_name && (*o == name || *o == "*"));
+                .find(|(m, o, _, _)| *m == model_name && (*o == name || *o == "*"))
+                .filter(|_| reference_error_applies(model_name));
             match known {
                 Some((_, _, atol, why)) => {
                     compare(&got, &want, RTOL, *atol, &mut ErrStats::default())
