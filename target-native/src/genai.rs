@@ -12,7 +12,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub use nxrt_core::genai::{
-    DecoderConfig, FinishReason, GenOptions, Generation, SamplingOptions, SearchDefaults, StopText,
+    DecoderConfig, FinishReason, GenOptions, Generation, LogitsProcessor, SamplingOptions,
+    SearchDefaults, StopText,
 };
 
 #[cfg(feature = "tokenizers")]
@@ -236,5 +237,22 @@ impl Generator {
         mut on_token: impl FnMut(i64) -> bool,
     ) -> Result<Generation> {
         pollster::block_on(self.inner.generate(prompt, opts, &mut on_token))
+    }
+
+    /// [`Generator::generate`] with the caller's logits processors added to the chain, in
+    /// order: each sees every step's logits (after the built-in penalties) and the ids so far,
+    /// and may change the logits (`-inf` bans an id). Closures
+    /// `FnMut(&mut [f32], &[i64]) -> Result<()>` are processors.
+    pub fn generate_with(
+        &mut self,
+        prompt: &[i64],
+        opts: &GenOptions,
+        processors: Vec<Box<dyn LogitsProcessor>>,
+        mut on_token: impl FnMut(i64) -> bool,
+    ) -> Result<Generation> {
+        pollster::block_on(
+            self.inner
+                .generate_with(prompt, opts, processors, &mut on_token),
+        )
     }
 }

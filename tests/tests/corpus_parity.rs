@@ -57,8 +57,7 @@ const REFERENCE_ERRORS: &[(&str, &str, f64, &str)] = &[
 /// machines where ONNX Runtime's int4 kernels are not the AVX-512 VNNI ones ours reproduce
 /// (there its outputs must be within the strict tolerance: measured equal bit for bit).
 fn reference_error_applies(model: &str) -> bool {
-    model != "tiny_llama_genai_int4"
-        || nxrt_core::simd::q4_isa().0 != nxrt_core::simd::Isa::Avx512
+    model != "tiny_llama_genai_int4" || nxrt_core::simd::q4_isa().0 != nxrt_core::simd::Isa::Avx512
 }
 
 fn safe(name: &str) -> String {

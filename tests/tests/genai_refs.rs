@@ -247,6 +247,100 @@ fn rewind_then_generate_continues_the_reference() {
     }
 }
 
+/// The processor chain (`generate_with`): a caller's processor sees every step's logits and the
+/// ids so far (the prompt, then each new id), its changes decide the choice (banning the
+/// reference's first id gives the runner-up of that step's logits), and processors run in the
+/// order added (a later one sees what an earlier one did).
+#[test]
+fn logits_processors_see_each_step_and_steer_the_choice() {
+    let (cache, r) = refs();
+    let m = &r["models"]["tiny_llama_genai_fp32"];
+    let dir = cache.join(m["dir"].as_str().unwrap());
+    let c = &m["cases"][2];
+    let (prompt, want) = (ids(&c["prompt_ids"]), ids(&c["tokens"]));
+    let mut g = Generator::from_folder(&dir, &nxrt::Session::builder()).unwrap();
+    let opts = nxrt::genai::GenOptions {
+        max_new_tokens: 4,
+        min_new_tokens: 4,
+        ..Default::default()
+    };
+    // the step-0 logits without processors, for the runner-up
+    g.reset().unwrap();
+    g.append_tokens(&prompt, 0).unwrap();
+    let l0 = g.logits().to_vec();
+    let mut order: Vec<usize> = (0..l0.len()).collect();
+    order.sort_by(|&a, &b| l0[b].total_cmp(&l0[a]).then(a.cmp(&b)));
+    assert_eq!(order[0] as i64, want[0]);
+
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::<Vec<i64>>::new()));
+    let saw_ban = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (log, first, plen) = (seen.clone(), want[0], prompt.len());
+    let ban_first = move |l: &mut [f32], h: &[i64]| {
+        log.lock().unwrap().push(h.to_vec());
+        if h.len() == plen {
+            l[first as usize] = f32::NEG_INFINITY;
+        }
+        Ok(())
+    };
+    // a second processor runs after the first: at step 0 it sees the ban
+    let flag = saw_ban.clone();
+    let after = move |l: &mut [f32], h: &[i64]| {
+        if h.len() == plen {
+            flag.store(
+                l[first as usize] == f32::NEG_INFINITY,
+                std::sync::atomic::Ordering::Relaxed,
+            );
+        }
+        Ok(())
+    };
+    g.reset().unwrap();
+    let got = g
+        .generate_with(
+            &prompt,
+            &opts,
+            vec![Box::new(ban_first), Box::new(after)],
+            |_| true,
+        )
+        .unwrap();
+    assert_eq!(
+        got.tokens[0], order[1] as i64,
+        "the runner-up once the best is banned"
+    );
+    assert!(
+        saw_ban.load(std::sync::atomic::Ordering::Relaxed),
+        "processors run in order"
+    );
+    let seen = seen.lock().unwrap();
+    assert_eq!(seen.len(), 4, "one call per choice");
+    for (step, h) in seen.iter().enumerate() {
+        let mut expect = prompt.clone();
+        expect.extend_from_slice(&got.tokens[..step]);
+        assert_eq!(*h, expect, "history at step {step}");
+    }
+
+    // forcing an id: every other logit -inf
+    let forced = 7i64;
+    let force = move |l: &mut [f32], _: &[i64]| {
+        for (i, x) in l.iter_mut().enumerate() {
+            if i as i64 != forced {
+                *x = f32::NEG_INFINITY;
+            }
+        }
+        Ok(())
+    };
+    g.reset().unwrap();
+    let got = g
+        .generate_with(&prompt, &opts, vec![Box::new(force)], |_| true)
+        .unwrap();
+    assert_eq!(got.tokens, vec![forced; 4]);
+    // an error from a processor ends the generation with it
+    let fail = |_: &mut [f32], _: &[i64]| Err(nxrt::Error::Input("no".into()));
+    g.reset().unwrap();
+    assert!(g
+        .generate_with(&prompt, &opts, vec![Box::new(fail)], |_| true)
+        .is_err());
+}
+
 /// A transformers.js / Optimum folder: `config.json` and a decoder of plain ONNX ops whose
 /// present is Concat(past, new) (the corpus's `tiny_llama`, exported by torch from the same
 /// seeded weights the onnxruntime-genai builder turned into `tiny_llama_genai_fp32`), so

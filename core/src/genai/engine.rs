@@ -17,7 +17,7 @@ use alloc::vec::Vec;
 use core::borrow::Borrow;
 
 use super::config::DecoderConfig;
-use super::sampling::{Sampler, SamplingOptions};
+use super::sampling::{LogitsProcessor, Sampler, SamplingOptions};
 use crate::dtype::DataType;
 use crate::error::{Error, Result};
 use crate::session::Session;
@@ -470,7 +470,22 @@ impl<S: Borrow<Session>> Generator<S> {
         opts: &GenOptions,
         on_token: &mut dyn FnMut(i64) -> bool,
     ) -> Result<Generation> {
+        self.generate_with(prompt, opts, Vec::new(), on_token).await
+    }
+
+    /// [`Generator::generate`] with `processors` added to the chain, in order (see
+    /// [`LogitsProcessor`]).
+    pub async fn generate_with(
+        &mut self,
+        prompt: &[i64],
+        opts: &GenOptions,
+        processors: Vec<alloc::boxed::Box<dyn LogitsProcessor>>,
+        on_token: &mut dyn FnMut(i64) -> bool,
+    ) -> Result<Generation> {
         let mut d = self.begin(prompt, opts).await?;
+        for p in processors {
+            d.add_processor(p);
+        }
         while let Some(id) = self.next_token(&mut d).await? {
             if !on_token(id) {
                 d.stop();
@@ -556,6 +571,12 @@ pub struct Decoding {
 }
 
 impl Decoding {
+    /// Adds a logits processor at the end of this generation's chain (see
+    /// [`LogitsProcessor`]): it runs at every choice from the next one on.
+    pub fn add_processor(&mut self, p: alloc::boxed::Box<dyn LogitsProcessor>) {
+        self.sampler.push(p);
+    }
+
     /// Ends the generation after the ids given so far with `finish_reason` `stop` (a stop
     /// string the last id completed), unless that id was an end-of-sequence id.
     pub fn stop(&mut self) {

@@ -10,5 +10,5 @@ pub mod stop;
 
 pub use config::{DecoderConfig, SearchDefaults};
 pub use engine::{Decoding, FinishReason, GenOptions, Generation, Generator};
-pub use sampling::{Sampler, SamplingOptions};
+pub use sampling::{LogitsProcessor, Sampler, SamplingOptions};
 pub use stop::StopText;

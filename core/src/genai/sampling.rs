@@ -1,5 +1,6 @@
-//! Choosing the next token from logits: penalties, then greedy (the highest logit, ties to the
-//! lowest id) or seeded sampling after temperature, top-k, top-p and min-p.
+//! Choosing the next token from logits: the processor chain (the built-in penalties and
+//! no-repeat-ngram, then a caller's own [`LogitsProcessor`]s), then greedy (the highest logit,
+//! ties to the lowest id) or seeded sampling after temperature, top-k, top-p and min-p.
 //!
 //! Sampling runs in f64 with `libm`'s exp (plain Rust, the same bits on every target) and a
 //! portable generator (SplitMix64), so one seed gives the same tokens everywhere.
@@ -218,10 +219,29 @@ pub fn candidates(logits: &[f32], o: &SamplingOptions) -> Vec<(usize, f64)> {
     ids.into_iter().map(|i| (i, prob(i) / total)).collect()
 }
 
-/// Picks the next token: the penalties, then greedy or a seeded draw.
+/// One link of the processor chain a caller adds ([`Sampler::push`],
+/// [`super::Decoding::add_processor`]): changes one step's logits in place before the choice.
+/// `history` is every id of the sequence so far, prompt included. A step runs the built-in
+/// penalties (HF repetition, OpenAI frequency and presence) and no-repeat-ngram first, then
+/// the added processors in the order added, then holds back the end-of-sequence ids a minimum
+/// length bans, then chooses (greedy, or temperature, top-k, top-p, min-p and the seeded draw).
+/// Setting a logit to `-inf` bans that id; an error ends the generation with it.
+pub trait LogitsProcessor: Send {
+    fn process(&mut self, logits: &mut [f32], history: &[i64]) -> Result<()>;
+}
+
+/// Any `FnMut(&mut [f32], &[i64]) -> Result<()>` is a processor.
+impl<F: FnMut(&mut [f32], &[i64]) -> Result<()> + Send> LogitsProcessor for F {
+    fn process(&mut self, logits: &mut [f32], history: &[i64]) -> Result<()> {
+        self(logits, history)
+    }
+}
+
+/// Picks the next token: the processor chain, then greedy or a seeded draw.
 pub struct Sampler {
     opts: SamplingOptions,
     rng: Rng,
+    chain: Vec<alloc::boxed::Box<dyn LogitsProcessor>>,
 }
 
 impl Sampler {
@@ -229,7 +249,17 @@ impl Sampler {
     pub fn new(opts: Option<SamplingOptions>) -> Sampler {
         let opts = opts.unwrap_or_default();
         let rng = Rng::new(opts.seed);
-        Sampler { opts, rng }
+        Sampler {
+            opts,
+            rng,
+            chain: Vec::new(),
+        }
+    }
+
+    /// Adds a processor at the end of the chain (after the built-in ones and those added
+    /// before).
+    pub fn push(&mut self, p: alloc::boxed::Box<dyn LogitsProcessor>) {
+        self.chain.push(p);
     }
 
     /// Chooses from `logits` (changed in place by the penalties), never one of `banned`
@@ -237,6 +267,9 @@ impl Sampler {
     pub fn choose(&mut self, logits: &mut [f32], banned: &[i64], history: &[i64]) -> Result<i64> {
         apply_penalties(logits, history, &self.opts);
         ban_repeated_ngrams(logits, history, self.opts.no_repeat_ngram_size);
+        for p in &mut self.chain {
+            p.process(logits, history)?;
+        }
         for &b in banned {
             if b >= 0 && (b as usize) < logits.len() {
                 logits[b as usize] = f32::NEG_INFINITY;
