@@ -68,6 +68,9 @@ step "clippy -D warnings"
 cargo clippy --release -p nxrt-core -p nxrt -p nxrt-tests -p nxrt-wasm --all-targets -- -D warnings
 cargo clippy -p nxrt-wasm -p nxrt-wasm-tokenizer --target wasm32-unknown-unknown --all-targets -- -D warnings
 
+step "chat-template references from HF transformers -> \$NXRT_CACHE/genai/chat_refs.json"
+"$NXRT_CACHE/corpus-venv/bin/python" scripts/chat_refs.py "$NXRT_CACHE/genai/chat_refs.json"
+
 step "unit, API and real-model parity tests"
 NXRT_BIN="$ROOT/target/release/nxrt" cargo test --release -p nxrt-core -p nxrt -p nxrt-tests -p nxrt-wasm -- --nocapture
 

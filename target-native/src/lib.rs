@@ -29,6 +29,8 @@ pub use nxrt_core::session::{ExecMode, IoInfo, PartitionReport};
 pub use nxrt_core::{npy, DataType, Dim, Error, OptLevel, Result, Tensor, TypeInfo, Value};
 
 pub mod alloc;
+#[cfg(feature = "tokenizers")]
+pub mod chat;
 pub mod cpu;
 pub mod embedded;
 pub mod genai;

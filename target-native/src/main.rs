@@ -43,16 +43,48 @@ struct TokenizeArgs {
     #[arg(
         long,
         allow_hyphen_values = true,
-        conflicts_with = "decode",
-        required_unless_present = "decode"
+        conflicts_with_all = ["decode", "chat"],
+        required_unless_present_any = ["decode", "chat"]
     )]
     text: Option<String>,
     /// Ids to decode: 1,2,3 (special tokens are skipped; "" is no ids).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "chat")]
     decode: Option<String>,
+    /// A user message rendered by the folder's chat template (tokenizer_config.json), with the
+    /// assistant's turn opened, then encoded as the template wrote it (the JSON adds "text").
+    #[arg(long, allow_hyphen_values = true)]
+    chat: Option<String>,
+    /// With --chat: a system message before the user's.
+    #[arg(long, allow_hyphen_values = true, requires = "chat")]
+    system: Option<String>,
     /// One JSON object: {"ids": [...], "tokens": [...]} or {"text": ...}.
     #[arg(long)]
     json: bool,
+}
+
+/// The conversation `--system` / `--chat` give, rendered by the folder's chat template with the
+/// assistant's turn opened.
+#[cfg(feature = "tokenizers")]
+fn chat_prompt(dir: &Path, system: Option<&str>, user: &str) -> Result<String, Error> {
+    use nxrt::chat::{ChatTemplate, Message};
+    if !dir.is_dir() {
+        return Err(Error::Input(format!(
+            "--chat needs a model folder (its tokenizer_config.json), not {}",
+            dir.display()
+        )));
+    }
+    let t = ChatTemplate::from_folder(dir)?.ok_or_else(|| {
+        Error::Tokenizer(format!(
+            "{}: no chat template (tokenizer_config.json's chat_template or chat_template.jinja)",
+            dir.display()
+        ))
+    })?;
+    let mut msgs = Vec::new();
+    if let Some(s) = system {
+        msgs.push(Message::new("system", s));
+    }
+    msgs.push(Message::new("user", user));
+    t.render(&msgs, true)
 }
 
 #[derive(Args)]
@@ -60,11 +92,18 @@ struct GenerateArgs {
     /// The model folder: genai_config.json (onnxruntime-genai) or config.json (transformers.js / Optimum), the decoder, tokenizer.json.
     model_dir: PathBuf,
     /// The prompt as text (needs the folder's tokenizer).
-    #[arg(long, conflicts_with = "prompt_ids")]
+    #[arg(long, conflicts_with_all = ["prompt_ids", "chat"])]
     prompt: Option<String>,
     /// The prompt as token ids: 1,2,3.
-    #[arg(long, value_delimiter = ',')]
+    #[arg(long, value_delimiter = ',', conflicts_with = "chat")]
     prompt_ids: Option<Vec<i64>>,
+    /// The prompt as a user message rendered by the folder's chat template (tokenizer_config.json)
+    /// with the assistant's turn opened.
+    #[arg(long, allow_hyphen_values = true)]
+    chat: Option<String>,
+    /// With --chat: a system message before the user's.
+    #[arg(long, allow_hyphen_values = true, requires = "chat")]
+    system: Option<String>,
     /// New tokens at most.
     #[arg(long, default_value_t = 128)]
     max_new_tokens: usize,
@@ -656,8 +695,8 @@ fn bench(a: BenchArgs) -> Result<(), Error> {
 fn generate(a: GenerateArgs) -> Result<(), Error> {
     use nxrt::genai::{GenOptions, Generator, SamplingOptions};
     use std::io::Write;
-    if a.prompt.is_none() && a.prompt_ids.is_none() {
-        return Err(Error::Input("give --prompt or --prompt-ids".into()));
+    if a.prompt.is_none() && a.prompt_ids.is_none() && a.chat.is_none() {
+        return Err(Error::Input("give --prompt, --prompt-ids or --chat".into()));
     }
     let sampling = SamplingOptions {
         do_sample: a.sample,
@@ -701,9 +740,25 @@ fn generate(a: GenerateArgs) -> Result<(), Error> {
         #[cfg(feature = "tokenizers")]
         {
             use nxrt::genai::Prompt;
-            let prompt = match (&a.prompt, &a.prompt_ids) {
-                (Some(text), _) => Prompt::Text(text),
-                (None, ids) => Prompt::Ids(ids.as_deref().unwrap_or_default()),
+            // a chat: the template's text encoded as written (it holds its special tokens)
+            let chat_ids: Option<Vec<i64>> = match &a.chat {
+                Some(user) => {
+                    let text = chat_prompt(&a.model_dir, a.system.as_deref(), user)?;
+                    let tok = g.tokenizer().expect("checked above");
+                    Some(
+                        tok.encode(&text, false)?
+                            .ids
+                            .into_iter()
+                            .map(i64::from)
+                            .collect(),
+                    )
+                }
+                None => None,
+            };
+            let prompt = match (&a.prompt, &a.prompt_ids, &chat_ids) {
+                (_, _, Some(ids)) => Prompt::Ids(ids),
+                (Some(text), _, _) => Prompt::Text(text),
+                (None, ids, None) => Prompt::Ids(ids.as_deref().unwrap_or_default()),
             };
             let r = g.generate_text(prompt, &opts, &a.stop, |piece| {
                 if !json && !piece.is_empty() {
@@ -716,9 +771,9 @@ fn generate(a: GenerateArgs) -> Result<(), Error> {
         #[cfg(not(feature = "tokenizers"))]
         unreachable!()
     } else {
-        if a.prompt.is_some() || !a.stop.is_empty() {
+        if a.prompt.is_some() || a.chat.is_some() || !a.stop.is_empty() {
             return Err(Error::Tokenizer(format!(
-                "--prompt and --stop need a tokenizer.json in {}",
+                "--prompt, --chat and --stop need a tokenizer.json in {}",
                 a.model_dir.display()
             )));
         }
@@ -777,6 +832,23 @@ fn tokenize(a: TokenizeArgs) -> Result<(), Error> {
     use std::io::Write;
     let tok = nxrt::tokenizer::Tokenizer::from_path(&a.path)?;
     let mut out = std::io::stdout().lock();
+    if let Some(user) = &a.chat {
+        let text = chat_prompt(&a.path, a.system.as_deref(), user)?;
+        let e = tok.encode(&text, false)?;
+        let res = if a.json {
+            writeln!(
+                out,
+                "{}",
+                json!({"ids": e.ids, "tokens": e.tokens, "text": text})
+            )
+        } else {
+            e.ids
+                .iter()
+                .zip(&e.tokens)
+                .try_for_each(|(id, t)| writeln!(out, "{id}\t{t:?}"))
+        };
+        return res.map_err(|e| Error::Io(e.to_string()));
+    }
     let res = match (&a.text, &a.decode) {
         (Some(text), _) => {
             let e = tok.encode(text, true)?;

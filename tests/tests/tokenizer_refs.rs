@@ -264,3 +264,160 @@ fn generate_takes_text_prompts_and_stops_at_stop_strings() {
         "{err}"
     );
 }
+
+/// Chat templates against HF `transformers`' `apply_chat_template`
+/// (`$NXRT_CACHE/genai/chat_refs.json`, written by `scripts/chat_refs.py`, which the README's
+/// test command runs): the llama3 folder's own template and templates exercising what
+/// templates use, every conversation with and without the generation prompt: the same text,
+/// the same ids (encoded without the post-processor's special tokens, as HF does), and an error
+/// where HF raises. Then `nxrt tokenize --chat` and `nxrt generate --chat` on that folder's
+/// template.
+#[test]
+fn chat_templates_render_as_transformers_does() {
+    use nxrt::chat::{ChatTemplate, Message};
+    let path = cache_dir().join("genai/chat_refs.json");
+    assert!(
+        path.exists(),
+        "no {}: run scripts/chat_refs.py (the README's test command does)",
+        path.display()
+    );
+    let r: Json = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    let folder = cache_dir().join(r["folder"].as_str().unwrap());
+    let tok = Tokenizer::from_path(&folder).unwrap();
+    let own = ChatTemplate::from_folder(&folder)
+        .unwrap()
+        .expect("llama3 has a template");
+    let tokens: Vec<(&str, &str)> = ["bos_token", "eos_token"]
+        .iter()
+        .map(|k| (*k, r["tokens"][k].as_str().unwrap()))
+        .collect();
+    let cases = r["cases"].as_array().unwrap();
+    assert!(cases.len() >= 40);
+    let mut failures = Vec::new();
+    for (i, c) in cases.iter().enumerate() {
+        let name = c["template"].as_str().unwrap();
+        let t = match r["templates"].get(name) {
+            Some(src) => ChatTemplate::new(src.as_str().unwrap(), &tokens),
+            None => own.clone(),
+        };
+        let msgs: Vec<Message> = c["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| Message::new(m["role"].as_str().unwrap(), m["content"].as_str().unwrap()))
+            .collect();
+        let got = t.render(&msgs, c["add_generation_prompt"].as_bool().unwrap());
+        match (&got, c.get("text")) {
+            (Ok(text), Some(want)) => {
+                if text != want.as_str().unwrap() {
+                    failures.push(format!("case {i} ({name}): {text:?} != {want}"));
+                    continue;
+                }
+                let ids: Vec<u64> = tok
+                    .encode(text, false)
+                    .unwrap()
+                    .ids
+                    .iter()
+                    .map(|&x| x as u64)
+                    .collect();
+                let want: Vec<u64> = c["ids"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|x| x.as_u64().unwrap())
+                    .collect();
+                if ids != want {
+                    failures.push(format!("case {i} ({name}): ids {ids:?} != {want:?}"));
+                }
+            }
+            (Err(e), None) => assert!(
+                matches!(e, Error::Tokenizer(_)),
+                "case {i}: a typed error, got {e:?}"
+            ),
+            (got, _) => failures.push(format!("case {i} ({name}): {got:?} vs {c}")),
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    assert!(
+        cases.iter().any(|c| c.get("error").is_some()),
+        "the references include a template that raises"
+    );
+
+    // the CLI: tokenize --chat prints the folder template's ids and text
+    let c = cases
+        .iter()
+        .find(|c| {
+            c["template"] == "llama3"
+                && c["add_generation_prompt"] == true
+                && c["messages"].as_array().unwrap().len() == 2
+        })
+        .unwrap();
+    let m = c["messages"].as_array().unwrap();
+    let j = nxrt_json(&[
+        "tokenize",
+        folder.to_str().unwrap(),
+        "--system",
+        m[0]["content"].as_str().unwrap(),
+        "--chat",
+        m[1]["content"].as_str().unwrap(),
+        "--json",
+    ]);
+    assert_eq!(j["ids"], c["ids"]);
+    assert_eq!(j["text"], c["text"]);
+    // generate --chat: the prompt is the template's text encoded as written (a copy of the
+    // tiny decoder's folder given a template of our own)
+    let src = cache_dir().join("corpus/tiny_llama_genai_fp32");
+    let dir = std::env::temp_dir().join(format!("nxrt-chat-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for e in std::fs::read_dir(&src).unwrap() {
+        let e = e.unwrap();
+        if e.file_type().unwrap().is_file() {
+            std::fs::copy(e.path(), dir.join(e.file_name())).unwrap();
+        }
+    }
+    let tmpl = "{% for m in messages %}{{ m.role }}: {{ m.content }} {% endfor %}\
+                {% if add_generation_prompt %}assistant:{% endif %}";
+    let mut cfg: Json = serde_json::from_slice(
+        &std::fs::read(dir.join("tokenizer_config.json")).unwrap_or_else(|_| b"{}".to_vec()),
+    )
+    .unwrap();
+    cfg["chat_template"] = Json::from(tmpl);
+    std::fs::write(dir.join("tokenizer_config.json"), cfg.to_string()).unwrap();
+    let j = nxrt_json(&[
+        "generate",
+        dir.to_str().unwrap(),
+        "--chat",
+        "what now",
+        "--max-new-tokens",
+        "2",
+        "--json",
+    ]);
+    let t = ChatTemplate::from_folder(&dir).unwrap().unwrap();
+    let text = t.render(&[Message::new("user", "what now")], true).unwrap();
+    assert_eq!(text, "user: what now assistant:");
+    let want: Vec<u64> = Tokenizer::from_path(&dir)
+        .unwrap()
+        .encode(&text, false)
+        .unwrap()
+        .ids
+        .iter()
+        .map(|&x| x as u64)
+        .collect();
+    let got: Vec<u64> = j["prompt_ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap())
+        .collect();
+    assert_eq!(got, want);
+    std::fs::remove_dir_all(&dir).ok();
+    // a folder without a template: a typed one-line error
+    let out = Command::new(nxrt_bin())
+        .args(["tokenize"])
+        .arg(cache_dir().join("genai/tokenizers/llama2"))
+        .args(["--chat", "hi"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no chat template"));
+}
