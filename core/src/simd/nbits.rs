@@ -498,6 +498,28 @@ fn q4_block32_codes<V: VF32>(p: &Q4Packed, gi: usize, bi: usize) -> Block32<V> {
     (nib, s, V::splat(0.0).sub(V::load(&p.zp[at..])).mul(s))
 }
 
+/// Row `row`'s int8 activations of block `bi` as eight words of four, and its `scale_a *
+/// scale_b` lanes; the block's zero-point share `(scale_a sum q) (-zp scale_b)` is fused into
+/// `zp`.
+#[inline(always)]
+fn q4_row32<V: VF32>(
+    p: &Q4Packed,
+    a: &Q8Rows,
+    (row, bi): (usize, usize),
+    (s, nzs): (V, V),
+    zp: &mut V,
+) -> ([u32; 8], V) {
+    let i = row * p.blocks + bi;
+    let o = row * a.kp + bi * 32;
+    let q = &a.q[o..o + 32];
+    let mut w = [0u32; 8];
+    for (e, wd) in w.iter_mut().enumerate() {
+        *wd = u32::from_le_bytes([q[4 * e], q[4 * e + 1], q[4 * e + 2], q[4 * e + 3]]);
+    }
+    *zp = V::splat(a.sa[i] * a.sq[i]).fma(nzs, *zp);
+    (w, s.mul(V::splat(a.sa[i])))
+}
+
 /// One block of a group of four (place `P`) into [`q4_tile32`]'s 16 sums: its four partial
 /// sums of 8 into the sums `SLOT32[P]`, its zero points' share into `zps`.
 #[inline(always)]
@@ -511,29 +533,12 @@ fn q4_block32<V: VF32, const R: usize, const P: usize>(
     let (nib, s, nzs) = q4_block32_codes::<V>(p, gi, bi);
     let [s0, s1, s2, s3] = SLOT32[P];
     for r in 0..R {
-        let i = (r0 + r) * p.blocks + bi;
-        let o = (r0 + r) * a.kp + bi * 32;
-        let q = &a.q[o..o + 32];
-        let word = |e: usize| u32::from_le_bytes([q[e], q[e + 1], q[e + 2], q[e + 3]]);
-        let sab = s.mul(V::splat(a.sa[i]));
-        zps[r] = V::splat(a.sa[i] * a.sq[i]).fma(nzs, zps[r]);
+        let (w, sab) = q4_row32(p, a, (r0 + r, bi), (s, nzs), &mut zps[r]);
         let zq = V::q_zero();
-        let p0 = V::q_f32(V::q_dot(V::q_dot(zq, nib[0].0, word(0)), nib[1].0, word(8)));
-        let p1 = V::q_f32(V::q_dot(
-            V::q_dot(zq, nib[0].1, word(4)),
-            nib[1].1,
-            word(12),
-        ));
-        let p2 = V::q_f32(V::q_dot(
-            V::q_dot(zq, nib[2].0, word(16)),
-            nib[3].0,
-            word(24),
-        ));
-        let p3 = V::q_f32(V::q_dot(
-            V::q_dot(zq, nib[2].1, word(20)),
-            nib[3].1,
-            word(28),
-        ));
+        let p0 = V::q_f32(V::q_dot(V::q_dot(zq, nib[0].0, w[0]), nib[1].0, w[2]));
+        let p1 = V::q_f32(V::q_dot(V::q_dot(zq, nib[0].1, w[1]), nib[1].1, w[3]));
+        let p2 = V::q_f32(V::q_dot(V::q_dot(zq, nib[2].0, w[4]), nib[3].0, w[6]));
+        let p3 = V::q_f32(V::q_dot(V::q_dot(zq, nib[2].1, w[5]), nib[3].1, w[7]));
         let acc = &mut acc16[r];
         acc[s0] = p0.fma(sab, acc[s0]);
         acc[s1] = p1.fma(sab, acc[s1]);
@@ -553,15 +558,10 @@ fn q4_block32_rest<V: VF32, const R: usize>(
 ) {
     let (nib, s, nzs) = q4_block32_codes::<V>(p, gi, bi);
     for r in 0..R {
-        let i = (r0 + r) * p.blocks + bi;
-        let o = (r0 + r) * a.kp + bi * 32;
-        let q = &a.q[o..o + 32];
-        let word = |e: usize| u32::from_le_bytes([q[e], q[e + 1], q[e + 2], q[e + 3]]);
-        let sab = s.mul(V::splat(a.sa[i]));
-        zps[r] = V::splat(a.sa[i] * a.sq[i]).fma(nzs, zps[r]);
+        let (w, sab) = q4_row32(p, a, (r0 + r, bi), (s, nzs), &mut zps[r]);
         for (kk, &(lo, hi)) in nib.iter().enumerate() {
-            let pl = V::q_f32(V::q_dot(V::q_zero(), lo, word(8 * kk)));
-            let ph = V::q_f32(V::q_dot(V::q_zero(), hi, word(8 * kk + 4)));
+            let pl = V::q_f32(V::q_dot(V::q_zero(), lo, w[2 * kk]));
+            let ph = V::q_f32(V::q_dot(V::q_zero(), hi, w[2 * kk + 1]));
             acc8[r][2 * kk] = pl.fma(sab, acc8[r][2 * kk]);
             acc8[r][2 * kk + 1] = ph.fma(sab, acc8[r][2 * kk + 1]);
         }
