@@ -132,6 +132,17 @@ impl Generator {
         self.tokenizer.as_ref()
     }
 
+    /// The folder's tokenizer prepared for grammars (constrained decoding), ending with the
+    /// decoder's end-of-sequence ids. Build it once and take a processor per generation.
+    #[cfg(feature = "guidance")]
+    pub fn guidance(&self) -> Result<crate::guidance::Guidance> {
+        let tok = self
+            .tokenizer
+            .as_ref()
+            .ok_or_else(|| Error::Tokenizer("the model folder has no tokenizer.json".into()))?;
+        crate::guidance::Guidance::from_path(tok.path(), &self.config().eos_token_ids)
+    }
+
     /// Generates after a text or id prompt with the folder's tokenizer: `on_text` receives the
     /// text as it is decoded (never half a character, never a stop string or a part of one
     /// that may still complete), and the generation stops at the first of `stop`.
@@ -141,6 +152,20 @@ impl Generator {
         prompt: Prompt<'_>,
         opts: &GenOptions,
         stop: &[String],
+        on_text: impl FnMut(&str),
+    ) -> Result<TextGeneration> {
+        self.generate_text_with(prompt, opts, stop, Vec::new(), on_text)
+    }
+
+    #[cfg(feature = "tokenizers")]
+    /// [`Generator::generate_text`] with `processors` added to the chain, in order (see
+    /// [`Generator::generate_with`]); a grammar ([`Generator::guidance`]) is one.
+    pub fn generate_text_with(
+        &mut self,
+        prompt: Prompt<'_>,
+        opts: &GenOptions,
+        stop: &[String],
+        processors: Vec<Box<dyn LogitsProcessor>>,
         mut on_text: impl FnMut(&str),
     ) -> Result<TextGeneration> {
         let tok = self
@@ -159,17 +184,18 @@ impl Generator {
         let mut stream = tok.stream(true);
         let mut stops = StopText::new(stop.iter().cloned());
         let mut failed = None;
-        let generation = pollster::block_on(self.inner.generate(&ids, opts, &mut |id| {
-            let piece = u32::try_from(id)
-                .map_err(|_| Error::Tokenizer(format!("id {id} cannot be decoded")))
-                .and_then(|id| stream.step(id));
-            match piece {
-                Ok(Some(p)) => on_text(stops.push(&p)),
-                Ok(None) => {}
-                Err(e) => failed = Some(e),
-            }
-            failed.is_none() && !stops.stopped()
-        }))?;
+        let generation =
+            pollster::block_on(self.inner.generate_with(&ids, opts, processors, &mut |id| {
+                let piece = u32::try_from(id)
+                    .map_err(|_| Error::Tokenizer(format!("id {id} cannot be decoded")))
+                    .and_then(|id| stream.step(id));
+                match piece {
+                    Ok(Some(p)) => on_text(stops.push(&p)),
+                    Ok(None) => {}
+                    Err(e) => failed = Some(e),
+                }
+                failed.is_none() && !stops.stopped()
+            }))?;
         if let Some(e) = failed {
             return Err(e);
         }

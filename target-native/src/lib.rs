@@ -34,6 +34,8 @@ pub mod chat;
 pub mod cpu;
 pub mod embedded;
 pub mod genai;
+#[cfg(feature = "guidance")]
+pub mod guidance;
 pub mod pool;
 #[cfg(feature = "tokenizers")]
 pub mod tokenizer;

@@ -138,6 +138,16 @@ struct GenerateArgs {
     /// Stop when the text ends with this (repeatable).
     #[arg(long)]
     stop: Vec<String>,
+    /// Constrained decoding: the output is one JSON value valid against this JSON schema (a
+    /// file, or the schema itself when it starts with `{`).
+    #[arg(long, conflicts_with_all = ["regex", "grammar"])]
+    json_schema: Option<String>,
+    /// Constrained decoding: the whole output matches this regular expression.
+    #[arg(long, allow_hyphen_values = true, conflicts_with = "grammar")]
+    regex: Option<String>,
+    /// Constrained decoding: the output follows this Lark grammar file (llguidance's dialect).
+    #[arg(long)]
+    grammar: Option<PathBuf>,
     /// Execution provider: cpu, or webgpu (builds with the default `webgpu` feature).
     #[arg(long, default_value = "cpu")]
     provider: String,
@@ -692,6 +702,52 @@ fn bench(a: BenchArgs) -> Result<(), Error> {
     Ok(())
 }
 
+/// The grammar `--json-schema`, `--regex` or `--grammar` gives, as a processor (none without
+/// one).
+#[cfg(feature = "tokenizers")]
+fn grammar_processors(
+    a: &GenerateArgs,
+    g: &nxrt::genai::Generator,
+) -> Result<Vec<Box<dyn nxrt::genai::LogitsProcessor>>, Error> {
+    let read = |p: &Path| {
+        std::fs::read_to_string(p)
+            .map_err(|e| Error::Io(format!("cannot read {}: {e}", p.display())))
+    };
+    let grammar = match (&a.json_schema, &a.regex, &a.grammar) {
+        (None, None, None) => return Ok(Vec::new()),
+        (Some(s), _, _) if s.trim_start().starts_with('{') => GrammarText::JsonSchema(s.clone()),
+        (Some(path), _, _) => GrammarText::JsonSchema(read(Path::new(path))?),
+        (_, Some(rx), _) => GrammarText::Regex(rx.clone()),
+        (_, _, Some(path)) => GrammarText::Lark(read(path)?),
+    };
+    #[cfg(feature = "guidance")]
+    {
+        use nxrt::guidance::Grammar;
+        let grammar = match grammar {
+            GrammarText::JsonSchema(s) => Grammar::JsonSchema(s),
+            GrammarText::Regex(s) => Grammar::Regex(s),
+            GrammarText::Lark(s) => Grammar::Lark(s),
+        };
+        let p = g.guidance()?.processor(&grammar)?;
+        Ok(vec![Box::new(p)])
+    }
+    #[cfg(not(feature = "guidance"))]
+    {
+        let _ = (grammar, g);
+        Err(Error::Other(
+            "constrained decoding needs nxrt built with the `guidance` feature".into(),
+        ))
+    }
+}
+
+#[cfg(feature = "tokenizers")]
+#[cfg_attr(not(feature = "guidance"), allow(dead_code))]
+enum GrammarText {
+    JsonSchema(String),
+    Regex(String),
+    Lark(String),
+}
+
 fn generate(a: GenerateArgs) -> Result<(), Error> {
     use nxrt::genai::{GenOptions, Generator, SamplingOptions};
     use std::io::Write;
@@ -760,7 +816,8 @@ fn generate(a: GenerateArgs) -> Result<(), Error> {
                 (Some(text), _, _) => Prompt::Text(text),
                 (None, ids, None) => Prompt::Ids(ids.as_deref().unwrap_or_default()),
             };
-            let r = g.generate_text(prompt, &opts, &a.stop, |piece| {
+            let processors = grammar_processors(&a, &g)?;
+            let r = g.generate_text_with(prompt, &opts, &a.stop, processors, |piece| {
                 if !json && !piece.is_empty() {
                     let _ = out.write_all(piece.as_bytes());
                     let _ = out.flush();
@@ -771,9 +828,10 @@ fn generate(a: GenerateArgs) -> Result<(), Error> {
         #[cfg(not(feature = "tokenizers"))]
         unreachable!()
     } else {
-        if a.prompt.is_some() || a.chat.is_some() || !a.stop.is_empty() {
+        let constrained = a.json_schema.is_some() || a.regex.is_some() || a.grammar.is_some();
+        if a.prompt.is_some() || a.chat.is_some() || !a.stop.is_empty() || constrained {
             return Err(Error::Tokenizer(format!(
-                "--prompt, --chat and --stop need a tokenizer.json in {}",
+                "--prompt, --chat, --stop, --json-schema, --regex and --grammar need a tokenizer.json in {}",
                 a.model_dir.display()
             )));
         }

@@ -145,6 +145,12 @@ impl Tokenizer {
         })
     }
 
+    /// The vocabulary's string for `id` (as the model stores it: `▁` for a SentencePiece
+    /// space, `Ġ` for a byte-level one, `<0x41>` for a fallback byte), None past the vocabulary.
+    pub fn id_to_token(&self, id: u32) -> Option<String> {
+        self.inner.id_to_token(id)
+    }
+
     /// An incremental decoder: text pieces as ids arrive, never half a character.
     pub fn stream(&self, skip_special_tokens: bool) -> TextStream<'_> {
         TextStream {
