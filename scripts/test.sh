@@ -72,7 +72,7 @@ step "chat-template references from HF transformers -> \$NXRT_CACHE/genai/chat_r
 "$NXRT_CACHE/corpus-venv/bin/python" scripts/chat_refs.py "$NXRT_CACHE/genai/chat_refs.json"
 
 step "unit, API and real-model parity tests"
-NXRT_BIN="$ROOT/target/release/nxrt" cargo test --release -p nxrt-core -p nxrt -p nxrt-tests -p nxrt-wasm -- --nocapture
+NXRT_BIN="$ROOT/target/release/nxrt" cargo test --release -p nxrt-core -p nxrt -p nxrt-tests -p nxrt-wasm -p nxrt-wasm-tokenizer -- --nocapture
 
 step "README's first command: the embedded model"
 ./target/release/nxrt

@@ -140,7 +140,7 @@ impl Generator {
             .tokenizer
             .as_ref()
             .ok_or_else(|| Error::Tokenizer("the model folder has no tokenizer.json".into()))?;
-        crate::guidance::Guidance::from_path(tok.path(), &self.config().eos_token_ids)
+        crate::guidance::from_path(tok.path(), &self.config().eos_token_ids)
     }
 
     /// Generates after a text or id prompt with the folder's tokenizer: `on_text` receives the

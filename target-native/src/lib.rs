@@ -29,8 +29,9 @@ pub use nxrt_core::session::{ExecMode, IoInfo, PartitionReport};
 pub use nxrt_core::{npy, DataType, Dim, Error, OptLevel, Result, Tensor, TypeInfo, Value};
 
 pub mod alloc;
+/// Chat templates (shared with the browser's tokenizer module).
 #[cfg(feature = "tokenizers")]
-pub mod chat;
+pub use nxrt_wasm_tokenizer::chat;
 pub mod cpu;
 pub mod embedded;
 pub mod genai;

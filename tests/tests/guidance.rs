@@ -11,7 +11,7 @@
 use std::path::PathBuf;
 
 use nxrt::genai::{FinishReason, GenOptions, Generator, LogitsProcessor, Prompt};
-use nxrt::guidance::{Grammar, Guidance};
+use nxrt::guidance::Grammar;
 use nxrt::tokenizer::Tokenizer;
 use nxrt_tests::{cache_dir, nxrt_bin, nxrt_json};
 
@@ -39,7 +39,7 @@ const EOS: i64 = 2;
 fn the_mask_for_digits_is_exactly_the_digit_tokens() {
     let dir = folder();
     let tok = Tokenizer::from_path(&dir).unwrap();
-    let guidance = Guidance::from_path(&dir, &[EOS]).unwrap();
+    let guidance = nxrt::guidance::from_path(&dir, &[EOS]).unwrap();
     let n = tok.vocab_size();
     assert_eq!(guidance.vocab_size(), n);
     let mut p = guidance
@@ -172,7 +172,7 @@ fn generations_follow_regexes_json_schemas_and_lark_grammars() {
 
 #[test]
 fn bad_grammars_are_errors_before_decoding() {
-    let guidance = Guidance::from_path(folder(), &[EOS]).unwrap();
+    let guidance = nxrt::guidance::from_path(folder(), &[EOS]).unwrap();
     for bad in [
         Grammar::Regex("(unclosed".into()),
         Grammar::JsonSchema("{not json".into()),
@@ -183,11 +183,11 @@ fn bad_grammars_are_errors_before_decoding() {
         assert!(e.is_some(), "{bad:?} compiled");
     }
     assert!(
-        Guidance::from_path(folder(), &[]).is_err(),
+        nxrt::guidance::from_path(folder(), &[]).is_err(),
         "no end-of-sequence id"
     );
     assert!(
-        Guidance::from_path(folder(), &[1 << 40]).is_err(),
+        nxrt::guidance::from_path(folder(), &[1 << 40]).is_err(),
         "an id past the vocabulary"
     );
 }

@@ -6,6 +6,13 @@
 //!
 //! It mirrors the native `nxrt::tokenizer` (same crate, same settings: padding and truncation a
 //! file configures are turned off), so ids are HF's by construction on both.
+//!
+//! Chat templates ([`chat`]) and grammars ([`guidance`], feature `guidance`) are written once
+//! here, target-free: the native crate re-exports them (`nxrt::chat`, `nxrt::guidance`).
+
+pub mod chat;
+#[cfg(feature = "guidance")]
+pub mod guidance;
 
 #[cfg(target_arch = "wasm32")]
 mod wasm {

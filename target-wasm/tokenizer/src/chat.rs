@@ -17,7 +17,7 @@ use std::path::Path;
 use minijinja::value::{Kwargs, Value};
 use minijinja::{Environment, ErrorKind};
 
-use crate::{Error, Result};
+use nxrt_core::{Error, Result};
 
 /// The largest tokenizer_config.json or chat_template.jinja read.
 const MAX_CONFIG_BYTES: u64 = 16 << 20;
@@ -73,11 +73,34 @@ impl ChatTemplate {
     pub fn from_folder(dir: impl AsRef<Path>) -> Result<Option<ChatTemplate>> {
         let dir = dir.as_ref();
         let cfg_path = dir.join("tokenizer_config.json");
-        let cfg: serde_json::Value = if cfg_path.is_file() {
-            serde_json::from_str(&read_small(&cfg_path)?)
-                .map_err(|e| Error::Tokenizer(format!("{}: {e}", cfg_path.display())))?
+        let cfg = if cfg_path.is_file() {
+            Some(read_small(&cfg_path)?)
         } else {
-            serde_json::Value::Null
+            None
+        };
+        let jinja = dir.join("chat_template.jinja");
+        let jinja = if jinja.is_file() {
+            Some(read_small(&jinja)?)
+        } else {
+            None
+        };
+        Self::from_config(cfg.as_deref(), jinja.as_deref()).map_err(|e| match e {
+            Error::Tokenizer(d) => Error::Tokenizer(format!("{}: {d}", dir.display())),
+            e => e,
+        })
+    }
+
+    /// The template a folder's files give: `tokenizer_config` (the text of
+    /// tokenizer_config.json) and `jinja` (of chat_template.jinja), either absent; the config's
+    /// `chat_template` is taken first. `None` when neither has a template.
+    pub fn from_config(
+        tokenizer_config: Option<&str>,
+        jinja: Option<&str>,
+    ) -> Result<Option<ChatTemplate>> {
+        let cfg: serde_json::Value = match tokenizer_config {
+            Some(text) => serde_json::from_str(text)
+                .map_err(|e| Error::Tokenizer(format!("tokenizer_config.json: {e}")))?,
+            None => serde_json::Value::Null,
         };
         let source = match cfg.get("chat_template") {
             Some(serde_json::Value::String(s)) => Some(s.clone()),
@@ -87,10 +110,10 @@ impl ChatTemplate {
                         .find(|t| t.get("name").and_then(|x| x.as_str()) == Some(n))
                 };
                 let t = named("default").ok_or_else(|| {
-                    Error::Tokenizer(format!(
-                        "{}: chat_template is a list without a 'default' template",
-                        cfg_path.display()
-                    ))
+                    Error::Tokenizer(
+                        "tokenizer_config.json: chat_template is a list without a 'default' template"
+                            .into(),
+                    )
                 })?;
                 t.get("template")
                     .and_then(|x| x.as_str())
@@ -98,15 +121,8 @@ impl ChatTemplate {
             }
             _ => None,
         };
-        let source = match source {
-            Some(s) => s,
-            None => {
-                let file = dir.join("chat_template.jinja");
-                if !file.is_file() {
-                    return Ok(None);
-                }
-                read_small(&file)?
-            }
+        let Some(source) = source.or_else(|| jinja.map(str::to_string)) else {
+            return Ok(None);
         };
         let tokens = ["bos_token", "eos_token", "unk_token", "pad_token"]
             .into_iter()
