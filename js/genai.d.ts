@@ -37,6 +37,33 @@ export interface GenerationOptions {
   stop?: string | string[];
   /** Prompt tokens per prefill run (default 512; 0: the whole prompt in one run). */
   prefillChunk?: number;
+  /** Constrained decoding (one of the three): the output is one JSON value valid against this schema. */
+  jsonSchema?: object | string;
+  /** Constrained decoding: the whole output matches this regular expression. */
+  regex?: string;
+  /** Constrained decoding: the output follows this Lark grammar (llguidance's dialect). */
+  grammar?: string;
+  /**
+   * Run at every step after the built-in penalties and the grammar, in order: change `logits`
+   * in place (-Infinity bans an id); `ids` is every id so far. A throw ends the generation.
+   */
+  logitsProcessors?: LogitsProcessor | LogitsProcessor[];
+}
+
+export type LogitsProcessor = (logits: Float32Array, ids: number[]) => void;
+
+export interface ChatMessage {
+  role: string;
+  content: string;
+}
+
+/** A chat template, rendered as HF transformers' apply_chat_template renders it. */
+export declare class ChatTemplate {
+  /** From a tokenizer_config.json (text or object) and/or a chat_template.jinja text; null without a template. */
+  static fromConfig(tokenizerConfig?: string | object | null, jinja?: string | null): Promise<ChatTemplate | null>;
+  /** A model folder's template (URL or path); null without one. */
+  static fromFolder(folder: string | URL): Promise<ChatTemplate | null>;
+  render(messages: readonly ChatMessage[], options?: { addGenerationPrompt?: boolean }): string;
 }
 
 export interface GenerationResult {
@@ -53,7 +80,11 @@ export interface GenerationResult {
   kvBytes: number;
 }
 
-export type GenerationInput = string | { promptIds: readonly number[] | Int32Array | Uint32Array };
+export type GenerationInput =
+  | string
+  | { promptIds: readonly number[] | Int32Array | Uint32Array }
+  /** Rendered by the folder's chat template with the assistant's turn opened. */
+  | { messages: readonly ChatMessage[] };
 
 export interface DecoderInfo {
   modelType: string;
@@ -87,6 +118,8 @@ export declare class TextGenerator {
   readonly config: DecoderInfo;
   readonly loadMs: number;
   readonly tokenizer: Tokenizer | null;
+  /** The folder's chat template (null without one). */
+  readonly chatTemplate: ChatTemplate | null;
   /** Generates after the input (each call starts a new sequence). */
   generate(input: GenerationInput, options?: GenerationOptions): Promise<GenerationResult>;
   /** The generated text as it is decoded. */
@@ -101,5 +134,8 @@ export declare class TextGenerator {
   release(): Promise<void>;
 }
 
-declare const _default: { TextGenerator: typeof TextGenerator; Tokenizer: typeof Tokenizer; HF_DECODER_FILES: readonly string[] };
+declare const _default: {
+  TextGenerator: typeof TextGenerator; Tokenizer: typeof Tokenizer; ChatTemplate: typeof ChatTemplate;
+  HF_DECODER_FILES: readonly string[];
+};
 export default _default;

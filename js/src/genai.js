@@ -128,7 +128,61 @@ export class Tokenizer {
   }
 }
 
+/**
+ * A chat template (a folder's tokenizer_config.json `chat_template`, or chat_template.jinja),
+ * rendered as HF transformers' `apply_chat_template` renders it.
+ */
+export class ChatTemplate {
+  #inner;
+
+  constructor(inner) {
+    this.#inner = inner;
+  }
+
+  /**
+   * The template of a tokenizer_config.json (its text or the parsed object: `chat_template`,
+   * `bos_token`, `eos_token`...) and/or a chat_template.jinja text; null when neither has one.
+   */
+  static async fromConfig(tokenizerConfig, jinja) {
+    const mod = await tokenizerModule();
+    const cfg = tokenizerConfig == null || typeof tokenizerConfig === 'string'
+      ? tokenizerConfig ?? undefined
+      : JSON.stringify(tokenizerConfig);
+    try {
+      const inner = mod.WasmChatTemplate.fromConfig(cfg, jinja ?? undefined);
+      return inner ? new ChatTemplate(inner) : null;
+    } catch (e) {
+      throw asError(e);
+    }
+  }
+
+  /** The template of a model folder (a URL or, in Node, a path); null when it has none. */
+  static async fromFolder(src) {
+    const base = folderUrl(src);
+    const text = (b) => (b ? new TextDecoder().decode(b) : undefined);
+    const cfg = text(await optionalFile(base, 'tokenizer_config.json'));
+    const jinja = text(await optionalFile(base, 'chat_template.jinja'));
+    return ChatTemplate.fromConfig(cfg, jinja);
+  }
+
+  /**
+   * The text of `messages` (`[{role, content}]`), with the assistant's turn opened unless
+   * `addGenerationPrompt` is false. A template's `raise_exception` throws.
+   */
+  render(messages, { addGenerationPrompt = true } = {}) {
+    if (!Array.isArray(messages)) throw new TypeError('messages is an array of {role, content}');
+    try {
+      return this.#inner.render(messages, addGenerationPrompt);
+    } catch (e) {
+      throw asError(e);
+    }
+  }
+}
+
+const GRAMMAR_OPTIONS = { jsonSchema: 'json_schema', regex: 'regex', grammar: 'lark' };
+
 const OPTION_NAMES = new Set([
+  ...Object.keys(GRAMMAR_OPTIONS), 'logitsProcessors',
   'maxNewTokens', 'minNewTokens', 'doSample', 'temperature', 'topK', 'topP', 'minP',
   'repetitionPenalty', 'frequencyPenalty', 'presencePenalty', 'noRepeatNgramSize', 'seed',
   'stop', 'prefillChunk',
@@ -138,11 +192,16 @@ const OPTION_NAMES = new Set([
 export class TextGenerator {
   #inner;
   #tokenizer;
+  #tokenizerBytes;
+  #chat;
+  #guidance = null;
   #busy = false;
 
-  constructor(inner, tokenizer, loadMs) {
+  constructor(inner, tokenizer, loadMs, tokenizerBytes = null, chat = null) {
     this.#inner = inner;
     this.#tokenizer = tokenizer;
+    this.#tokenizerBytes = tokenizerBytes;
+    this.#chat = chat;
     this.config = inner.config();
     this.loadMs = loadMs;
   }
@@ -205,12 +264,43 @@ export class TextGenerator {
     }
     const tokBytes = await optionalFile(base, 'tokenizer.json');
     const tokenizer = tokBytes ? await Tokenizer.create(tokBytes) : null;
-    return new TextGenerator(inner, tokenizer, performance.now() - t0);
+    const chat = tokBytes ? await ChatTemplate.fromFolder(base) : null;
+    return new TextGenerator(inner, tokenizer, performance.now() - t0, tokBytes, chat);
   }
 
   /** The folder's tokenizer (null without a tokenizer.json). */
   get tokenizer() {
     return this.#tokenizer;
+  }
+
+  /** The folder's chat template (null without one): `{messages}` inputs are rendered by it. */
+  get chatTemplate() {
+    return this.#chat;
+  }
+
+  /** The grammar a generation's options ask for, as a processor (null without one). */
+  async #grammar(options) {
+    const given = Object.keys(GRAMMAR_OPTIONS).filter((k) => options[k] !== undefined);
+    if (given.length === 0) return null;
+    if (given.length > 1) throw new Error(`give one of jsonSchema, regex and grammar, not ${given.join(' and ')}`);
+    if (!this.#tokenizerBytes) throw new Error(`${given[0]} needs the folder's tokenizer.json`);
+    let text = options[given[0]];
+    if (given[0] === 'jsonSchema' && typeof text !== 'string') text = JSON.stringify(text);
+    if (typeof text !== 'string') throw new TypeError(`option ${given[0]} must be a string`);
+    if (!this.#guidance) {
+      const mod = await tokenizerModule();
+      if (!mod.WasmGuidance) throw new Error('this build of nxrt has no grammar support');
+      try {
+        this.#guidance = new mod.WasmGuidance(this.#tokenizerBytes, this.config.eosTokenIds);
+      } catch (e) {
+        throw asError(e);
+      }
+    }
+    try {
+      return this.#guidance.grammar(GRAMMAR_OPTIONS[given[0]], text);
+    } catch (e) {
+      throw asError(e);
+    }
   }
 
   #live() {
@@ -223,9 +313,14 @@ export class TextGenerator {
       if (!this.#tokenizer) throw new Error('a text prompt needs the folder\'s tokenizer.json (give {promptIds})');
       return this.#tokenizer.encode(input).ids;
     }
+    if (input && Array.isArray(input.messages)) {
+      if (!this.#chat) throw new Error('a {messages} input needs the folder\'s chat template (tokenizer_config.json)');
+      // the template writes its special tokens: encoded as written, as transformers does
+      return this.#tokenizer.encode(this.#chat.render(input.messages), { addSpecialTokens: false }).ids;
+    }
     if (input && Array.isArray(input.promptIds)) return input.promptIds;
     if (input && ArrayBuffer.isView(input.promptIds)) return Array.from(input.promptIds, Number);
-    throw new TypeError('input is a string or {promptIds: [...]}');
+    throw new TypeError('input is a string, {promptIds: [...]} or {messages: [{role, content}]}');
   }
 
   /**
@@ -241,13 +336,20 @@ export class TextGenerator {
     const stops = options.stop === undefined ? [] : [].concat(options.stop);
     if (stops.some((s) => typeof s !== 'string')) throw new TypeError('stop holds strings');
     if (stops.length && !this.#tokenizer) throw new Error('stop strings need the folder\'s tokenizer.json');
+    const user = options.logitsProcessors === undefined ? [] : [].concat(options.logitsProcessors);
+    if (user.some((f) => typeof f !== 'function')) throw new TypeError('logitsProcessors holds functions');
     const ids = this.#promptIds(input);
-    const [stream, stopper] = this.#tokenizer ? this.#tokenizer._stream(stops) : [null, null];
     this.#busy = true;
+    let grammar = null;
+    let stream = null;
+    let stopper = null;
     try {
+      grammar = await this.#grammar(options);
+      if (this.#tokenizer) [stream, stopper] = this.#tokenizer._stream(stops);
+      const processors = grammar ? [(logits, seq) => grammar.process(logits, seq), ...user] : user;
       // each call starts a new sequence (the KV cache is the prompt's own)
       inner.reset();
-      await inner.begin(ids, options);
+      await inner.begin(ids, options, processors);
       for (;;) {
         const id = await inner.next();
         if (id === undefined) break;
@@ -277,6 +379,7 @@ export class TextGenerator {
     } finally {
       stream?.free();
       stopper?.free();
+      grammar?.free();
       this.#busy = false;
     }
   }
@@ -286,7 +389,12 @@ export class TextGenerator {
    * tokens, text, finishReason, prefillMs, decodeMs, decodeTokensPerS, prefillTokensPerS,
    * kvBytes}`. Options: `maxNewTokens` (128), `minNewTokens`, `doSample` (greedy unless true),
    * `temperature`, `topK`, `topP`, `minP`, `repetitionPenalty`, `frequencyPenalty`,
-   * `presencePenalty`, `noRepeatNgramSize`, `seed`, `stop` (strings).
+   * `presencePenalty`, `noRepeatNgramSize`, `seed`, `stop` (strings); constrained decoding by
+   * one of `jsonSchema` (an object or its JSON text), `regex` or `grammar` (Lark text); and
+   * `logitsProcessors`: functions `(logits: Float32Array, ids: number[]) => void` run at every
+   * step after the built-in penalties (and the grammar), changing `logits` in place
+   * (`-Infinity` bans an id; a throw ends the generation with that error). `input` may also be
+   * `{messages: [{role, content}]}`, rendered by the folder's chat template.
    */
   async generate(input, options = {}) {
     for await (const step of this.#run(input, options)) {
@@ -359,7 +467,10 @@ export class TextGenerator {
       this.#inner.free();
       this.#inner = null;
     }
+    this.#guidance?.free();
+    this.#guidance = null;
+    this.#tokenizerBytes = null;
   }
 }
 
-export default { TextGenerator, Tokenizer, HF_DECODER_FILES };
+export default { TextGenerator, Tokenizer, ChatTemplate, HF_DECODER_FILES };

@@ -10,10 +10,10 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { execFileSync } from 'node:child_process';
-import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, symlinkSync, writeFileSync } from 'node:fs';
+import { copyFileSync, existsSync, linkSync, mkdirSync, mkdtempSync, readFileSync, rmSync, symlinkSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { TextGenerator, Tokenizer } from '../src/genai.js';
+import { ChatTemplate, TextGenerator, Tokenizer } from '../src/genai.js';
 import { InferenceSession } from '../src/index.js';
 import { CACHE, REPO } from './corpus.mjs';
 
@@ -208,6 +208,146 @@ test('a transformers.js / Optimum folder (config.json, onnx/model.onnx) gives on
       await gen.release();
     }
   } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
+});
+
+test('grammars (regex, JSON schema, Lark) give the native build\'s ids and text that parses', async () => {
+  const dir = dirOf('llama_bench_fp32');
+  const gen = await TextGenerator.create(dir);
+  try {
+    const prompt = 'Name:';
+    const free = await gen.generate(prompt, { maxNewTokens: 24 });
+    const rx = '[A-Z][a-z]{2,7} [A-Z][a-z]{2,9}';
+    const full = new RegExp(`^(?:${rx})$`);
+    assert.ok(!full.test(free.text), `the free text already matches: ${JSON.stringify(free.text)}`);
+    const schema = {
+      type: 'array', items: { type: 'integer', minimum: 0, maximum: 99 }, minItems: 2, maxItems: 4,
+      'x-guidance': { whitespace_flexible: false },
+    };
+    const lark = 'start: word "."\nword: "ab" | "ba" | "aab"\n';
+    const cases = [
+      [{ regex: rx }, ['--regex', rx], (t) => assert.match(t, full)],
+      [{ jsonSchema: schema }, ['--json-schema', JSON.stringify(schema)], (t) => {
+        const v = JSON.parse(t);
+        assert.ok(Array.isArray(v) && v.length >= 2 && v.length <= 4, t);
+        assert.ok(v.every((x) => Number.isInteger(x) && x >= 0 && x <= 99), t);
+      }],
+      [{ grammar: lark }, null, (t) => assert.ok(['ab.', 'ba.', 'aab.'].includes(t), t)],
+    ];
+    const larkFile = join(mkdtempSync(join(tmpdir(), 'nxrt-lark-')), 'g.lark');
+    writeFileSync(larkFile, lark);
+    cases[2][1] = ['--grammar', larkFile];
+    for (const [opt, flags, check] of cases) {
+      const got = await gen.generate(prompt, { maxNewTokens: 40, ...opt });
+      check(got.text);
+      assert.equal(got.finishReason, 'eos', JSON.stringify(got));
+      const nat = nativeJson(['generate', dir, '--prompt', prompt, '--max-new-tokens', '40', ...flags, '--json']);
+      assert.deepEqual(got.tokens, nat.tokens, `${Object.keys(opt)[0]}: the native build's ids`);
+      assert.equal(got.text, nat.text);
+      let streamed = '';
+      for await (const piece of gen.stream(prompt, { maxNewTokens: 40, ...opt })) streamed += piece;
+      assert.equal(streamed, got.text);
+    }
+    await assert.rejects(gen.generate(prompt, { regex: '(unclosed' }), /grammar/);
+    await assert.rejects(gen.generate(prompt, { regex: 'a', grammar: 'start: "a"' }), /one of jsonSchema, regex and grammar/);
+    // the generator still works after the errors
+    assert.deepEqual((await gen.generate(prompt, { maxNewTokens: 24 })).tokens, free.tokens);
+  } finally {
+    await gen.release();
+  }
+});
+
+test('logits processors see every step and steer the choice; a throw ends the generation', async () => {
+  const gen = await TextGenerator.create(dirOf('tiny_llama_genai_fp32'));
+  try {
+    const prompt = [1, 450, 6593];
+    const base = await gen.generate({ promptIds: prompt }, { maxNewTokens: 6, minNewTokens: 6 });
+    const seen = [];
+    const forced = [100, 200, 300, 400, 500, 600];
+    const force = (logits, ids) => {
+      seen.push(ids.slice());
+      const want = forced[ids.length - prompt.length];
+      logits.fill(-Infinity);
+      logits[want] = 0;
+    };
+    const got = await gen.generate({ promptIds: prompt }, { maxNewTokens: 6, minNewTokens: 6, logitsProcessors: force });
+    assert.deepEqual(got.tokens, forced);
+    assert.equal(seen.length, 6);
+    seen.forEach((ids, i) => assert.deepEqual(ids, [...prompt, ...forced.slice(0, i)]));
+    // a ban only: the runner-up at the first step (compared with the logits directly)
+    gen.reset();
+    await gen.appendTokens(prompt);
+    const logits = gen.logits();
+    gen.reset();
+    const best = argmax(logits);
+    assert.equal(best, base.tokens[0]);
+    logits[best] = -Infinity;
+    const ban = (l, ids) => { if (ids.length === prompt.length) l[best] = -Infinity; };
+    const banned = await gen.generate({ promptIds: prompt }, { maxNewTokens: 1, minNewTokens: 1, logitsProcessors: [ban] });
+    assert.deepEqual(banned.tokens, [argmax(logits)]);
+    await assert.rejects(
+      gen.generate({ promptIds: prompt }, { maxNewTokens: 4, logitsProcessors: () => { throw new Error('no more'); } }),
+      /no more/,
+    );
+    await assert.rejects(gen.generate({ promptIds: prompt }, { logitsProcessors: [42] }), /functions/);
+    assert.deepEqual((await gen.generate({ promptIds: prompt }, { maxNewTokens: 6, minNewTokens: 6 })).tokens, base.tokens);
+  } finally {
+    await gen.release();
+  }
+});
+
+test('chat templates render as transformers does; {messages} prompts equal the native --chat', async () => {
+  const p = join(CACHE, 'genai', 'chat_refs.json');
+  if (!existsSync(p)) throw new Error(`no ${p}: run scripts/chat_refs.py (the test command does)`);
+  const refsChat = JSON.parse(readFileSync(p, 'utf8'));
+  const folder = join(CACHE, refsChat.folder);
+  const tok = await Tokenizer.create(join(folder, 'tokenizer.json'));
+  const own = await ChatTemplate.fromFolder(folder);
+  assert.ok(own, 'the llama3 folder has a template');
+  const templates = {};
+  for (const [name, src] of Object.entries(refsChat.templates)) {
+    templates[name] = await ChatTemplate.fromConfig({ chat_template: src, ...refsChat.tokens });
+  }
+  let n = 0;
+  for (const c of refsChat.cases) {
+    const t = templates[c.template] ?? own;
+    const opts = { addGenerationPrompt: c.add_generation_prompt };
+    if (c.error !== undefined) {
+      assert.throws(() => t.render(c.messages, opts), undefined, `${c.template}: HF raises ${c.error}`);
+      continue;
+    }
+    const text = t.render(c.messages, opts);
+    assert.equal(text, c.text, `${c.template} ${JSON.stringify(c.messages)}`);
+    assert.deepEqual(tok.encode(text, { addSpecialTokens: false }).ids, c.ids);
+    n++;
+  }
+  assert.ok(n >= 30, `${n} cases`);
+  assert.equal(await ChatTemplate.fromConfig('{"bos_token": "<s>"}'), null);
+
+  // a decoder folder with a template: {messages} as the prompt, as `nxrt generate --chat`
+  // (files linked or copied: a symbolic link to the data would resolve outside the folder)
+  const src = dirOf('tiny_llama_genai_fp32');
+  const dir = mkdtempSync(join(tmpdir(), 'nxrt-chat-'));
+  for (const f of ['genai_config.json', 'model.onnx', 'model.onnx.data', 'tokenizer.json']) {
+    try {
+      linkSync(join(src, f), join(dir, f));
+    } catch {
+      copyFileSync(join(src, f), join(dir, f));
+    }
+  }
+  writeFileSync(join(dir, 'tokenizer_config.json'), JSON.stringify({
+    chat_template: refsChat.templates.im_blocks, bos_token: '<s>', eos_token: '</s>',
+  }));
+  const gen = await TextGenerator.create(dir);
+  try {
+    assert.ok(gen.chatTemplate);
+    const got = await gen.generate({ messages: [{ role: 'user', content: 'Why is the sky blue?' }] }, { maxNewTokens: 12 });
+    const nat = nativeJson(['generate', dir, '--chat', 'Why is the sky blue?', '--max-new-tokens', '12', '--json']);
+    assert.deepEqual(got.promptIds, nat.prompt_ids);
+    assert.deepEqual(got.tokens, nat.tokens);
+  } finally {
+    await gen.release();
     rmSync(dir, { recursive: true, force: true });
   }
 });

@@ -37,6 +37,35 @@ pub struct WasmGenerator {
     cfg: DecoderConfig,
 }
 
+/// A JS function as a logits processor: it gets a copy of the logits as a `Float32Array`
+/// (copied back after the call) and the ids so far.
+struct JsProcessor(js_sys::Function);
+
+// SAFETY: the wasm32 builds of this crate are single-threaded (no `atomics` target feature,
+// no workers), so a processor never leaves the thread that made its JS function; the trait
+// asks for `Send` for the native builds' sake.
+unsafe impl Send for JsProcessor {}
+
+impl nxrt_core::genai::LogitsProcessor for JsProcessor {
+    fn process(&mut self, logits: &mut [f32], history: &[i64]) -> nxrt_core::Result<()> {
+        let view = Float32Array::from(&logits[..]);
+        let ids: js_sys::Array = history
+            .iter()
+            .map(|&i| JsValue::from_f64(i as f64))
+            .collect();
+        self.0.call2(&JsValue::NULL, &view, &ids).map_err(|e| {
+            let msg = e
+                .dyn_ref::<js_sys::Error>()
+                .map(|e| String::from(e.message()))
+                .or_else(|| e.as_string())
+                .unwrap_or_else(|| format!("{e:?}"));
+            nxrt_core::Error::Other(format!("logits processor: {msg}"))
+        })?;
+        view.copy_to(logits);
+        Ok(())
+    }
+}
+
 fn busy() -> JsValue {
     JsError::new("the generator is busy: await the call in flight first").into()
 }
@@ -270,20 +299,42 @@ impl WasmGenerator {
     /// Starts a generation after `prompt_ids` (appended to the sequence so far): runs the
     /// prompt. `options`: `{maxNewTokens, minNewTokens, doSample, temperature, topK, topP,
     /// minP, repetitionPenalty, frequencyPenalty, presencePenalty, noRepeatNgramSize, seed,
-    /// prefillChunk}` (greedy unless `doSample`). Resolves when the prompt has run.
-    pub fn begin(&self, prompt_ids: Vec<f64>, options: JsValue) -> js_sys::Promise {
+    /// prefillChunk}` (greedy unless `doSample`). `processors`: functions
+    /// `(logits: Float32Array, ids: number[]) => void` run in order at every step after the
+    /// built-in penalties (they change `logits` in place; `-Infinity` bans an id; a throw ends
+    /// the generation with that error). Resolves when the prompt has run.
+    pub fn begin(
+        &self,
+        prompt_ids: Vec<f64>,
+        options: JsValue,
+        processors: Option<Vec<JsValue>>,
+    ) -> js_sys::Promise {
         let (inner, decoding) = (self.inner.clone(), self.decoding.clone());
-        let prep =
-            (|| -> Result<_, JsError> { Ok((ids_from(&prompt_ids)?, gen_options(&options)?)) })();
+        let prep = (|| -> Result<_, JsError> {
+            let procs = processors
+                .unwrap_or_default()
+                .into_iter()
+                .map(|f| {
+                    f.dyn_into::<js_sys::Function>()
+                        .map(JsProcessor)
+                        .map_err(|_| JsError::new("a logits processor is not a function"))
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            Ok((ids_from(&prompt_ids)?, gen_options(&options)?, procs))
+        })();
         // checked before the generator is taken, which an error must not lose
         let taken = prep
             .map_err(JsValue::from)
             .and_then(|p| Ok((p, self.take()?)));
         wasm_bindgen_futures::future_to_promise(async move {
-            let ((ids, opts), mut g) = taken?;
+            let ((ids, opts, procs), mut g) = taken?;
             let r = g.begin(&ids, &opts).await;
             *inner.borrow_mut() = Some(g);
-            *decoding.borrow_mut() = Some(r.map_err(js_err)?);
+            let mut d = r.map_err(js_err)?;
+            for p in procs {
+                d.add_processor(Box::new(p));
+            }
+            *decoding.borrow_mut() = Some(d);
             Ok(JsValue::UNDEFINED)
         })
     }

@@ -122,6 +122,115 @@ mod wasm {
         }
     }
 
+    /// A folder's chat template (see [`crate::chat`]).
+    #[wasm_bindgen]
+    pub struct WasmChatTemplate {
+        inner: crate::chat::ChatTemplate,
+    }
+
+    #[wasm_bindgen]
+    impl WasmChatTemplate {
+        /// The template of a folder whose tokenizer_config.json and chat_template.jinja texts
+        /// are given (either may be absent); `undefined` when neither has one.
+        #[wasm_bindgen(js_name = fromConfig)]
+        pub fn from_config(
+            tokenizer_config: Option<String>,
+            jinja: Option<String>,
+        ) -> Result<Option<WasmChatTemplate>, JsError> {
+            let t = crate::chat::ChatTemplate::from_config(
+                tokenizer_config.as_deref(),
+                jinja.as_deref(),
+            )
+            .map_err(err)?;
+            Ok(t.map(|inner| WasmChatTemplate { inner }))
+        }
+
+        /// The text of `messages` (an array of `{role, content}` strings), with the
+        /// assistant's turn opened when `add_generation_prompt`.
+        pub fn render(
+            &self,
+            messages: Vec<JsValue>,
+            add_generation_prompt: bool,
+        ) -> Result<String, JsError> {
+            let field = |m: &JsValue, k: &str| {
+                Reflect::get(m, &k.into())
+                    .ok()
+                    .and_then(|v| v.as_string())
+                    .ok_or_else(|| {
+                        JsError::new(&format!("chat: every message needs a string `{k}`"))
+                    })
+            };
+            let msgs = messages
+                .iter()
+                .map(|m| {
+                    Ok(crate::chat::Message::new(
+                        field(m, "role")?,
+                        field(m, "content")?,
+                    ))
+                })
+                .collect::<Result<Vec<_>, JsError>>()?;
+            self.inner.render(&msgs, add_generation_prompt).map_err(err)
+        }
+    }
+
+    /// A tokenizer's vocabulary prepared for grammars (see [`crate::guidance`]).
+    #[cfg(feature = "guidance")]
+    #[wasm_bindgen]
+    pub struct WasmGuidance {
+        inner: crate::guidance::Guidance,
+    }
+
+    #[cfg(feature = "guidance")]
+    #[wasm_bindgen]
+    impl WasmGuidance {
+        /// From a tokenizer.json's bytes and the decoder's end-of-sequence ids.
+        #[wasm_bindgen(constructor)]
+        pub fn new(tokenizer_json: &[u8], eos: Vec<f64>) -> Result<WasmGuidance, JsError> {
+            let eos: Vec<i64> = eos.iter().map(|&e| e as i64).collect();
+            let inner = crate::guidance::Guidance::new(tokenizer_json, &eos).map_err(err)?;
+            Ok(WasmGuidance { inner })
+        }
+
+        /// A grammar for one generation: `kind` `json_schema`, `regex` or `lark`, `text` its
+        /// source. An error when it does not compile.
+        pub fn grammar(&self, kind: &str, text: String) -> Result<WasmGrammar, JsError> {
+            use crate::guidance::Grammar;
+            let g = match kind {
+                "json_schema" => Grammar::JsonSchema(text),
+                "regex" => Grammar::Regex(text),
+                "lark" => Grammar::Lark(text),
+                k => return Err(JsError::new(&format!("grammar: unknown kind `{k}`"))),
+            };
+            Ok(WasmGrammar {
+                inner: self
+                    .inner
+                    .processor(&g)
+                    .map_err(|e| JsError::new(&e.to_string()))?,
+            })
+        }
+    }
+
+    /// A grammar as a logits processor: `process(logits, ids)` bans what it cannot take next.
+    #[cfg(feature = "guidance")]
+    #[wasm_bindgen]
+    pub struct WasmGrammar {
+        inner: crate::guidance::GrammarProcessor,
+    }
+
+    #[cfg(feature = "guidance")]
+    #[wasm_bindgen]
+    impl WasmGrammar {
+        /// Feeds the ids chosen since the last call (the first call's `ids` are the prompt)
+        /// and sets every id the grammar cannot take next to `-Infinity`, in place.
+        pub fn process(&mut self, logits: &mut [f32], ids: Vec<f64>) -> Result<(), JsError> {
+            use nxrt_core::genai::LogitsProcessor;
+            let ids: Vec<i64> = ids.iter().map(|&i| i as i64).collect();
+            self.inner
+                .process(logits, &ids)
+                .map_err(|e| JsError::new(&e.to_string()))
+        }
+    }
+
     /// Streamed text checked against stop strings (core's `StopText`).
     #[wasm_bindgen]
     pub struct WasmStopText {
