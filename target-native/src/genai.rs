@@ -12,8 +12,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub use nxrt_core::genai::{
-    DecoderConfig, FinishReason, GenOptions, Generation, LogitsProcessor, SamplingOptions,
-    SearchDefaults, StopText,
+    DecoderConfig, FinishReason, GenOptions, Generation, LogitsProcessor, PoolStats,
+    SamplingOptions, SearchDefaults, SeqId, StopText,
 };
 
 #[cfg(feature = "tokenizers")]
@@ -280,5 +280,83 @@ impl Generator {
             self.inner
                 .generate_with(prompt, opts, processors, &mut on_token),
         )
+    }
+}
+
+impl Generator {
+    /// Several sequences over this decoder, their KV rows in a pool of `max_pages` pages of
+    /// `page_rows` tokens (see [`PagedGenerator`]). The current sequence is forgotten.
+    pub fn into_paged(self, page_rows: usize, max_pages: usize) -> Result<PagedGenerator> {
+        Ok(PagedGenerator {
+            inner: nxrt_core::genai::PagedGenerator::new(self.inner, page_rows, max_pages)?,
+        })
+    }
+}
+
+/// Several sequences over one decoder (`Generator::into_paged`), with blocking calls: each
+/// sequence's KV rows live in reference-counted pages, so a fork shares them (a shared page is
+/// copied on its first write), a new sequence whose prompt starts as a live one's takes its
+/// whole pages and runs only the rest, and a rewind drops pages. The sequence being advanced is
+/// gathered into the decoder's contiguous cache when another was advanced last (one copy of
+/// its rows). See `nxrt_core::genai::kvpool`.
+pub struct PagedGenerator {
+    inner: nxrt_core::genai::PagedGenerator<Arc<nxrt_core::Session>>,
+}
+
+impl PagedGenerator {
+    /// A new, empty sequence.
+    pub fn create(&mut self) -> SeqId {
+        self.inner.create()
+    }
+
+    /// A new sequence holding what `s` holds (pages shared, not copied).
+    pub fn fork(&mut self, s: SeqId) -> Result<SeqId> {
+        self.inner.fork(s)
+    }
+
+    /// Ends `s`, giving back the pages only it held.
+    pub fn release(&mut self, s: SeqId) -> Result<()> {
+        self.inner.release(s)
+    }
+
+    /// Feeds `ids` after what `s` holds, `chunk` at a time (0: at once).
+    pub fn append_tokens(&mut self, s: SeqId, ids: &[i64], chunk: usize) -> Result<()> {
+        pollster::block_on(self.inner.append_tokens(s, ids, chunk))
+    }
+
+    /// Keeps the first `n` ids of `s`; the logits are then those after id `n - 1`.
+    pub fn rewind_to(&mut self, s: SeqId, n: usize) -> Result<()> {
+        pollster::block_on(self.inner.rewind_to(s, n))
+    }
+
+    /// The ids `s` holds KV rows for.
+    pub fn ids(&self, s: SeqId) -> Result<&[i64]> {
+        self.inner.ids(s)
+    }
+
+    /// The logits after the last id `s` holds.
+    pub fn logits(&self, s: SeqId) -> Result<&[f32]> {
+        self.inner.logits(s)
+    }
+
+    /// Generates on `s` after `prompt`, as [`Generator::generate_with`] (the last id chosen
+    /// is not fed: the sequence holds the ids before it).
+    pub fn generate_with(
+        &mut self,
+        s: SeqId,
+        prompt: &[i64],
+        opts: &GenOptions,
+        processors: Vec<Box<dyn LogitsProcessor>>,
+        mut on_token: impl FnMut(i64) -> bool,
+    ) -> Result<Generation> {
+        pollster::block_on(
+            self.inner
+                .generate_with(s, prompt, opts, processors, &mut on_token),
+        )
+    }
+
+    /// The pool's figures (pages in use and allocated, allocations, copies, shared prefixes).
+    pub fn stats(&self) -> PoolStats {
+        self.inner.pool().stats()
     }
 }

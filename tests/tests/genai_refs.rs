@@ -374,3 +374,127 @@ fn optimum_folder_generates_onnxruntime_genai_ids_for_the_same_weights() {
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// The greedy choice, ties to the lowest id.
+fn argmax(l: &[f32]) -> i64 {
+    let mut best = 0;
+    for (i, &x) in l.iter().enumerate() {
+        if x > l[best] {
+            best = i;
+        }
+    }
+    best as i64
+}
+
+/// The paged KV pool (`Generator::into_paged`): three sequences advanced in turn, one id at a
+/// time, each give onnxruntime-genai's ids; a fork shares the pages (copying one on its first
+/// write), rewinds and regenerates the reference from there while the original is untouched; a
+/// new sequence whose prompt repeats a live one's takes its whole pages; every page comes
+/// back when the sequences end; the pool's budget is a typed error.
+#[test]
+fn paged_sequences_give_the_reference_ids() {
+    let (cache, r) = refs();
+    let m = &r["models"]["tiny_llama_genai_fp32"];
+    let dir = cache.join(m["dir"].as_str().unwrap());
+    let cases: Vec<(Vec<i64>, Vec<i64>)> = m["cases"].as_array().unwrap()[2..5]
+        .iter()
+        .map(|c| (ids(&c["prompt_ids"]), ids(&c["tokens"])))
+        .collect();
+    let g = Generator::from_folder(&dir, &nxrt::Session::builder()).unwrap();
+    let mut pg = g.into_paged(16, 256).unwrap();
+    let seqs: Vec<_> = cases.iter().map(|_| pg.create()).collect();
+    for (&s, (p, _)) in seqs.iter().zip(&cases) {
+        pg.append_tokens(s, p, 0).unwrap();
+    }
+    let n = cases[0].1.len();
+    for step in 0..n {
+        for (&s, (p, want)) in seqs.iter().zip(&cases) {
+            let id = argmax(pg.logits(s).unwrap());
+            assert_eq!(id, want[step], "prompt of {} ids, step {step}", p.len());
+            if step + 1 < n {
+                pg.append_tokens(s, &[id], 0).unwrap();
+            }
+        }
+    }
+    let rows: usize = seqs.iter().map(|&s| pg.ids(s).unwrap().len()).sum();
+    let st = pg.stats();
+    assert_eq!(
+        st.pages_in_use,
+        seqs.iter()
+            .map(|&s| pg.ids(s).unwrap().len().div_ceil(16))
+            .sum::<usize>()
+    );
+    println!("3 sequences, {rows} rows: {st:?}");
+
+    // a fork: no copy; rewound into the shared rows, it regenerates the reference from there
+    let (p0, want0) = &cases[0];
+    let f = pg.fork(seqs[0]).unwrap();
+    assert_eq!(
+        pg.stats().pages_in_use,
+        st.pages_in_use,
+        "a fork copies nothing"
+    );
+    pg.rewind_to(f, p0.len() + 10).unwrap();
+    let opts = nxrt::genai::GenOptions {
+        max_new_tokens: n - 10,
+        min_new_tokens: n - 10,
+        ..Default::default()
+    };
+    let again = pg
+        .generate_with(f, &[], &opts, Vec::new(), |_| true)
+        .unwrap();
+    assert_eq!(again.tokens, want0[10..]);
+    assert!(
+        pg.stats().cow_copies >= 1,
+        "the rewound fork wrote into a shared page"
+    );
+    assert_eq!(
+        argmax(pg.logits(seqs[0]).unwrap()),
+        want0[n - 1],
+        "the original is untouched"
+    );
+    assert_eq!(pg.ids(seqs[0]).unwrap().len(), p0.len() + n - 1);
+    // (its rows too: recomputed from its pages past the fork's rewind point)
+    pg.rewind_to(seqs[0], p0.len() + 20).unwrap();
+    assert_eq!(argmax(pg.logits(seqs[0]).unwrap()), want0[20]);
+
+    // a prompt repeating a live sequence's ids takes its whole pages and runs the rest
+    let (p1, want1) = &cases[1];
+    let full: Vec<i64> = p1.iter().chain(&want1[..n - 1]).copied().collect();
+    let d = pg.create();
+    let before = pg.stats();
+    pg.append_tokens(d, &full, 0).unwrap();
+    let shared = pg.stats().prefix_tokens_shared - before.prefix_tokens_shared;
+    assert_eq!(shared, (full.len() - 1) / 16 * 16);
+    assert_eq!(
+        pg.stats().pages_in_use - before.pages_in_use,
+        1,
+        "one page of its own"
+    );
+    assert_eq!(argmax(pg.logits(d).unwrap()), want1[n - 1]);
+    let (a, b) = (pg.logits(d).unwrap().to_vec(), pg.logits(seqs[1]).unwrap());
+    let diff = a
+        .iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0f32, f32::max);
+    assert!(
+        diff < 1e-4,
+        "logits after the shared prefix differ by {diff}"
+    );
+
+    for s in seqs.into_iter().chain([f, d]) {
+        pg.release(s).unwrap();
+    }
+    let end = pg.stats();
+    assert_eq!(end.pages_in_use, 0);
+    assert_eq!(end.page_allocs, end.page_frees);
+    println!("released: {end:?}");
+
+    // the budget: two pages of 16 rows cannot hold a 64-id prompt
+    let g = Generator::from_folder(&dir, &nxrt::Session::builder()).unwrap();
+    let mut small = g.into_paged(16, 2).unwrap();
+    let s = small.create();
+    let e = small.append_tokens(s, &cases[2].0, 0).unwrap_err();
+    assert!(e.to_string().contains("2 pages"), "{e}");
+}

@@ -181,6 +181,24 @@ impl<S: Borrow<Session>> Generator<S> {
         Ok(())
     }
 
+    /// The KV cache's element type.
+    pub(super) fn kv_dtype(&self) -> DataType {
+        self.kv_dtype
+    }
+
+    /// The ids, KV tensors and logits (for the paged pool).
+    pub(super) fn state(&self) -> (&[i64], &[Value], &[f32]) {
+        (&self.ids, &self.past, &self.logits)
+    }
+
+    /// Replaces the sequence: its ids, KV tensors (`[1, kv_heads, rows, head_size]`, rows at
+    /// least the ids' count) and the logits after its last id (for the paged pool).
+    pub(super) fn set_state(&mut self, ids: Vec<i64>, past: Vec<Value>, logits: Vec<f32>) {
+        self.ids = ids;
+        self.past = past;
+        self.logits = logits;
+    }
+
     /// Whether past and present share one buffer with spare rows (GroupQueryAttention
     /// decoders).
     pub fn shared_kv_buffer(&self) -> bool {
