@@ -128,12 +128,7 @@ fn main() {
     println!("{:?}", pg.stats());
 }
 
+/// The greedy choice (ties to the lowest id), as the sampler makes it.
 fn argmax(l: &[f32]) -> i64 {
-    let mut best = 0;
-    for (i, &x) in l.iter().enumerate() {
-        if x > l[best] {
-            best = i;
-        }
-    }
-    best as i64
+    nxrt_core::genai::sampling::argmax(l).expect("a finite logit") as i64
 }

@@ -63,24 +63,30 @@ pub fn tokenizer_file(path: &Path) -> Result<PathBuf> {
     Ok(file)
 }
 
+/// The file [`tokenizer_file`] names and its bytes (at most [`MAX_TOKENIZER_BYTES`]).
+pub fn read_tokenizer_file(path: &Path) -> Result<(PathBuf, Vec<u8>)> {
+    let file = tokenizer_file(path)?;
+    let meta = std::fs::metadata(&file)
+        .map_err(|e| Error::Io(format!("cannot read {}: {e}", file.display())))?;
+    if !meta.is_file() {
+        return Err(Error::Io(format!("{} is not a file", file.display())));
+    }
+    if meta.len() > MAX_TOKENIZER_BYTES {
+        return Err(Error::Tokenizer(format!(
+            "{} has {} bytes, over the limit of {MAX_TOKENIZER_BYTES}",
+            file.display(),
+            meta.len()
+        )));
+    }
+    let bytes = std::fs::read(&file)
+        .map_err(|e| Error::Io(format!("cannot read {}: {e}", file.display())))?;
+    Ok((file, bytes))
+}
+
 impl Tokenizer {
     /// Reads a tokenizer.json file, or a folder's `tokenizer.json`.
     pub fn from_path(path: impl AsRef<Path>) -> Result<Tokenizer> {
-        let file = tokenizer_file(path.as_ref())?;
-        let meta = std::fs::metadata(&file)
-            .map_err(|e| Error::Io(format!("cannot read {}: {e}", file.display())))?;
-        if !meta.is_file() {
-            return Err(Error::Io(format!("{} is not a file", file.display())));
-        }
-        if meta.len() > MAX_TOKENIZER_BYTES {
-            return Err(Error::Tokenizer(format!(
-                "{} has {} bytes, over the limit of {MAX_TOKENIZER_BYTES}",
-                file.display(),
-                meta.len()
-            )));
-        }
-        let bytes = std::fs::read(&file)
-            .map_err(|e| Error::Io(format!("cannot read {}: {e}", file.display())))?;
+        let (file, bytes) = read_tokenizer_file(path.as_ref())?;
         let mut t = Self::from_bytes(&bytes).map_err(|e| match e {
             Error::Tokenizer(d) => Error::Tokenizer(format!("{}: {d}", file.display())),
             e => e,

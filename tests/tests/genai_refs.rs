@@ -375,17 +375,6 @@ fn optimum_folder_generates_onnxruntime_genai_ids_for_the_same_weights() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
-/// The greedy choice, ties to the lowest id.
-fn argmax(l: &[f32]) -> i64 {
-    let mut best = 0;
-    for (i, &x) in l.iter().enumerate() {
-        if x > l[best] {
-            best = i;
-        }
-    }
-    best as i64
-}
-
 /// The paged KV pool (`Generator::into_paged`): three sequences advanced in turn, one id at a
 /// time, each give onnxruntime-genai's ids; a fork shares the pages (copying one on its first
 /// write), rewinds and regenerates the reference from there while the original is untouched; a
@@ -497,4 +486,9 @@ fn paged_sequences_give_the_reference_ids() {
     let s = small.create();
     let e = small.append_tokens(s, &cases[2].0, 0).unwrap_err();
     assert!(e.to_string().contains("2 pages"), "{e}");
+}
+
+/// The greedy choice (ties to the lowest id), as the sampler makes it.
+fn argmax(l: &[f32]) -> i64 {
+    nxrt_core::genai::sampling::argmax(l).expect("a finite logit") as i64
 }
