@@ -56,7 +56,8 @@ const mb = (n) => (n / 1e6).toFixed(2);
 
 const models = opt('--models') ? opt('--models').split(',') : corpusModels();
 const srv = await serve({ '/': join(REPO, 'js', 'bench'), '/nxrt/': join(REPO, 'js'), '/ort/': ortDist, '/corpus/': CORPUS });
-const browser = await launchChromium();
+// NXRT_CHROMIUM_ARGS: extra Chromium switches (e.g. --js-flags=...), for both runtimes alike
+const browser = await launchChromium((process.env.NXRT_CHROMIUM_ARGS ?? "").split(" ").filter(Boolean));
 const rows = [];
 let nxIsa = null;
 try {
