@@ -258,3 +258,30 @@ fn the_cli_takes_a_regex_a_schema_and_a_grammar_file() {
     assert!(err.contains("grammar") && err.contains("unclosed"), "{err}");
     assert!(out.stdout.is_empty(), "nothing decoded: {:?}", out.stdout);
 }
+
+/// Tokenizers the grammar's vocabulary reader cannot take, or hostile ones, are typed errors:
+/// never a panic, never a list as long as an absurd id.
+#[test]
+fn unsupported_and_hostile_tokenizers_are_typed_errors() {
+    let bert = cache_dir().join("genai/tokenizers/bert/tokenizer.json");
+    let bytes = std::fs::read(&bert).unwrap_or_else(|e| panic!("{}: {e}", bert.display()));
+    let e = nxrt::guidance::Guidance::new(&bytes, &[102])
+        .err()
+        .expect("WordPiece refused");
+    assert!(e.to_string().contains("byte-level"), "{e}");
+
+    let base: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(folder().join("tokenizer.json")).unwrap()).unwrap();
+    let hostile = |edit: &dyn Fn(&mut serde_json::Value)| {
+        let mut j = base.clone();
+        edit(&mut j);
+        nxrt::guidance::Guidance::new(j.to_string().as_bytes(), &[EOS]).err()
+    };
+    let e = hostile(&|j| j["model"]["vocab"]["huge"] = 4_000_000_000u64.into()).expect("huge id");
+    assert!(e.to_string().contains("4000000000"), "{e}");
+    let e = hostile(&|j| j["model"]["vocab"]["<0xZZ>"] = 31999.into()).expect("bad byte token");
+    assert!(e.to_string().contains("<0xZZ>"), "{e}");
+    let e = hostile(&|j| j["model"]["vocab"]["neg"] = (-5).into()).expect("negative id");
+    assert!(e.to_string().contains("-5"), "{e}");
+    assert!(hostile(&|_| {}).is_none(), "the file itself is fine");
+}

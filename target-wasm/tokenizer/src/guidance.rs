@@ -65,6 +65,51 @@ impl TokenizerEnv for Env {
     }
 }
 
+/// Ids at most this (the largest real vocabularies hold about 260 000).
+const MAX_TOKEN_ID: u64 = 1 << 24;
+
+/// What the token-bytes reader needs, checked before it runs: a byte-level decoder, or a
+/// sequence with byte fallback (SentencePiece-style); ids below [`MAX_TOKEN_ID`] (the reader
+/// makes a list as long as the largest id); byte-fallback names `<0xNN>` with hex digits.
+fn check_tokenizer(json: &serde_json::Value) -> Result<()> {
+    let bad = |m: String| Err(Error::Tokenizer(format!("constrained decoding: {m}")));
+    let decoder = &json["decoder"];
+    let byte_level = decoder["type"] == "ByteLevel";
+    let fallback = decoder["type"] == "Sequence"
+        && decoder["decoders"]
+            .as_array()
+            .is_some_and(|d| d.iter().any(|x| x["type"] == "ByteFallback"));
+    if !byte_level && !fallback {
+        return bad(format!(
+            "the tokenizer's decoder ({}) is neither byte-level nor a sequence with byte fallback",
+            decoder["type"]
+        ));
+    }
+    let Some(vocab) = json["model"]["vocab"].as_object() else {
+        return bad("the tokenizer's model has no vocabulary map".into());
+    };
+    let added = json["added_tokens"]
+        .as_array()
+        .map(Vec::as_slice)
+        .unwrap_or_default();
+    for id in vocab.values().chain(added.iter().map(|t| &t["id"])) {
+        if !id.as_u64().is_some_and(|i| i < MAX_TOKEN_ID) {
+            return bad(format!("token id {id} (ids must be below {MAX_TOKEN_ID})"));
+        }
+    }
+    if fallback {
+        for name in vocab.keys().filter(|n| n.starts_with("<0x")) {
+            let hex = name.len() == 6
+                && name.ends_with('>')
+                && u8::from_str_radix(&name[3..5], 16).is_ok();
+            if !hex {
+                return bad(format!("the byte-fallback token {name:?} is not <0xNN>"));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Turns off what adds a space before a text's start: `Prepend` normalizers, Metaspace's
 /// `prepend_scheme` (and its older `add_prefix_space`), ByteLevel's `add_prefix_space`.
 fn no_leading_space(json: &mut serde_json::Value) {
@@ -119,11 +164,30 @@ impl Guidance {
     /// From the bytes of a tokenizer.json and the decoder's end-of-sequence ids (the first is
     /// the one the grammar ends with; every one of them is allowed where it may end).
     pub fn new(tokenizer_json: &[u8], eos: &[i64]) -> Result<Guidance> {
+        // the crates below assert on what they do not expect: natively a panic becomes this
+        // error (on wasm, where nothing unwinds, the checks in `check_tokenizer` come first)
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            Self::build(tokenizer_json, eos)
+        }))
+        .unwrap_or_else(|p| {
+            let msg = p
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| p.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "a panic".into());
+            Err(Error::Tokenizer(format!(
+                "preparing the vocabulary for grammars failed: {msg}"
+            )))
+        })
+    }
+
+    fn build(tokenizer_json: &[u8], eos: &[i64]) -> Result<Guidance> {
         let first = *eos.first().ok_or_else(|| {
             Error::Other("constrained decoding needs an end-of-sequence id".into())
         })?;
         let mut json: serde_json::Value = serde_json::from_slice(tokenizer_json)
             .map_err(|e| Error::Tokenizer(format!("tokenizer.json: {e}")))?;
+        check_tokenizer(&json)?;
         let words = llguidance::token_bytes_from_tokenizer_json(&json)
             .map_err(|e| llg_err("the tokenizer's token bytes", e))?;
         // The grammar's forced text continues the output: encode it without the space a
