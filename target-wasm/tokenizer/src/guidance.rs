@@ -93,7 +93,7 @@ fn check_tokenizer(json: &serde_json::Value) -> Result<()> {
         .map(Vec::as_slice)
         .unwrap_or_default();
     for id in vocab.values().chain(added.iter().map(|t| &t["id"])) {
-        if !id.as_u64().is_some_and(|i| i < MAX_TOKEN_ID) {
+        if id.as_u64().is_none_or(|i| i >= MAX_TOKEN_ID) {
             return bad(format!("token id {id} (ids must be below {MAX_TOKEN_ID})"));
         }
     }
