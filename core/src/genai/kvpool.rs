@@ -335,8 +335,9 @@ impl KvPool {
             r = end;
         }
         let q = self.seq_mut(s)?;
-        q.ids = ids.to_vec();
-        q.logits = logits.to_vec();
+        q.ids.extend_from_slice(&ids[from..]);
+        q.logits.clear();
+        q.logits.extend_from_slice(logits);
         // index the pages that are now full
         let (full, pages) = (ids.len() / pr, q.pages.clone());
         for k in from / pr..full {
@@ -361,11 +362,13 @@ impl KvPool {
         if dst.len() != self.tensors || cap < q.ids.len() {
             return Err(Error::Other("KV pool: bad destination".into()));
         }
+        for d in dst.iter_mut() {
+            d.resize(heads * cap * h, 0.0);
+        }
         for (k, &p) in q.pages.iter().enumerate() {
             let (r0, r1) = (k * pr, ((k + 1) * pr).min(q.ids.len()));
             let page = &self.pages[p as usize];
             for (t, d) in dst.iter_mut().enumerate() {
-                d.resize(heads * cap * h, 0.0);
                 for j in 0..heads {
                     let s0 = (t * heads + j) * pr * h;
                     let d0 = (j * cap + r0) * h;
@@ -531,18 +534,23 @@ impl<S: Borrow<Session>> PagedGenerator<S> {
     /// first takes the pages of a live sequence with the same leading ids (whole pages), and
     /// runs only the rest.
     pub async fn append_tokens(&mut self, s: SeqId, ids: &[i64], chunk: usize) -> Result<()> {
-        let mut rest = ids;
-        if self.pool.ids(s)?.is_empty() && !ids.is_empty() {
-            let n = self.pool.share_prefix(s, ids)?;
-            if self.resident.is_some_and(|(r, _)| r == s) {
-                self.resident = None;
-            }
-            rest = &ids[n..];
-        }
+        let n = self.share_prefix(s, ids)?;
         self.load(s)?;
-        let r = self.gen.append_tokens(rest, chunk).await;
+        let r = self.gen.append_tokens(&ids[n..], chunk).await;
         self.store()?;
         r
+    }
+
+    /// For an empty `s`: the whole pages of a live sequence starting with `ids`' ids (see
+    /// [`KvPool::share_prefix`]); returns how many ids they cover (0 for a sequence that holds
+    /// ids already).
+    fn share_prefix(&mut self, s: SeqId, ids: &[i64]) -> Result<usize> {
+        let n = self.pool.share_prefix(s, ids)?;
+        if n > 0 && self.resident.is_some_and(|(r, _)| r == s) {
+            // the generator holds the sequence as it was: empty
+            self.resident = None;
+        }
+        Ok(n)
     }
 
     /// Keeps the first `n` ids of `s` (the logits become those after id `n - 1`).
@@ -576,32 +584,17 @@ impl<S: Borrow<Session>> PagedGenerator<S> {
         processors: Vec<Box<dyn LogitsProcessor>>,
         on_token: &mut dyn FnMut(i64) -> bool,
     ) -> Result<Generation> {
-        if self.pool.ids(s)?.is_empty() && prompt.len() > 1 {
-            // prefix sharing, as append_tokens
-            let n = self.pool.share_prefix(s, prompt)?;
-            if n > 0 {
-                if self.resident.is_some_and(|(r, _)| r == s) {
-                    self.resident = None;
-                }
-                self.load(s)?;
-                let r = self
-                    .gen
-                    .generate_with(&prompt[n..], opts, processors, on_token)
-                    .await;
-                self.store()?;
-                return r.map(|mut g| {
-                    g.prompt_ids = prompt.to_vec();
-                    g
-                });
-            }
-        }
+        let n = self.share_prefix(s, prompt)?;
         self.load(s)?;
         let r = self
             .gen
-            .generate_with(prompt, opts, processors, on_token)
+            .generate_with(&prompt[n..], opts, processors, on_token)
             .await;
         self.store()?;
-        r
+        r.map(|mut g| {
+            g.prompt_ids = prompt.to_vec();
+            g
+        })
     }
 }
 
