@@ -704,48 +704,38 @@ fn bench(a: BenchArgs) -> Result<(), Error> {
 
 /// The grammar `--json-schema`, `--regex` or `--grammar` gives, as a processor (none without
 /// one).
-#[cfg(feature = "tokenizers")]
+#[cfg(feature = "guidance")]
 fn grammar_processors(
     a: &GenerateArgs,
     g: &nxrt::genai::Generator,
 ) -> Result<Vec<Box<dyn nxrt::genai::LogitsProcessor>>, Error> {
+    use nxrt::guidance::Grammar;
     let read = |p: &Path| {
         std::fs::read_to_string(p)
             .map_err(|e| Error::Io(format!("cannot read {}: {e}", p.display())))
     };
     let grammar = match (&a.json_schema, &a.regex, &a.grammar) {
         (None, None, None) => return Ok(Vec::new()),
-        (Some(s), _, _) if s.trim_start().starts_with('{') => GrammarText::JsonSchema(s.clone()),
-        (Some(path), _, _) => GrammarText::JsonSchema(read(Path::new(path))?),
-        (_, Some(rx), _) => GrammarText::Regex(rx.clone()),
-        (_, _, Some(path)) => GrammarText::Lark(read(path)?),
+        (Some(s), _, _) if s.trim_start().starts_with('{') => Grammar::JsonSchema(s.clone()),
+        (Some(path), _, _) => Grammar::JsonSchema(read(Path::new(path))?),
+        (_, Some(rx), _) => Grammar::Regex(rx.clone()),
+        (_, _, Some(path)) => Grammar::Lark(read(path)?),
     };
-    #[cfg(feature = "guidance")]
-    {
-        use nxrt::guidance::Grammar;
-        let grammar = match grammar {
-            GrammarText::JsonSchema(s) => Grammar::JsonSchema(s),
-            GrammarText::Regex(s) => Grammar::Regex(s),
-            GrammarText::Lark(s) => Grammar::Lark(s),
-        };
-        let p = g.guidance()?.processor(&grammar)?;
-        Ok(vec![Box::new(p)])
-    }
-    #[cfg(not(feature = "guidance"))]
-    {
-        let _ = (grammar, g);
-        Err(Error::Other(
-            "constrained decoding needs nxrt built with the `guidance` feature".into(),
-        ))
-    }
+    Ok(vec![Box::new(g.guidance()?.processor(&grammar)?)])
 }
 
-#[cfg(feature = "tokenizers")]
-#[cfg_attr(not(feature = "guidance"), allow(dead_code))]
-enum GrammarText {
-    JsonSchema(String),
-    Regex(String),
-    Lark(String),
+/// Without the `guidance` feature a grammar is an error.
+#[cfg(all(feature = "tokenizers", not(feature = "guidance")))]
+fn grammar_processors(
+    a: &GenerateArgs,
+    _g: &nxrt::genai::Generator,
+) -> Result<Vec<Box<dyn nxrt::genai::LogitsProcessor>>, Error> {
+    if a.json_schema.is_none() && a.regex.is_none() && a.grammar.is_none() {
+        return Ok(Vec::new());
+    }
+    Err(Error::Other(
+        "constrained decoding needs nxrt built with the `guidance` feature".into(),
+    ))
 }
 
 fn generate(a: GenerateArgs) -> Result<(), Error> {
