@@ -25,6 +25,7 @@ pub mod profile;
 pub mod proto;
 pub mod provider;
 pub mod session;
+pub mod shapefold;
 pub mod simd;
 pub mod tensor;
 pub mod value;

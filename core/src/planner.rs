@@ -79,6 +79,11 @@ pub struct MemoryPlanStats {
     /// Tensor activations left on the heap (graph outputs, unknown sizes, strings, control flow).
     pub heap_values: usize,
     pub heap_bytes: usize,
+    /// Steps whose outputs follow from the input shapes alone (shape arithmetic), kept by the
+    /// plan from its recording run: runs of the plan skip them.
+    pub folded_steps: usize,
+    /// The bytes those kept outputs hold (outside the arena).
+    pub folded_bytes: usize,
 }
 
 /// The result: a region per value and the in-place decisions per step.
@@ -277,6 +282,8 @@ pub fn plan(req: &PlanRequest, steps: usize) -> MemoryPlan {
             in_place: n_in_place,
             heap_values: 0,
             heap_bytes: 0,
+            folded_steps: 0,
+            folded_bytes: 0,
         },
     }
 }

@@ -166,6 +166,9 @@ struct Step {
     /// Per entry of `copies`: the value is an initializer, so its device copy is made once and
     /// kept (weights are uploaded on the first run, not every run).
     copy_const: Vec<bool>,
+    /// A host kernel whose outputs follow from the input shapes and constants alone
+    /// ([`crate::shapefold`]): a memory plan keeps them from its recording run.
+    fold: bool,
 }
 
 /// A compiled graph: one step per node, value lifetimes, constants.
@@ -221,12 +224,21 @@ const IN_PLACE_OPS: &[&str] = &["Relu", "Sigmoid", "Add", "Sub", "Mul", "Div"];
 /// Plans kept per session (one per recent set of input shapes).
 const PLAN_CACHE: usize = 4;
 
+/// A plan keeps a shape-determined step's outputs when they hold at most this many bytes...
+const FOLD_STEP_BYTES: usize = 64 << 10;
+/// ...and while all it keeps stays within this many.
+const FOLD_PLAN_BYTES: usize = 1 << 20;
+
 /// A memory plan for one set of input shapes, with the arena it runs from.
 struct RunPlan {
     sig: Vec<Option<Vec<usize>>>,
     mem: MemoryPlan,
     /// Per step, per node output: its planned region and element type.
     step_outs: Vec<Vec<Option<(Region, DataType)>>>,
+    /// Per step: the outputs of a shape-determined step, kept from the recording run (runs
+    /// of this plan take them instead of running the step), as (value, contents), only those
+    /// that a step which still runs reads.
+    folded: Vec<Option<Vec<(ValueId, Value)>>>,
     arena: spin::Mutex<Option<Arc<HostArena>>>,
 }
 
@@ -236,6 +248,9 @@ struct Recording {
     dtypes: Vec<Option<DataType>>,
     heap_values: usize,
     heap_bytes: usize,
+    /// (step, outputs) of the shape-determined steps the plan keeps.
+    folded: Vec<(usize, Vec<Value>)>,
+    folded_bytes: usize,
 }
 
 /// Per-run context of the top-level graph (subgraphs run with the default).
@@ -849,7 +864,36 @@ impl Session {
         let mut mem = planner::plan(&rec.req, plan.steps.len());
         mem.stats.heap_values = rec.heap_values;
         mem.stats.heap_bytes = rec.heap_bytes;
+        mem.stats.folded_steps = rec.folded.len();
+        mem.stats.folded_bytes = rec.folded_bytes;
+        // a kept value only needs a place in a run's values when a step that still runs
+        // reads it (the rest feed other kept steps only)
         let g = &*plan.graph;
+        let mut kept = vec![false; plan.steps.len()];
+        for (si, _) in &rec.folded {
+            kept[*si] = true;
+        }
+        let mut read_by_running = vec![false; g.values.len()];
+        for (si, st) in plan.steps.iter().enumerate() {
+            if kept[si] {
+                continue;
+            }
+            let node = &g.nodes[st.node];
+            for &id in node.inputs.iter().flatten().chain(&node.implicit_inputs) {
+                read_by_running[id] = true;
+            }
+        }
+        let mut folded = vec![None; plan.steps.len()];
+        for (si, outs) in rec.folded {
+            let node = &g.nodes[plan.steps[si].node];
+            let needed = node
+                .outputs
+                .iter()
+                .zip(outs)
+                .filter_map(|(slot, v)| slot.filter(|&id| read_by_running[id]).map(|id| (id, v)))
+                .collect();
+            folded[si] = Some(needed);
+        }
         let step_outs = plan
             .steps
             .iter()
@@ -865,6 +909,7 @@ impl Session {
             sig,
             mem,
             step_outs,
+            folded,
             arena: spin::Mutex::new(None),
         }
     }
@@ -922,6 +967,16 @@ impl Session {
                             sp.push(span_since(clock, Phase::Copy, vid as u32, t0));
                         }
                     }
+                }
+                // a shape-determined step this plan has kept: its outputs, not its kernel
+                if let Some(kept) = rc.arena.and_then(|(_, rp)| rp.folded[si].as_ref()) {
+                    for (id, v) in kept {
+                        env[*id] = Some(v.clone());
+                    }
+                    for &f in &step.frees {
+                        env[f] = None;
+                    }
+                    continue;
                 }
                 let t0 = if rc.spans.is_some() { clock() } else { 0 };
                 // a kernel that can write over inputs at their last reader gets them by value
@@ -1067,7 +1122,9 @@ impl Session {
                     }
                 }
                 if let Some(rec) = rc.rec.as_deref_mut() {
-                    rec.observe(plan, si, step, &env, &outs, &self.providers);
+                    if !(step.fold && rec.keep_folded(plan, si, &outs)) {
+                        rec.observe(plan, si, step, &env, &outs, &self.providers);
+                    }
                 }
                 for (slot, v) in node.outputs.iter().zip(outs) {
                     if let Some(id) = slot {
@@ -1782,7 +1839,17 @@ fn compile(
             frees: Vec::new(),
             copies,
             copy_const,
+            fold: false,
         });
+    }
+    let on_host = |si: usize| match &steps[si].kind {
+        StepKind::Kernel { provider, .. } => providers[*provider].location() == Location::Host,
+        _ => false,
+    };
+    let captured: Vec<ValueId> = captures.iter().map(|&(local, _)| local).collect();
+    let fold = crate::shapefold::shape_determined_nodes(g, on_host, &captured);
+    for (st, f) in steps.iter_mut().zip(fold) {
+        st.fold = f;
     }
     // Graph outputs go back to the host at the end (counted as copies when on a device).
     for &o in &g.outputs {
@@ -1922,7 +1989,33 @@ impl Recording {
             dtypes: vec![None; values],
             heap_values: 0,
             heap_bytes: 0,
+            folded: Vec::new(),
+            folded_bytes: 0,
         }
+    }
+
+    /// Keeps a shape-determined step's outputs for the plan when they are small host tensors
+    /// (never graph outputs, which the caller owns) and the plan's budget allows; the planner
+    /// then leaves them out of the arena.
+    fn keep_folded(&mut self, plan: &Plan, si: usize, outs: &[Value]) -> bool {
+        let node = &plan.graph.nodes[plan.steps[si].node];
+        let mut bytes = 0usize;
+        for (slot, v) in node.outputs.iter().zip(outs) {
+            let Value::Tensor(t) = v else { return false };
+            if t.location() != Location::Host || slot.is_some_and(|id| plan.is_output[id]) {
+                return false;
+            }
+            bytes += t.byte_size();
+        }
+        if outs.len() != node.outputs.len()
+            || bytes > FOLD_STEP_BYTES
+            || self.folded_bytes + bytes > FOLD_PLAN_BYTES
+        {
+            return false;
+        }
+        self.folded_bytes += bytes;
+        self.folded.push((si, outs.to_vec()));
+        true
     }
 
     /// Notes the sizes of a step's outputs, which of them view an input, and whether output 0
@@ -1957,6 +2050,15 @@ impl Recording {
             if !plannable {
                 self.heap_values += 1;
                 self.heap_bytes += t.byte_size();
+                continue;
+            }
+            // a view of an unplanned value (a constant, a kept shape value) holds no bytes of
+            // its own: nothing to place
+            let views_unplanned = node.inputs.iter().flatten().any(|&iid| {
+                self.req.values[iid].is_none()
+                    && matches!(&env[iid], Some(Value::Tensor(ti)) if ti.shares_storage(t))
+            });
+            if views_unplanned {
                 continue;
             }
             let bytes = t.byte_size();

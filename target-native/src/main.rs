@@ -627,6 +627,11 @@ fn run(a: RunArgs) -> Result<(), Error> {
                     s.heap_values,
                     mib(s.heap_bytes as u64)
                 );
+                println!(
+                    "  {} shape-arithmetic steps kept by the plan ({})",
+                    s.folded_steps,
+                    mib(s.folded_bytes as u64)
+                );
             }
             None => println!("memory plan: none (no plan was built)"),
         }

@@ -297,3 +297,149 @@ fn gate_guard_restores_the_gates_after_a_panic() {
         before
     );
 }
+
+/// x[N,8] with the shape arithmetic exporters emit: n = Gather(Shape(x), 0);
+/// y = Reshape(x, Concat(Unsqueeze(n), [2, 4])); ones = ConstantOfShape(Concat(Unsqueeze(n),
+/// [8])) as float; v = x * ones; w = (x + Cast(Unsqueeze(Range(0, n, 1), 1))) * ones (each
+/// row plus its index, through an activation that is not a graph output).
+fn shape_arithmetic_model() -> Vec<u8> {
+    let scalar = |name: &str, v: i64| nxrt_core::proto::TensorProto {
+        name: name.into(),
+        data_type: 7,
+        int64_data: vec![v],
+        ..Default::default()
+    };
+    let mut cast = node("Cast", &["r"], &["rf"]);
+    cast.attribute.push(nxrt_core::proto::AttributeProto {
+        name: "to".into(),
+        r#type: 2,
+        i: 1,
+        ..Default::default()
+    });
+    let graph = GraphProto {
+        name: "shapes".into(),
+        node: vec![
+            node("Shape", &["x"], &["s"]),
+            node("Gather", &["s", "zero"], &["n"]),
+            node("Unsqueeze", &["n", "ax0"], &["nu"]),
+            node("Concat", &["nu", "two_four"], &["shape3"]),
+            node("Reshape", &["x", "shape3"], &["y"]),
+            node("Range", &["zero", "n", "one"], &["r"]),
+            cast,
+            node("Unsqueeze", &["rf", "ax1"], &["col"]),
+            node("Add", &["x", "col"], &["a"]),
+            node("Concat", &["nu", "eight"], &["shape2"]),
+            node("ConstantOfShape", &["shape2"], &["ones"]),
+            node("Cast", &["ones"], &["onesf"]),
+            node("Mul", &["x", "onesf"], &["v"]),
+            node("Mul", &["a", "onesf"], &["w"]),
+        ],
+        initializer: vec![
+            scalar("zero", 0),
+            scalar("one", 1),
+            i64s("ax0", &[0]),
+            i64s("ax1", &[1]),
+            i64s("two_four", &[2, 4]),
+            i64s("eight", &[8]),
+        ],
+        input: vec![vi("x", &["N", "8"])],
+        output: vec![
+            vi("y", &["N", "2", "4"]),
+            vi("w", &["N", "8"]),
+            vi("v", &["N", "8"]),
+        ],
+        ..Default::default()
+    };
+    let mut graph = graph;
+    // ConstantOfShape's default value is float 0: make it 1 (int64) and cast
+    graph.node[10]
+        .attribute
+        .push(nxrt_core::proto::AttributeProto {
+            name: "value".into(),
+            r#type: 4,
+            t: Some(nxrt_core::proto::TensorProto {
+                dims: vec![1],
+                data_type: 7,
+                int64_data: vec![1],
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+    for k in [3, 9] {
+        graph.node[k]
+            .attribute
+            .push(nxrt_core::proto::AttributeProto {
+                name: "axis".into(),
+                r#type: 2,
+                i: 0,
+                ..Default::default()
+            });
+    }
+    graph.node[11]
+        .attribute
+        .push(nxrt_core::proto::AttributeProto {
+            name: "to".into(),
+            r#type: 2,
+            i: 1,
+            ..Default::default()
+        });
+    common::opset17_model(graph)
+}
+
+#[test]
+fn a_plan_keeps_shape_arithmetic_per_set_of_shapes() {
+    let _g = gates();
+    let model = shape_arithmetic_model();
+    let opts = |mode| {
+        Session::builder()
+            .mode(mode)
+            .optimization(nxrt::OptLevel::None)
+            .phase_profile(true)
+            .load_bytes(&model)
+            .unwrap()
+    };
+    let planned = opts(ExecMode::Planned);
+    let eager = opts(ExecMode::Eager);
+    let outs = |s: &Session, n: usize, seed: u32| -> Vec<(Vec<usize>, Vec<f32>)> {
+        let x = Tensor::from_vec(&[n, 8], common::xorshift_data(n * 8, seed)).unwrap();
+        let o = s.run([("x", x)]).unwrap();
+        ["y", "w", "v"]
+            .iter()
+            .map(|k| {
+                let t = o[*k].as_tensor().unwrap();
+                (t.shape().to_vec(), t.as_slice::<f32>().unwrap().to_vec())
+            })
+            .collect()
+    };
+    // shapes change and come back: every run matches the eager run of the same input
+    for (k, n) in [3usize, 3, 5, 3, 1, 5, 5, 1].into_iter().enumerate() {
+        let got = outs(&planned, n, k as u32);
+        let want = outs(&eager, n, k as u32);
+        assert_eq!(got, want, "run {k}, N = {n}");
+        assert_eq!(got[0].0, [n, 2, 4]);
+        let rows: Vec<f32> = (0..n * 8).map(|i| (i / 8) as f32).collect();
+        let x = common::xorshift_data(n * 8, k as u32);
+        let w: Vec<f32> = x.iter().zip(&rows).map(|(a, b)| a + b).collect();
+        assert_eq!(got[1].1, w, "w = x + row index, N = {n}");
+    }
+    assert_eq!(planned.memory_plans_built(), 3);
+    let st = planned.activation_memory_plan_stats().unwrap();
+    // Shape, Gather, both Unsqueezes, both Concats, Range, both Casts, ConstantOfShape
+    assert_eq!(st.folded_steps, 10, "{st:?}");
+    // runs that re-use a plan run only Reshape, Add and the Muls; recording runs all 14 nodes
+    let p = planned.phase_profile().unwrap();
+    let per_run = |r: u32| {
+        p.spans
+            .iter()
+            .filter(|s| s.phase == Phase::Kernel && s.run == r)
+            .count()
+    };
+    assert_eq!(per_run(1), 14, "the recording run runs every node");
+    assert_eq!(
+        per_run(2),
+        4,
+        "a planned run skips the kept shape arithmetic"
+    );
+    assert_eq!(per_run(4), 4);
+    assert_eq!(per_run(5), 14, "N = 1 is new: recorded");
+}
