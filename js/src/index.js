@@ -162,11 +162,13 @@ function providerNames(list) {
 export class InferenceSession {
   #inner;
   #inputNames;
+  #inputSet;
   #outputNames;
 
   constructor(inner) {
     this.#inner = inner;
     this.#inputNames = Object.freeze(inner.inputNames);
+    this.#inputSet = new Set(this.#inputNames);
     this.#outputNames = Object.freeze(inner.outputNames);
     this.inputMetadata = inner.inputMetadata;
     this.outputMetadata = inner.outputMetadata;
@@ -231,7 +233,7 @@ export class InferenceSession {
   async run(feeds, fetches) {
     const inner = this.#live();
     if (feeds === null || typeof feeds !== 'object') throw new TypeError('feeds must be an object');
-    const known = new Set(this.#inputNames);
+    const known = this.#inputSet;
     const list = [];
     for (const [name, t] of Object.entries(feeds)) {
       if (!known.has(name)) {

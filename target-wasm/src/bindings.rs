@@ -100,12 +100,19 @@ fn input_err(msg: String) -> JsError {
     JsError::new(&msg)
 }
 
-pub(crate) fn set(o: &Object, k: &str, v: &JsValue) {
-    let _ = Reflect::set(o, &JsValue::from_str(k), v);
+/// Sets `o[k]`; the key is interned (made into a JS string once per process).
+pub(crate) fn set(o: &Object, k: &'static str, v: &JsValue) {
+    let _ = Reflect::set(o, &JsValue::from_str(wasm_bindgen::intern(k)), v);
 }
 
-pub(crate) fn get(o: &JsValue, k: &str) -> JsValue {
-    Reflect::get(o, &JsValue::from_str(k)).unwrap_or(JsValue::UNDEFINED)
+/// Reads `o[k]`; the key is interned.
+pub(crate) fn get(o: &JsValue, k: &'static str) -> JsValue {
+    Reflect::get(o, &JsValue::from_str(wasm_bindgen::intern(k))).unwrap_or(JsValue::UNDEFINED)
+}
+
+/// A JS string for a name from a fixed set (type names, kinds), made once per process.
+fn js_name(s: &'static str) -> JsValue {
+    JsValue::from_str(wasm_bindgen::intern(s))
 }
 
 fn type_json(ty: &TypeInfo) -> JsValue {
@@ -444,7 +451,7 @@ fn feed_tensor(name: &str, f: &JsValue) -> Result<Tensor, JsError> {
 
 fn tensor_js(t: &Tensor) -> nxrt_core::Result<Object> {
     let o = Object::new();
-    set(&o, "type", &JsValue::from_str(js_type_name(t.dtype())));
+    set(&o, "type", &js_name(js_type_name(t.dtype())));
     let dims = Array::new();
     for &d in t.shape() {
         dims.push(&JsValue::from_f64(d as f64));
@@ -528,7 +535,7 @@ fn value_js(v: &Value) -> nxrt_core::Result<Object> {
     Ok(match v {
         Value::Tensor(t) => {
             let o = tensor_js(t)?;
-            set(&o, "kind", &JsValue::from_str("tensor"));
+            set(&o, "kind", &js_name("tensor"));
             o
         }
         Value::Sequence { items, .. } => {

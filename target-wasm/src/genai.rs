@@ -84,7 +84,7 @@ fn ids_from(ids: &[f64]) -> Result<Vec<i64>, JsError> {
         .collect()
 }
 
-fn num(o: &JsValue, k: &str) -> Result<Option<f64>, JsError> {
+fn num(o: &JsValue, k: &'static str) -> Result<Option<f64>, JsError> {
     let v = get(o, k);
     if v.is_undefined() || v.is_null() {
         return Ok(None);
@@ -95,7 +95,7 @@ fn num(o: &JsValue, k: &str) -> Result<Option<f64>, JsError> {
         .ok_or_else(|| JsError::new(&format!("option {k} must be a finite number")))
 }
 
-fn count(o: &JsValue, k: &str) -> Result<Option<usize>, JsError> {
+fn count(o: &JsValue, k: &'static str) -> Result<Option<usize>, JsError> {
     match num(o, k)? {
         Some(x) if x >= 0.0 && x.fract() == 0.0 && x <= (1u64 << 40) as f64 => Ok(Some(x as usize)),
         Some(x) => Err(JsError::new(&format!(
@@ -108,8 +108,9 @@ fn count(o: &JsValue, k: &str) -> Result<Option<usize>, JsError> {
 /// Options of one generation from a JS object (camelCase names as the JS API documents).
 fn gen_options(o: &JsValue) -> Result<GenOptions, JsError> {
     let d = SamplingOptions::default();
-    let f =
-        |k: &str, def: f32| -> Result<f32, JsError> { Ok(num(o, k)?.map_or(def, |x| x as f32)) };
+    let f = |k: &'static str, def: f32| -> Result<f32, JsError> {
+        Ok(num(o, k)?.map_or(def, |x| x as f32))
+    };
     let do_sample = match get(o, "doSample") {
         v if v.is_undefined() || v.is_null() => false,
         v => v
