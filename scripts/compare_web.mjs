@@ -5,10 +5,11 @@
 //
 //   node scripts/compare_web.mjs [--rounds R] [--runs K] [--warmup-ms W] [--models a,b,...] [--webgpu] [--no-relaxed]
 //
-// Warm-up: each runtime runs for at least W ms (default 3000) and 15 runs before any sample, so
+// Warm-up: each runtime runs for at least W ms (default 8000) and 15 runs before any sample, so
 // V8's tier-up (Liftoff to TurboFan, compiled in the background on the other core) has finished
 // for the hot functions of both modules; samples taken while it is still under way measure the
-// compiler, not the kernels (a few hundred ms of warm-up left tiny_llama bimodal from run to run).
+// compiler, not the kernels (a few hundred ms of warm-up left tiny_llama bimodal from run to run;
+// 3 s still left oww_embedding_model slow in some runs while the other core was busy).
 //
 // nxrt loads its relaxed-SIMD build where Chromium validates relaxed-SIMD (every current one);
 // --no-relaxed keeps it to the SIMD128 build (what a browser without relaxed-SIMD runs). The
@@ -33,7 +34,7 @@ const args = process.argv.slice(2);
 const opt = (n, d) => (args.includes(n) ? args[args.indexOf(n) + 1] : d);
 const ROUNDS = Number(opt('--rounds', 5));
 const RUNS = Number(opt('--runs', 10));
-const WARM_MS = Number(opt('--warmup-ms', 3000));
+const WARM_MS = Number(opt('--warmup-ms', 8000));
 const VERSION = process.env.ORT_WEB_VERSION ?? '1.30.0';
 const WEBGPU = args.includes('--webgpu');
 
