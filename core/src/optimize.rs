@@ -14,14 +14,16 @@ use crate::session::input_types;
 use crate::tensor::Tensor;
 use crate::value::{Dim, Value};
 
-/// Ops whose outputs are not a pure function of their inputs: never folded.
-const NOT_FOLDABLE: &[&str] = &[
+/// Ops whose outputs are not a pure function of their inputs (random ops; Dropout, random in
+/// training mode) or that run subgraphs: never folded, at load or per plan (`shapefold`).
+pub(crate) const NOT_FOLDABLE: &[&str] = &[
     "RandomNormal",
     "RandomUniform",
     "RandomNormalLike",
     "RandomUniformLike",
     "Multinomial",
     "Bernoulli",
+    "Dropout",
     "If",
     "Loop",
     "Scan",

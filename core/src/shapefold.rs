@@ -22,17 +22,7 @@ use alloc::vec;
 use alloc::vec::Vec;
 
 use crate::ir::{Graph, ValueId};
-
-/// Ops whose outputs are random: never kept, whatever their inputs.
-const NONDETERMINISTIC: &[&str] = &[
-    "RandomNormal",
-    "RandomUniform",
-    "RandomNormalLike",
-    "RandomUniformLike",
-    "Multinomial",
-    "Bernoulli",
-    "Dropout",
-];
+use crate::optimize::NOT_FOLDABLE;
 
 /// Default-domain ops whose output shapes follow from their inputs' shapes and attributes.
 const SHAPE_FROM_SHAPES: &[&str] = &[
@@ -179,7 +169,7 @@ pub fn shape_determined_nodes(
         let std = node.domain.is_empty();
         let op = node.op_type.as_str();
         let ins: Vec<ValueId> = node.inputs.iter().flatten().copied().collect();
-        let is_val = if NONDETERMINISTIC.contains(&op) {
+        let is_val = if NOT_FOLDABLE.contains(&op) {
             false
         } else if std && (op == "Shape" || op == "Size") {
             ins.first().is_some_and(|&i| shp[i])
