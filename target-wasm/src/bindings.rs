@@ -102,15 +102,16 @@ fn input_err(msg: String) -> JsError {
 
 /// Sets `o[k]`; the key is interned (made into a JS string once per process).
 pub(crate) fn set(o: &Object, k: &'static str, v: &JsValue) {
-    let _ = Reflect::set(o, &JsValue::from_str(wasm_bindgen::intern(k)), v);
+    let _ = Reflect::set(o, &js_name(k), v);
 }
 
 /// Reads `o[k]`; the key is interned.
 pub(crate) fn get(o: &JsValue, k: &'static str) -> JsValue {
-    Reflect::get(o, &JsValue::from_str(wasm_bindgen::intern(k))).unwrap_or(JsValue::UNDEFINED)
+    Reflect::get(o, &js_name(k)).unwrap_or(JsValue::UNDEFINED)
 }
 
-/// A JS string for a name from a fixed set (type names, kinds), made once per process.
+/// A JS string for a name from a fixed set (property keys, type names, kinds), made once per
+/// process.
 fn js_name(s: &'static str) -> JsValue {
     JsValue::from_str(wasm_bindgen::intern(s))
 }
@@ -466,7 +467,7 @@ fn tensor_js(t: &Tensor) -> nxrt_core::Result<Object> {
         }
         DataType::Bfloat16 => {
             // bfloat16 has no JS array type: hand out float32 values, labelled as such
-            set(&o, "type", &JsValue::from_str("float32"));
+            set(&o, "type", &js_name("float32"));
             Float32Array::from(&t.to_f32_vec()?[..]).into()
         }
         DataType::Int8 => Int8Array::from(&t.as_slice::<i8>()?[..]).into(),
@@ -526,7 +527,7 @@ fn map_js(m: &MapValue) -> nxrt_core::Result<Object> {
         out.set(k, &value_js(v)?.into());
     }
     let o = Object::new();
-    set(&o, "kind", &JsValue::from_str("map"));
+    set(&o, "kind", &js_name("map"));
     set(&o, "map", &out);
     Ok(o)
 }
@@ -544,7 +545,7 @@ fn value_js(v: &Value) -> nxrt_core::Result<Object> {
                 a.push(&value_js(it)?.into());
             }
             let o = Object::new();
-            set(&o, "kind", &JsValue::from_str("sequence"));
+            set(&o, "kind", &js_name("sequence"));
             set(&o, "items", &a);
             o
         }
@@ -553,7 +554,7 @@ fn value_js(v: &Value) -> nxrt_core::Result<Object> {
             Some(v) => value_js(v)?,
             None => {
                 let o = Object::new();
-                set(&o, "kind", &JsValue::from_str("none"));
+                set(&o, "kind", &js_name("none"));
                 o
             }
         },
