@@ -32,6 +32,6 @@ pub mod value;
 
 pub use dtype::DataType;
 pub use error::{Error, NodeContext, Result};
-pub use session::{OptLevel, Session, SessionOptions};
+pub use session::{OptLevel, RunOptions, Session, SessionOptions};
 pub use tensor::{Data, Elem, Location, Tensor};
 pub use value::{Dim, TypeInfo, Value};

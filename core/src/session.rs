@@ -53,6 +53,15 @@ pub enum ExecMode {
     Planned,
 }
 
+/// Options of one run.
+#[derive(Clone, Debug, Default)]
+pub struct RunOptions {
+    /// Outputs (by name) returned where their kernel left them: a device tensor stays on its
+    /// device (not read back), to be fed to a later run as it is (a decoder's KV cache). The
+    /// other outputs are read back to the host.
+    pub keep_on_device: Vec<String>,
+}
+
 /// Options that shape a session.
 #[derive(Clone, Debug, Default)]
 pub struct SessionOptions {
@@ -682,15 +691,28 @@ impl Session {
         &'a self,
         feeds: Vec<(String, Value)>,
     ) -> BoxFuture<'a, Result<Vec<(String, Value)>>> {
+        self.run_async_with(feeds, RunOptions::default())
+    }
+
+    /// [`Session::run_async`] with options. A feed may be a device tensor (an output kept on
+    /// the device by an earlier run): it stays there when every node reading it runs on that
+    /// device, and is copied (reported in the phase profile) otherwise.
+    pub fn run_async_with<'a>(
+        &'a self,
+        feeds: Vec<(String, Value)>,
+        opts: RunOptions,
+    ) -> BoxFuture<'a, Result<Vec<(String, Value)>>> {
         Box::pin(async move {
             let profiling = self.profiling();
             let clock = self.clock;
             let mut spans: Vec<RawSpan> = Vec::new();
             let t_run = if profiling { clock() } else { 0 };
-            let env = self.bind_inputs(feeds)?;
+            let mut env = self.bind_inputs(feeds)?;
             if profiling {
                 spans.push(span_since(clock, Phase::Bind, u32::MAX, t_run));
             }
+            self.place_device_feeds(&mut env, if profiling { Some(&mut spans) } else { None })
+                .await?;
             let run_no = self.runs.fetch_add(1, Ordering::Relaxed) + 1;
             let outs = match self.mode {
                 ExecMode::Planned => {
@@ -727,8 +749,13 @@ impl Session {
             let t_rb = if profiling { clock() } else { 0 };
             let mut named = Vec::with_capacity(outs.len());
             for (v, &id) in outs.into_iter().zip(&g.outputs) {
-                let v = self.to_host(v).await?;
-                named.push((g.values[id].name.clone(), v));
+                let name = &g.values[id].name;
+                let v = if opts.keep_on_device.iter().any(|k| k == name) {
+                    v
+                } else {
+                    self.to_host(v).await?
+                };
+                named.push((name.clone(), v));
             }
             if profiling {
                 spans.push(span_since(clock, Phase::Readback, u32::MAX, t_rb));
@@ -914,6 +941,41 @@ impl Session {
         }
     }
 
+    /// Graph inputs fed as device tensors: kept where they are when every step reading them
+    /// runs on that device, otherwise read back to the host (the partition's copies then move
+    /// them as they move any host feed).
+    async fn place_device_feeds(
+        &self,
+        env: &mut [Option<Value>],
+        mut spans: Option<&mut Vec<RawSpan>>,
+    ) -> Result<()> {
+        let plan = &self.plan;
+        let g = &*plan.graph;
+        for &id in &g.inputs {
+            let loc = match &env[id] {
+                Some(Value::Tensor(t)) if t.location() != Location::Host => t.location(),
+                _ => continue,
+            };
+            let stays = plan.steps.iter().all(|st| {
+                let node = &g.nodes[st.node];
+                let reads = node.inputs.iter().flatten().chain(&node.implicit_inputs);
+                let reads_it = reads.clone().any(|&i| i == id);
+                !reads_it
+                    || matches!(&st.kind, StepKind::Kernel { provider, .. }
+                        if self.providers[*provider].location() == loc)
+            });
+            if !stays {
+                let t0 = self.clock_if(spans.is_some());
+                let v = env[id].take().expect("checked");
+                env[id] = Some(self.to_host(v).await?);
+                if let Some(sp) = spans.as_deref_mut() {
+                    sp.push(span_since(self.clock, Phase::Copy, id as u32, t0));
+                }
+            }
+        }
+        Ok(())
+    }
+
     fn to_host<'a>(&'a self, v: Value) -> BoxFuture<'a, Result<Value>> {
         Box::pin(async move {
             Ok(match v {
@@ -944,8 +1006,12 @@ impl Session {
                 let node = &g.nodes[step.node];
                 for (ci, &(vid, p)) in step.copies.iter().enumerate() {
                     if let Some(Value::Tensor(t)) = &env[vid] {
-                        let t0 = if rc.spans.is_some() { clock() } else { 0 };
                         let prov = &self.providers[p];
+                        if t.location() == prov.location() {
+                            // a device feed already where this step reads it
+                            continue;
+                        }
+                        let t0 = if rc.spans.is_some() { clock() } else { 0 };
                         let moved = if prov.location() == Location::Host {
                             self.to_host(Value::Tensor(t.clone())).await?
                         } else if step.copy_const.get(ci).copied().unwrap_or(false) {

@@ -396,6 +396,14 @@ impl Tensor {
             && matches!(&self.buf, Buffer::Host(d) if Arc::strong_count(d) == 1 && Arc::weak_count(d) == 0)
     }
 
+    /// Whether this tensor is the only user of its device buffer (no view, no other tensor
+    /// shares it), so a device kernel may write over it.
+    pub fn is_unique_device(&self) -> bool {
+        self.offset == 0
+            && self.is_contiguous()
+            && matches!(&self.buf, Buffer::Device { buf, .. } if Arc::strong_count(buf) == 1 && Arc::weak_count(buf) == 0)
+    }
+
     /// A tensor in a planned run's arena (built by the executor and [`crate::arena::OutBuf`]).
     pub(crate) fn from_arena(
         dtype: DataType,

@@ -102,6 +102,9 @@ pub struct Generator<S: Borrow<Session>> {
     past: Vec<Value>,
     /// Past and present share one buffer with spare rows (see the module's doc).
     shared: bool,
+    /// Present KV outputs a device provider made stay on it and are fed back as they are:
+    /// only the logits are read back each step.
+    device_kv: bool,
     /// The logits after the last id fed.
     logits: Vec<f32>,
 }
@@ -164,6 +167,7 @@ impl<S: Borrow<Session>> Generator<S> {
             ids: Vec::new(),
             past: Vec::new(),
             shared,
+            device_kv: true,
             logits: Vec::new(),
         };
         g.reset()?;
@@ -199,6 +203,42 @@ impl<S: Borrow<Session>> Generator<S> {
         self.logits = logits;
     }
 
+    /// Whether present KV outputs made on a device stay there between steps (the default);
+    /// off, every present is read back to the host after each run.
+    pub fn set_device_kv(&mut self, on: bool) {
+        self.device_kv = on;
+    }
+
+    /// Whether the KV cache is on a device now.
+    pub fn kv_on_device(&self) -> bool {
+        self.past
+            .iter()
+            .any(|v| matches!(v, Value::Tensor(t) if t.location() != crate::tensor::Location::Host))
+    }
+
+    /// Reads every KV tensor kept on a device back to the host.
+    pub(super) async fn kv_to_host(&mut self) -> Result<()> {
+        for i in 0..self.past.len() {
+            let t = match &self.past[i] {
+                Value::Tensor(t) if t.location() != crate::tensor::Location::Host => t.clone(),
+                _ => continue,
+            };
+            self.past[i] = Value::Tensor(self.download(&t).await?);
+        }
+        Ok(())
+    }
+
+    async fn download(&self, t: &Tensor) -> Result<Tensor> {
+        let crate::tensor::Location::Device(p) = t.location() else {
+            return Ok(t.clone());
+        };
+        let prov = self.session.borrow().providers().get(p as usize).cloned();
+        match prov {
+            Some(prov) => prov.download(t).await,
+            None => Err(Error::Provider("a KV tensor of an unknown provider".into())),
+        }
+    }
+
     /// Whether past and present share one buffer with spare rows (GroupQueryAttention
     /// decoders).
     pub fn shared_kv_buffer(&self) -> bool {
@@ -207,7 +247,7 @@ impl<S: Borrow<Session>> Generator<S> {
 
     /// Makes room for `need` rows in shared-buffer mode: a new buffer of twice the rows (at
     /// least `need`, at most the context length) holding the valid rows so far.
-    fn reserve(&mut self, need: usize) -> Result<()> {
+    async fn reserve(&mut self, need: usize) -> Result<()> {
         let have = self.kv_rows();
         if !self.shared || need <= have {
             return Ok(());
@@ -218,14 +258,23 @@ impl<S: Borrow<Session>> Generator<S> {
             .min(self.cfg.context_length.max(need));
         let valid = self.ids.len();
         let (heads, h) = (self.cfg.kv_heads, self.cfg.head_size);
-        for v in self.past.iter_mut() {
-            let Value::Tensor(t) = v else {
+        for i in 0..self.past.len() {
+            let Value::Tensor(t) = &self.past[i] else {
                 return Err(Error::Other("a KV cache entry is not a tensor".into()));
             };
-            *t = match t.dtype() {
-                DataType::Float16 => grow::<half::f16>(t, heads, valid, rows, h)?,
-                _ => grow::<f32>(t, heads, valid, rows, h)?,
+            // a buffer on a device grows through the host: once per doubling, not per token
+            let loc = t.location();
+            let host = self.download(t).await?;
+            let grown = match host.dtype() {
+                DataType::Float16 => grow::<half::f16>(&host, heads, valid, rows, h)?,
+                _ => grow::<f32>(&host, heads, valid, rows, h)?,
             };
+            self.past[i] = Value::Tensor(match loc {
+                crate::tensor::Location::Device(p) => {
+                    self.session.borrow().providers()[p as usize].upload(&grown)?
+                }
+                crate::tensor::Location::Host => grown,
+            });
         }
         Ok(())
     }
@@ -288,6 +337,7 @@ impl<S: Borrow<Session>> Generator<S> {
         let keep = n - 1;
         if !self.shared {
             // (a shared buffer keeps its rows: those past the sequence are never read)
+            self.kv_to_host().await?;
             for v in self.past.iter_mut() {
                 if let Value::Tensor(t) = v {
                     *t = t.slice_axis(2, 0, keep, 1)?.contiguous()?;
@@ -325,7 +375,7 @@ impl<S: Borrow<Session>> Generator<S> {
                 self.cfg.context_length
             )));
         }
-        self.reserve(past + n)?;
+        self.reserve(past + n).await?;
         let rows_after = if self.shared {
             self.kv_rows()
         } else {
@@ -366,7 +416,15 @@ impl<S: Borrow<Session>> Generator<S> {
             };
             feeds.push((DecoderConfig::layer_name(t, i % cfg.layers), v));
         }
-        let mut outs = self.session.borrow().run_async(feeds).await?;
+        let mut opts = crate::session::RunOptions::default();
+        if self.device_kv {
+            for t in [&cfg.present_key, &cfg.present_value] {
+                for l in 0..cfg.layers {
+                    opts.keep_on_device.push(DecoderConfig::layer_name(t, l));
+                }
+            }
+        }
+        let mut outs = self.session.borrow().run_async_with(feeds, opts).await?;
         let mut take = |name: &str| -> Result<Value> {
             let i = outs.iter().position(|(n, _)| n == name).ok_or_else(|| {
                 Error::InvalidModel(alloc::format!("the decoder has no output `{name}`"))

@@ -435,6 +435,8 @@ impl<S: Borrow<Session>> PagedGenerator<S> {
             return Err(Error::Input("KV pages of 0 rows".into()));
         }
         gen.reset()?;
+        // the pool copies rows between pages and the decoder's buffers on the host
+        gen.set_device_kv(false);
         let c = gen.config();
         let pool = KvPool::new(c.layers, c.kv_heads, c.head_size, page_rows, max_pages)?;
         Ok(PagedGenerator {

@@ -25,7 +25,9 @@ mod attention;
 mod conv;
 mod data;
 mod ew;
+mod gqa;
 mod matmul;
+mod nbits;
 mod norm;
 mod reduce;
 mod shape;
@@ -373,6 +375,8 @@ impl Gpu {
     fn elem_bytes(&self, dt: DataType) -> Option<u64> {
         match dt {
             DataType::Int32 | DataType::Int64 | DataType::Bool => Some(4),
+            // bytes, four to a word (MatMulNBits' codes and zero points)
+            DataType::Uint8 => Some(1),
             DataType::Float | DataType::Float16 => self.store(dt).ok().map(Store::bytes),
             _ => None,
         }
@@ -784,6 +788,16 @@ impl Gpu {
                     })
                 })
                 .collect::<Result<_>>()?,
+            DataType::Uint8 => {
+                let b = t.as_slice::<u8>()?;
+                b.chunks(4)
+                    .map(|c| {
+                        let mut w = [0u8; 4];
+                        w[..c.len()].copy_from_slice(c);
+                        u32::from_le_bytes(w)
+                    })
+                    .collect()
+            }
             dt => return Err(gpu_err(format!("{dt} tensors cannot be moved to the device"))),
         };
         let (out, buf) = self.alloc(t.dtype(), t.shape())?;
@@ -798,7 +812,12 @@ impl Gpu {
         let b = dev_buf(t)?;
         let n = t.len();
         let half = t.dtype() == DataType::Float16 && self.half;
-        let bytes = if half { n.div_ceil(2) } else { n } as u64 * 4;
+        let words = match t.dtype() {
+            DataType::Uint8 => n.div_ceil(4),
+            _ if half => n.div_ceil(2),
+            _ => n,
+        };
+        let bytes = words as u64 * 4;
         let words: Vec<u32> = if n == 0 {
             Vec::new()
         } else {
@@ -864,6 +883,14 @@ impl Gpu {
                 Tensor::from_vec(&shape, words.into_iter().map(|w| w as i32 as i64).collect())
             }
             DataType::Bool => Tensor::from_vec(&shape, words.into_iter().map(|w| w != 0).collect()),
+            DataType::Uint8 => Tensor::from_vec(
+                &shape,
+                words
+                    .iter()
+                    .flat_map(|w| w.to_le_bytes())
+                    .take(n)
+                    .collect::<Vec<u8>>(),
+            ),
             dt => Err(gpu_err(format!("no read-back for {dt}"))),
         }
     }
@@ -1069,7 +1096,11 @@ impl WebGpuProvider {
     fn find(&self, node: &Node) -> Option<&'static OpDef> {
         match node.domain.as_str() {
             "" | "ai.onnx" => all_ops().find(|d| d.op == node.op_type && node.opset >= d.since),
-            "com.microsoft" => norm::MS_OPS.iter().find(|d| d.op == node.op_type),
+            "com.microsoft" => norm::MS_OPS
+                .iter()
+                .chain(gqa::MS_OPS)
+                .chain(nbits::MS_OPS)
+                .find(|d| d.op == node.op_type),
             _ => None,
         }
     }
@@ -1122,6 +1153,10 @@ impl ExecutionProvider for WebGpuProvider {
         let d = self
             .find(node)
             .ok_or_else(|| gpu_err(format!("no WebGPU kernel for {}", node.op_type)))?;
+        if node.domain == "com.microsoft" && node.op_type == "GroupQueryAttention" {
+            // a kernel of its own: it can write the present into the past's buffer
+            return gqa::kernel(self.gpu.clone(), node);
+        }
         Ok(Box::new(GpuKernel {
             gpu: self.gpu.clone(),
             exec: (d.build)(node)?,

@@ -136,6 +136,10 @@ pub fn init(name: &str, t: &Tensor) -> TensorProto {
             let b: Vec<u8> = h.iter().flat_map(|v| v.to_bits().to_le_bytes()).collect();
             p.raw_data = b.into();
         }
+        DataType::Uint8 => p.raw_data = t.as_slice::<u8>().unwrap().to_vec().into(),
+        DataType::Int32 => {
+            p.int32_data = t.to_i64_vec().unwrap().iter().map(|&v| v as i32).collect()
+        }
         _ => p.int64_data = t.to_i64_vec().unwrap(),
     }
     p
