@@ -308,6 +308,20 @@ pub trait ExecutionProvider: Send + Sync {
     fn describe(&self) -> String {
         String::new()
     }
+    /// A copy of `t` (one of this provider's tensors) whose `axis` has `len` entries: the first
+    /// `keep` of each copied from `t`, the rest zero; made on the device, without a read-back
+    /// (a decoder's KV cache growing). `None`: not offered here (the caller goes through the
+    /// host).
+    fn resize_axis(
+        &self,
+        t: &Tensor,
+        axis: usize,
+        keep: usize,
+        len: usize,
+    ) -> Option<Result<Tensor>> {
+        let _ = (t, axis, keep, len);
+        None
+    }
     /// Counters for reports (`nxrt run` prints them): e.g. a device provider's dispatches,
     /// uploads, downloads and bytes on the device. Empty by default.
     fn counters(&self) -> Vec<(&'static str, u64)> {

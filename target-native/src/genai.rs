@@ -240,6 +240,17 @@ impl Generator {
         self.inner.shared_kv_buffer()
     }
 
+    /// Whether the KV cache is on a device now: a device provider ran the decoder's attention,
+    /// and its present KV stays there between steps (only the logits are read back).
+    pub fn kv_on_device(&self) -> bool {
+        self.inner.kv_on_device()
+    }
+
+    /// The decoder's session (core), for its providers' counters.
+    pub fn core_session(&self) -> &nxrt_core::Session {
+        self.inner.session()
+    }
+
     /// Forgets the sequence.
     pub fn reset(&mut self) -> Result<()> {
         self.inner.reset()

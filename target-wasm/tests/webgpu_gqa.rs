@@ -371,3 +371,31 @@ fn gqa_decode_loop_keeps_the_cache_on_the_device_in_place() {
 fn og_host(o: &[(String, Value)], k: usize) -> Value {
     o[k].1.clone()
 }
+
+/// A KV buffer grows on the device (`ExecutionProvider::resize_axis`): the kept rows of every
+/// head copied, the new ones zero; shapes whose rows are not whole words go through the host.
+#[test]
+fn kv_buffers_grow_on_the_device() {
+    let Some(gp) = gpu() else { return };
+    let (heads, rows, h) = (3usize, 5usize, 4usize);
+    let x = ft(&[1, heads, rows, h], 7);
+    let d = gp.upload(&x).unwrap();
+    let y = gp.resize_axis(&d, 2, 3, 9).expect("offered").unwrap();
+    assert_eq!(y.shape(), &[1, heads, 9, h]);
+    assert_eq!(y.location(), Location::Device(0));
+    let got = pollster::block_on(gp.download(&y))
+        .unwrap()
+        .to_f32_vec()
+        .unwrap();
+    let xv = x.to_f32_vec().unwrap();
+    let mut want = vec![0f32; heads * 9 * h];
+    for j in 0..heads {
+        want[j * 9 * h..][..3 * h].copy_from_slice(&xv[j * rows * h..][..3 * h]);
+    }
+    assert_eq!(got, want);
+    // float16 rows of 3 elements (6 bytes) on f16 storage: not whole words
+    if let Some(hp) = half_gpu(true) {
+        let d = hp.upload(&to_half(&ft(&[1, 2, 3, 3], 8))).unwrap();
+        assert!(hp.resize_axis(&d, 2, 1, 4).is_none());
+    }
+}

@@ -196,6 +196,64 @@ fn greedy_generation_on_webgpu_matches_onnxruntime_genai_for_fp32() {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
+/// On WebGPU the KV cache stays on the device: GroupQueryAttention writes each step's rows
+/// into the cache's own buffer there, and a decode step reads back nothing but the logits
+/// (one download per step, counted by the provider); `rewind_to` keeps the device buffer and
+/// continues the reference. Skips, saying so, where there is no WebGPU adapter.
+#[test]
+fn webgpu_generation_keeps_the_kv_cache_on_the_device() {
+    if !webgpu_available() {
+        return;
+    }
+    let (cache, r) = refs();
+    let m = &r["models"]["tiny_llama_genai_fp32"];
+    let dir = cache.join(m["dir"].as_str().unwrap());
+    let c = &m["cases"][2];
+    let (prompt, want) = (ids(&c["prompt_ids"]), ids(&c["tokens"]));
+    let mut g = Generator::from_folder(
+        &dir,
+        &nxrt::Session::builder().providers(&["webgpu", "cpu"]),
+    )
+    .unwrap();
+    let downloads = |g: &Generator| {
+        let webgpu = g
+            .core_session()
+            .providers()
+            .iter()
+            .find(|p| p.name() == "webgpu")
+            .expect("a webgpu provider");
+        let c = webgpu.counters();
+        c.iter().find(|(n, _)| *n == "downloads").unwrap().1
+    };
+    g.append_tokens(&prompt, 0).unwrap();
+    assert!(g.kv_on_device(), "the KV cache was read back to the host");
+    let n = want.len();
+    let before = downloads(&g);
+    let opts = nxrt::genai::GenOptions {
+        max_new_tokens: n,
+        min_new_tokens: n,
+        ..Default::default()
+    };
+    let got = g.generate(&[], &opts, |_| true).unwrap();
+    assert_eq!(got.tokens, want);
+    assert!(g.kv_on_device());
+    // the last id is chosen from the logits already read: n - 1 more runs
+    assert_eq!(
+        downloads(&g) - before,
+        n as u64 - 1,
+        "read-backs over {} decode steps",
+        n - 1
+    );
+    g.rewind_to(prompt.len() + 10).unwrap();
+    assert!(g.kv_on_device(), "a rewind read the cache back");
+    let rest = nxrt::genai::GenOptions {
+        max_new_tokens: n - 10,
+        min_new_tokens: n - 10,
+        ..Default::default()
+    };
+    assert_eq!(g.generate(&[], &rest, |_| true).unwrap().tokens, want[10..]);
+}
+
 /// The shared KV buffer (GroupQueryAttention decoders) through `rewind_to`: after generating
 /// the reference's 32 ids, rewinding into them and generating again gives the reference's ids
 /// from there (rows past the rewind point are overwritten in place, never read); and the

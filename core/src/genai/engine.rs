@@ -262,8 +262,16 @@ impl<S: Borrow<Session>> Generator<S> {
             let Value::Tensor(t) = &self.past[i] else {
                 return Err(Error::Other("a KV cache entry is not a tensor".into()));
             };
-            // a buffer on a device grows through the host: once per doubling, not per token
+            // a buffer on a device grows there when its provider can (else through the host):
+            // once per doubling, not per token
             let loc = t.location();
+            if let crate::tensor::Location::Device(p) = loc {
+                let prov = self.session.borrow().providers()[p as usize].clone();
+                if let Some(r) = prov.resize_axis(t, 2, valid, rows) {
+                    self.past[i] = Value::Tensor(r?);
+                    continue;
+                }
+            }
             let host = self.download(t).await?;
             let grown = match host.dtype() {
                 DataType::Float16 => grow::<half::f16>(&host, heads, valid, rows, h)?,

@@ -1187,6 +1187,45 @@ impl ExecutionProvider for WebGpuProvider {
             a.max_storage_buffers_per_shader_stage
         )
     }
+    fn resize_axis(
+        &self,
+        t: &Tensor,
+        axis: usize,
+        keep: usize,
+        len: usize,
+    ) -> Option<Result<Tensor>> {
+        let shape = t.shape();
+        if axis >= shape.len() || keep > shape[axis] || keep > len || dev_buf(t).is_err() {
+            return None;
+        }
+        let eb = match t.dtype() {
+            DataType::Float | DataType::Float16 => self.gpu.store(t.dtype()).ok()?.bytes(),
+            _ => return None,
+        };
+        let inner: u64 = shape[axis + 1..].iter().product::<usize>() as u64;
+        let outer: usize = shape[..axis].iter().product();
+        let (chunk, src_stride, dst_stride) = (
+            keep as u64 * inner * eb,
+            shape[axis] as u64 * inner * eb,
+            len as u64 * inner * eb,
+        );
+        // buffer copies move whole words
+        if chunk % 4 != 0 || src_stride % 4 != 0 || dst_stride % 4 != 0 {
+            return None;
+        }
+        let run = || -> Result<Tensor> {
+            let mut to = shape.to_vec();
+            to[axis] = len;
+            let y = reduce::fill(&self.gpu, t.dtype(), &to, 0.0)?;
+            let (src, dst) = (dev_buf(t)?.raw(), dev_buf(&y)?.raw());
+            for o in 0..outer as u64 {
+                self.gpu
+                    .copy(src, o * src_stride, dst, o * dst_stride, chunk)?;
+            }
+            Ok(y)
+        };
+        Some(run())
+    }
     fn counters(&self) -> Vec<(&'static str, u64)> {
         let s = self.gpu.stats();
         vec![
