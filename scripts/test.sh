@@ -71,6 +71,9 @@ cargo clippy -p nxrt-wasm -p nxrt-wasm-tokenizer --target wasm32-unknown-unknown
 step "chat-template references from HF transformers -> \$NXRT_CACHE/genai/chat_refs.json"
 "$NXRT_CACHE/corpus-venv/bin/python" scripts/chat_refs.py "$NXRT_CACHE/genai/chat_refs.json"
 
+step "com.microsoft encoder/decoder op references from ONNX Runtime -> \$NXRT_CACHE/contrib_refs"
+"$NXRT_CACHE/corpus-venv/bin/python" scripts/contrib_refs.py "$NXRT_CACHE/contrib_refs"
+
 step "unit, API and real-model parity tests"
 NXRT_BIN="$ROOT/target/release/nxrt" cargo test --release -p nxrt-core -p nxrt -p nxrt-tests -p nxrt-wasm -p nxrt-wasm-tokenizer -- --nocapture
 

@@ -688,7 +688,7 @@ fn build_rotary(node: &Node) -> Result<Box<dyn Kernel>> {
     ))
 }
 
-fn rotary<R: Cf>(
+pub(crate) fn rotary<R: Cf>(
     inputs: &[Option<&Value>],
     interleaved: bool,
     rot_dim: usize,

@@ -21,6 +21,7 @@ use crate::value::Value;
 
 pub mod attention;
 pub mod contrib;
+pub mod contrib_enc;
 pub mod elementwise;
 pub mod linalg;
 pub mod loss;
@@ -50,6 +51,7 @@ pub fn cpu_registry() -> KernelRegistry {
         elementwise::KERNELS,
         attention::KERNELS,
         contrib::KERNELS,
+        contrib_enc::KERNELS,
         nbits::KERNELS,
         shape::KERNELS,
         linalg::KERNELS,

@@ -1,0 +1,338 @@
+//! Kernel family: the `com.microsoft` operators ONNX Runtime's transformer optimizer writes
+//! into BERT-style encoders and Phi/Qwen-style decoders besides attention: Gelu, FastGelu,
+//! BiasGelu, QuickGelu, BiasAdd, SkipLayerNormalization and RotaryEmbedding. Float32; the
+//! semantics are ONNX Runtime's contrib-op definitions (docs/operators.md lists what each
+//! accepts), checked against ONNX Runtime's outputs (`tests/tests/contrib_refs.rs`).
+
+use alloc::boxed::Box;
+use alloc::vec;
+use alloc::vec::Vec;
+
+use super::{def_in, opt_tensor_in, tensor_in};
+use crate::dtype::DataType;
+use crate::error::Result;
+use crate::ir::Node;
+use crate::provider::{Kernel, KernelCx, KernelDef};
+use crate::tensor::Tensor;
+use crate::value::Value;
+use crate::{bail, unsupported};
+
+const MS: &str = "com.microsoft";
+const F32: &[DataType] = &[DataType::Float];
+
+pub(crate) const KERNELS: &[KernelDef] = &[
+    def_in(MS, "Gelu", 1, 1, build_gelu).types(F32),
+    def_in(MS, "FastGelu", 1, 1, build_fast_gelu).types(F32),
+    def_in(MS, "BiasGelu", 1, 1, build_bias_gelu).types(F32),
+    def_in(MS, "QuickGelu", 1, 1, build_quick_gelu).types(F32),
+    def_in(MS, "BiasAdd", 1, 1, build_bias_add).types(F32),
+    def_in(MS, "SkipLayerNormalization", 1, 1, build_skip_ln).types(F32),
+    def_in(MS, "RotaryEmbedding", 1, 1, build_rotary).types(F32),
+];
+
+/// `erf`-based GELU of one value.
+fn gelu(x: f32) -> f32 {
+    0.5 * x * (1.0 + libm::erff(x * core::f32::consts::FRAC_1_SQRT_2))
+}
+
+/// The tanh approximation FastGelu computes.
+fn gelu_tanh(x: f32) -> f32 {
+    // sqrt(2 / pi)
+    const C: f32 = 0.797_884_6;
+    0.5 * x * (1.0 + libm::tanhf(C * (x + 0.044715 * x * x * x)))
+}
+
+/// `x` plus a bias repeated over its last axis (the bias's length must be that axis's).
+fn with_bias(x: &Tensor, bias: Option<&Tensor>, what: &str) -> Result<Vec<f32>> {
+    let mut v = x.as_slice::<f32>()?.into_owned();
+    if let Some(b) = bias {
+        let c = x.shape().last().copied().unwrap_or(0);
+        if x.rank() == 0 || b.len() != c {
+            bail!(
+                "{what}: bias of shape {:?} for input {:?} (one value per element of the last axis)",
+                b.shape(),
+                x.shape()
+            );
+        }
+        let bv = b.as_slice::<f32>()?;
+        for row in v.chunks_exact_mut(c) {
+            row.iter_mut().zip(bv.iter()).for_each(|(x, b)| *x += b);
+        }
+    }
+    Ok(v)
+}
+
+fn map_out(x: &Tensor, mut v: Vec<f32>, f: impl Fn(f32) -> f32) -> Result<Vec<Value>> {
+    v.iter_mut().for_each(|x| *x = f(*x));
+    Ok(vec![Value::Tensor(Tensor::from_vec(x.shape(), v)?)])
+}
+
+fn build_gelu(_node: &Node) -> Result<Box<dyn Kernel>> {
+    Ok(Box::new(
+        |_cx: &KernelCx<'_>, inputs: &[Option<&Value>]| -> Result<Vec<Value>> {
+            let x = tensor_in(inputs, 0)?;
+            map_out(x, with_bias(x, None, "Gelu")?, gelu)
+        },
+    ))
+}
+
+/// FastGelu: the tanh approximation of `x + bias` (bias optional, over the last axis).
+fn build_fast_gelu(_node: &Node) -> Result<Box<dyn Kernel>> {
+    Ok(Box::new(
+        |_cx: &KernelCx<'_>, inputs: &[Option<&Value>]| -> Result<Vec<Value>> {
+            let x = tensor_in(inputs, 0)?;
+            let v = with_bias(x, opt_tensor_in(inputs, 1)?, "FastGelu")?;
+            map_out(x, v, gelu_tanh)
+        },
+    ))
+}
+
+/// BiasGelu: the erf GELU of `A + B`, B over A's last axis.
+fn build_bias_gelu(_node: &Node) -> Result<Box<dyn Kernel>> {
+    Ok(Box::new(
+        |_cx: &KernelCx<'_>, inputs: &[Option<&Value>]| -> Result<Vec<Value>> {
+            let x = tensor_in(inputs, 0)?;
+            let v = with_bias(x, Some(tensor_in(inputs, 1)?), "BiasGelu")?;
+            map_out(x, v, gelu)
+        },
+    ))
+}
+
+/// QuickGelu: `x * sigmoid(alpha * x)` (alpha 1.702 by default).
+fn build_quick_gelu(node: &Node) -> Result<Box<dyn Kernel>> {
+    let alpha = node.get_f("alpha", 1.702)?;
+    Ok(Box::new(
+        move |_cx: &KernelCx<'_>, inputs: &[Option<&Value>]| -> Result<Vec<Value>> {
+            let x = tensor_in(inputs, 0)?;
+            map_out(x, with_bias(x, None, "QuickGelu")?, |v| {
+                v / (1.0 + libm::expf(-alpha * v))
+            })
+        },
+    ))
+}
+
+/// BiasAdd: `X + bias + skip`, X and skip (B, S, C), bias (C).
+fn build_bias_add(_node: &Node) -> Result<Box<dyn Kernel>> {
+    Ok(Box::new(
+        |_cx: &KernelCx<'_>, inputs: &[Option<&Value>]| -> Result<Vec<Value>> {
+            let x = tensor_in(inputs, 0)?;
+            let bias = tensor_in(inputs, 1)?;
+            let skip = tensor_in(inputs, 2)?;
+            if x.rank() != 3 || skip.shape() != x.shape() {
+                bail!(
+                    "BiasAdd: X {:?} and skip {:?} must both be (batch, sequence, channels)",
+                    x.shape(),
+                    skip.shape()
+                );
+            }
+            let mut v = with_bias(x, Some(bias), "BiasAdd")?;
+            let s = skip.as_slice::<f32>()?;
+            v.iter_mut().zip(s.iter()).for_each(|(a, b)| *a += b);
+            Ok(vec![Value::Tensor(Tensor::from_vec(x.shape(), v)?)])
+        },
+    ))
+}
+
+/// SkipLayerNormalization: `v = input + skip (+ bias)`, layer-normalised over the last axis,
+/// times gamma (+ beta); output 3 is `v`. `skip` is input's shape or a trailing part of it
+/// ((1, S, H) or (S, H)), repeated over the leading rows. The mean and inv_std_var outputs
+/// (1 and 2) are refused: ONNX Runtime's CPU kernel does not write them.
+fn build_skip_ln(node: &Node) -> Result<Box<dyn Kernel>> {
+    let eps = node.get_f("epsilon", 1e-12)?;
+    let wired = |k: usize| node.outputs.get(k).copied().flatten().is_some();
+    if wired(1) || wired(2) {
+        unsupported!("SkipLayerNormalization's mean and inv_std_var outputs are not produced");
+    }
+    let want_sum = wired(3);
+    let n_out = node.outputs.len().clamp(1, 4);
+    Ok(Box::new(
+        move |_cx: &KernelCx<'_>, inputs: &[Option<&Value>]| -> Result<Vec<Value>> {
+            let x = tensor_in(inputs, 0)?;
+            let skip = tensor_in(inputs, 1)?;
+            let gamma = tensor_in(inputs, 2)?;
+            let beta = opt_tensor_in(inputs, 3)?;
+            let bias = opt_tensor_in(inputs, 4)?;
+            let shape = x.shape();
+            let h = *shape.last().unwrap_or(&0);
+            if shape.len() < 2 || h == 0 {
+                bail!("SkipLayerNormalization: input of shape {shape:?}");
+            }
+            let xs = x.as_slice::<f32>()?;
+            let ss = skip.as_slice::<f32>()?;
+            if ss.is_empty() || xs.len() % ss.len() != 0 || ss.len() % h != 0 {
+                bail!(
+                    "SkipLayerNormalization: skip of shape {:?} does not repeat over input {shape:?}",
+                    skip.shape()
+                );
+            }
+            let vec_of = |t: Option<&Tensor>, what: &str| -> Result<Option<Vec<f32>>> {
+                match t {
+                    Some(t) if t.len() != h => {
+                        bail!("SkipLayerNormalization: {what} has {} elements, the hidden size is {h}", t.len())
+                    }
+                    Some(t) => Ok(Some(t.as_slice::<f32>()?.into_owned())),
+                    None => Ok(None),
+                }
+            };
+            let g = vec_of(Some(gamma), "gamma")?.expect("given");
+            let be = vec_of(beta, "beta")?;
+            let bi = vec_of(bias, "bias")?;
+            let mut y = vec![0f32; xs.len()];
+            let mut sum = vec![0f32; if want_sum { xs.len() } else { 0 }];
+            let mut v = vec![0f32; h];
+            for r in 0..xs.len() / h {
+                let xr = &xs[r * h..][..h];
+                let sr = &ss[(r * h) % ss.len()..][..h];
+                for j in 0..h {
+                    v[j] = xr[j] + sr[j];
+                }
+                if let Some(b) = &bi {
+                    v.iter_mut().zip(b).for_each(|(x, b)| *x += b);
+                }
+                // mean and variance in f64 (the row is at most a hidden size long)
+                let n = h as f64;
+                let mean = v.iter().map(|&x| x as f64).sum::<f64>() / n;
+                let var = v
+                    .iter()
+                    .map(|&x| {
+                        let d = x as f64 - mean;
+                        d * d
+                    })
+                    .sum::<f64>()
+                    / n;
+                let inv = 1.0 / libm::sqrt(var + eps as f64);
+                let yr = &mut y[r * h..][..h];
+                for j in 0..h {
+                    let mut o = ((v[j] as f64 - mean) * inv) as f32 * g[j];
+                    if let Some(b) = &be {
+                        o += b[j];
+                    }
+                    yr[j] = o;
+                }
+                if want_sum {
+                    sum[r * h..][..h].copy_from_slice(&v);
+                }
+            }
+            let mut outs = vec![Value::Tensor(Tensor::from_vec(shape, y)?)];
+            while outs.len() < n_out {
+                if outs.len() == 3 && want_sum {
+                    outs.push(Value::Tensor(Tensor::from_vec(
+                        shape,
+                        core::mem::take(&mut sum),
+                    )?));
+                } else {
+                    outs.push(Value::Tensor(Tensor::from_vec::<f32>(&[0], Vec::new())?));
+                }
+            }
+            Ok(outs)
+        },
+    ))
+}
+
+/// RotaryEmbedding (com.microsoft): inputs (input, position_ids, cos_cache, sin_cache). The
+/// input is (B, S, hidden) or (B, N, S, H); `position_ids` is (B, S), or one value: the
+/// position of the first token (the others follow it). Without `num_heads`, a 3-D input's
+/// head size is the caches' width times two (or `rotary_embedding_dim`). Computed by the ONNX
+/// RotaryEmbedding kernel (opset 23) with the positions expanded.
+fn build_rotary(node: &Node) -> Result<Box<dyn Kernel>> {
+    let interleaved = node.get_i("interleaved", 0)? != 0;
+    let rot_dim = node.get_i("rotary_embedding_dim", 0)?;
+    let num_heads = node.get_i("num_heads", 0)?;
+    if rot_dim < 0 || num_heads < 0 {
+        bail!("RotaryEmbedding: rotary_embedding_dim {rot_dim} and num_heads {num_heads} must be nonnegative");
+    }
+    if node.get_i("is_packed_batching", 0)? != 0 {
+        unsupported!("RotaryEmbedding with is_packed_batching 1");
+    }
+    if rot_dim > 0 && num_heads == 0 {
+        bail!("RotaryEmbedding: rotary_embedding_dim needs the num_heads attribute");
+    }
+    let (rot_dim, num_heads) = (rot_dim as usize, num_heads as usize);
+    Ok(Box::new(
+        move |_cx: &KernelCx<'_>, inputs: &[Option<&Value>]| -> Result<Vec<Value>> {
+            let x = tensor_in(inputs, 0)?;
+            let pos = tensor_in(inputs, 1)?;
+            let cos = tensor_in(inputs, 2)?;
+            tensor_in(inputs, 3)?;
+            let s = x.shape();
+            let (b, seq) = match s.len() {
+                3 => (s[0], s[1]),
+                4 => (s[0], s[2]),
+                _ => bail!("RotaryEmbedding: input must be 3-D or 4-D, has shape {s:?}"),
+            };
+            let heads = if s.len() == 3 && num_heads == 0 {
+                let hs = 2 * cos.shape().get(1).copied().unwrap_or(0);
+                if hs == 0 || s[2] % hs != 0 {
+                    bail!(
+                        "RotaryEmbedding: hidden size {} is not a multiple of the head size {hs} the caches give",
+                        s[2]
+                    );
+                }
+                s[2] / hs
+            } else {
+                num_heads
+            };
+            let p = pos.to_i64_vec()?;
+            let ids: Vec<i64> = if p.len() == 1 && pos.rank() <= 1 {
+                (0..b * seq)
+                    .map(|i| p[0] + (i % seq.max(1)) as i64)
+                    .collect()
+            } else if pos.shape() == [b, seq] {
+                p
+            } else {
+                bail!(
+                    "RotaryEmbedding: position_ids of shape {:?}, expected ({b}, {seq}) or (1)",
+                    pos.shape()
+                );
+            };
+            let pt = Value::Tensor(Tensor::from_vec(&[b, seq], ids)?);
+            // the ONNX kernel's inputs: X, cos_cache, sin_cache, position_ids
+            let args = [inputs[0], inputs[2], inputs[3], Some(&pt)];
+            super::attention::rotary::<f32>(&args, interleaved, rot_dim, heads)
+        },
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use alloc::string::String;
+    use alloc::vec::Vec;
+
+    use super::super::test_util::{node, run, t32};
+
+    /// BiasAdd (ONNX Runtime has no CPU kernel to compare with): `X + bias + skip`, the bias
+    /// repeated over the rows, computed directly.
+    #[test]
+    fn bias_add_adds_the_bias_per_channel_and_the_skip() {
+        let mut n = node("BiasAdd", 1, alloc::vec![], 1);
+        n.domain = String::from("com.microsoft");
+        let (b, s, c) = (2, 3, 5);
+        let x: Vec<f32> = (0..b * s * c).map(|i| i as f32 * 0.5 - 3.0).collect();
+        let bias: Vec<f32> = (0..c).map(|i| 10.0 * i as f32).collect();
+        let skip: Vec<f32> = (0..b * s * c).map(|i| (i * i) as f32 * 0.01).collect();
+        let y = run(
+            &n,
+            &[
+                Some(t32(&[b, s, c], x.clone())),
+                Some(t32(&[c], bias.clone())),
+                Some(t32(&[b, s, c], skip.clone())),
+            ],
+        )
+        .unwrap();
+        let want: Vec<f32> = (0..b * s * c)
+            .map(|i| x[i] + bias[i % c] + skip[i])
+            .collect();
+        assert_eq!(y[0].shape(), &[b, s, c]);
+        assert_eq!(y[0].as_slice::<f32>().unwrap().into_owned(), want);
+        // a skip of another shape is an error, not a broadcast
+        let bad = run(
+            &n,
+            &[
+                Some(t32(&[b, s, c], x)),
+                Some(t32(&[c], bias)),
+                Some(t32(&[s, c], skip[..s * c].to_vec())),
+            ],
+        );
+        assert!(bad.is_err());
+    }
+}

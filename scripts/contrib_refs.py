@@ -1,0 +1,151 @@
+#!/usr/bin/env python3
+"""ONNX Runtime's outputs for single-node models of the com.microsoft encoder/decoder ops
+(Gelu, FastGelu, BiasGelu, QuickGelu, SkipLayerNormalization, RotaryEmbedding),
+the references `tests/tests/contrib_refs.rs` compares nxrt with.
+
+Usage: contrib_refs.py OUT_DIR   (the test command writes $NXRT_CACHE/contrib_refs)
+
+Each case is OUT_DIR/<case>/ with model.onnx, input_<k>.npy and output_<k>.npy; OUT_DIR/
+manifest.json lists the cases with their input and output names. Inputs are seeded random
+values, so the files are the same on every run.
+"""
+import json
+import os
+import sys
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import TensorProto, helper
+
+F = TensorProto.FLOAT
+I64 = TensorProto.INT64
+
+
+def rotary_caches(rows, half):
+    inv = 1.0 / (10000.0 ** (np.arange(half, dtype=np.float64) / half))
+    ang = np.arange(rows, dtype=np.float64)[:, None] * inv[None, :]
+    return np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
+
+
+def case(name, op, inputs, attrs=None, outputs=("y",), opt=()):
+    """inputs: list of (name, array or None); names of absent optional inputs are ''."""
+    node_in = [n if a is not None else "" for n, a in inputs]
+    while node_in and node_in[-1] == "":
+        node_in.pop()
+    vis = []
+    feeds = {}
+    for n, a in inputs:
+        if a is None:
+            continue
+        dt = F if a.dtype == np.float32 else I64
+        vis.append(helper.make_tensor_value_info(n, dt, list(a.shape)))
+        feeds[n] = a
+    outs = [o for o in outputs if o]
+    node = helper.make_node(op, node_in, list(outputs), domain="com.microsoft", **(attrs or {}))
+    graph = helper.make_graph(
+        [node], name, vis, [helper.make_tensor_value_info(o, F, None) for o in outs]
+    )
+    model = helper.make_model(
+        graph,
+        opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)],
+    )
+    model.ir_version = 9
+    return name, model, feeds, outs
+
+
+def main():
+    out = sys.argv[1]
+    os.makedirs(out, exist_ok=True)
+    rng = np.random.default_rng(20261205)
+
+    def r(*shape):
+        return rng.standard_normal(shape).astype(np.float32)
+
+    cases = []
+    cases.append(case("gelu", "Gelu", [("x", r(2, 3, 17) * 2)]))
+    cases.append(case("fast_gelu_bias", "FastGelu", [("x", r(2, 5, 16) * 2), ("bias", r(16))]))
+    cases.append(case("fast_gelu", "FastGelu", [("x", r(3, 33) * 3)]))
+    cases.append(case("bias_gelu", "BiasGelu", [("a", r(3, 7, 20) * 2), ("b", r(20))]))
+    cases.append(case("quick_gelu", "QuickGelu", [("x", r(4, 9) * 3)]))
+    cases.append(case("quick_gelu_alpha", "QuickGelu", [("x", r(2, 3, 5) * 3)], {"alpha": 1.0}))
+    # (BiasAdd has no CPU kernel in ONNX Runtime: core's unit test checks it directly)
+    for name, skip_shape, beta, bias, sum_out in [
+        ("skip_ln_full", (2, 4, 32), True, True, True),
+        ("skip_ln_plain", (2, 4, 32), False, False, False),
+        ("skip_ln_bcast", (1, 4, 32), True, False, True),
+        ("skip_ln_wide", (1, 3, 768), True, True, False),
+    ]:
+        h = skip_shape[-1]
+        x = r(2, *skip_shape[1:]) * 3 + 1
+        ins = [
+            ("input", x),
+            ("skip", r(*skip_shape)),
+            ("gamma", r(h)),
+            ("beta", r(h) if beta else None),
+            ("bias", r(h) if bias else None),
+        ]
+        outs = ("y", "", "", "sum") if sum_out else ("y",)
+        cases.append(case(name, "SkipLayerNormalization", ins, {"epsilon": 1e-5}, outs))
+    cos, sin = rotary_caches(32, 8)
+    for inter in (0, 1):
+        pos = rng.integers(0, 32, size=(2, 5)).astype(np.int64)
+        cases.append(
+            case(
+                f"rotary_3d_inter{inter}",
+                "RotaryEmbedding",
+                [("x", r(2, 5, 32)), ("pos", pos), ("cos", cos), ("sin", sin)],
+                {"interleaved": inter},
+            )
+        )
+    cases.append(
+        case(
+            "rotary_4d_offset",
+            "RotaryEmbedding",
+            [("x", r(1, 2, 5, 16)), ("pos", np.array([3], dtype=np.int64)), ("cos", cos), ("sin", sin)],
+        )
+    )
+    cos4, sin4 = rotary_caches(32, 4)
+    cases.append(
+        case(
+            "rotary_partial",
+            "RotaryEmbedding",
+            [
+                ("x", r(2, 3, 48)),
+                ("pos", rng.integers(0, 32, size=(2, 3)).astype(np.int64)),
+                ("cos", cos4),
+                ("sin", sin4),
+            ],
+            {"num_heads": 3, "rotary_embedding_dim": 8},
+        )
+    )
+
+    manifest = []
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    for name, model, feeds, outs in cases:
+        d = os.path.join(out, name)
+        os.makedirs(d, exist_ok=True)
+
+        data = model.SerializeToString()
+        with open(os.path.join(d, "model.onnx"), "wb") as f:
+            f.write(data)
+        s = ort.InferenceSession(data, so, providers=["CPUExecutionProvider"])
+        res = s.run(outs, feeds)
+        entry = {"name": name, "inputs": [], "outputs": []}
+        for k, (n, a) in enumerate(feeds.items()):
+            fn = f"input_{k}.npy"
+            np.save(os.path.join(d, fn), a)
+            entry["inputs"].append({"name": n, "file": fn})
+        for k, (n, a) in enumerate(zip(outs, res)):
+            fn = f"output_{k}.npy"
+            np.save(os.path.join(d, fn), a)
+            entry["outputs"].append({"name": n, "file": fn})
+        manifest.append(entry)
+    with open(os.path.join(out, "manifest.json"), "w") as f:
+        json.dump({"made_with": f"onnxruntime {ort.__version__}", "cases": manifest}, f, indent=1)
+    print(f"{len(manifest)} contrib-op cases from onnxruntime {ort.__version__} -> {out}")
+
+
+if __name__ == "__main__":
+    main()
