@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """ONNX Runtime's outputs for single-node models of the com.microsoft encoder/decoder ops
-(Gelu, FastGelu, BiasGelu, QuickGelu, SkipLayerNormalization, RotaryEmbedding),
+(Gelu, FastGelu, BiasGelu, QuickGelu, SkipLayerNormalization, RotaryEmbedding,
+MultiHeadAttention),
 the references `tests/tests/contrib_refs.rs` compares nxrt with.
 
 Usage: contrib_refs.py OUT_DIR   (the test command writes $NXRT_CACHE/contrib_refs)
@@ -20,6 +21,7 @@ from onnx import TensorProto, helper
 
 F = TensorProto.FLOAT
 I64 = TensorProto.INT64
+I32 = TensorProto.INT32
 
 
 def rotary_caches(rows, half):
@@ -38,7 +40,7 @@ def case(name, op, inputs, attrs=None, outputs=("y",), opt=()):
     for n, a in inputs:
         if a is None:
             continue
-        dt = F if a.dtype == np.float32 else I64
+        dt = {np.dtype(np.float32): F, np.dtype(np.int64): I64, np.dtype(np.int32): I32}[a.dtype]
         vis.append(helper.make_tensor_value_info(n, dt, list(a.shape)))
         feeds[n] = a
     outs = [o for o in outputs if o]
@@ -117,6 +119,42 @@ def main():
                 ("sin", sin4),
             ],
             {"num_heads": 3, "rotary_embedding_dim": 8},
+        )
+    )
+
+    # MultiHeadAttention: query (2, 4, 16), key/value of 6 rows, 2 heads (value head size 4)
+    q, k, v = r(2, 4, 16), r(2, 6, 16), r(2, 6, 8)
+    mha = lambda extra: [("q", q), ("k", k), ("v", v)] + extra
+    cases.append(case("mha_plain", "MultiHeadAttention", mha([]), {"num_heads": 2}))
+    mask = np.ones((2, 6), dtype=np.int32)
+    mask[0, 4:] = 0
+    mask[1, 1] = 0
+    cases.append(
+        case(
+            "mha_bias_mask_scale",
+            "MultiHeadAttention",
+            mha([("bias", r(40)), ("mask", mask)]),
+            {"num_heads": 2, "scale": 0.3},
+        )
+    )
+    # a decoder step: 2 new tokens after 3 past ones, causal, an additive attention bias
+    q2, k2, v2 = r(2, 2, 16), r(2, 2, 16), r(2, 2, 16)
+    cases.append(
+        case(
+            "mha_past_causal",
+            "MultiHeadAttention",
+            [
+                ("q", q2),
+                ("k", k2),
+                ("v", v2),
+                ("bias", None),
+                ("mask", None),
+                ("attn_bias", r(1, 2, 2, 5)),
+                ("past_k", r(2, 2, 3, 8)),
+                ("past_v", r(2, 2, 3, 8)),
+            ],
+            {"num_heads": 2, "unidirectional": 1},
+            ("y", "present_k", "present_v"),
         )
     )
 

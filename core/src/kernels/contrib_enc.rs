@@ -1,6 +1,7 @@
 //! Kernel family: the `com.microsoft` operators ONNX Runtime's transformer optimizer writes
 //! into BERT-style encoders and Phi/Qwen-style decoders besides attention: Gelu, FastGelu,
-//! BiasGelu, QuickGelu, BiasAdd, SkipLayerNormalization and RotaryEmbedding. Float32; the
+//! BiasGelu, QuickGelu, BiasAdd, SkipLayerNormalization, RotaryEmbedding and
+//! MultiHeadAttention. Float32; the
 //! semantics are ONNX Runtime's contrib-op definitions (docs/operators.md lists what each
 //! accepts), checked against ONNX Runtime's outputs (`tests/tests/contrib_refs.rs`).
 
@@ -28,6 +29,7 @@ pub(crate) const KERNELS: &[KernelDef] = &[
     def_in(MS, "BiasAdd", 1, 1, build_bias_add).types(F32),
     def_in(MS, "SkipLayerNormalization", 1, 1, build_skip_ln).types(F32),
     def_in(MS, "RotaryEmbedding", 1, 1, build_rotary).types(F32),
+    def_in(MS, "MultiHeadAttention", 1, 1, build_mha).types(F32),
 ];
 
 /// `erf`-based GELU of one value.
@@ -291,6 +293,213 @@ fn build_rotary(node: &Node) -> Result<Box<dyn Kernel>> {
             super::attention::rotary::<f32>(&args, interleaved, rot_dim, heads)
         },
     ))
+}
+
+// ----------------------------------------------------------------------------- MultiHeadAttention
+
+struct Mha {
+    heads: usize,
+    mask_filter: f32,
+    scale: f32,
+    causal: bool,
+}
+
+/// MultiHeadAttention (com.microsoft): separate 3-D query (B, S, D), key (B, L, D) and value
+/// (B, L, Dv); an optional bias (D + D + Dv) added to each first; a 2-D key padding mask
+/// (B, P + L: 0 adds `mask_filter_value` to that key's scores), an additive attention bias
+/// (B or 1, N or 1, S, P + L), past key/value (B, N, P, H) put before the new rows (outputs 1
+/// and 2 are the present: (B, N, P + L, H)); `unidirectional`: query s sees keys up to P + s
+/// (the others get `mask_filter_value` too). Packed QKV, keys given per head (4-D), other mask
+/// forms, `past_sequence_length` and `cache_indirection` are unsupported (a clear error).
+fn build_mha(node: &Node) -> Result<Box<dyn Kernel>> {
+    let heads = node.get_i("num_heads", 0)?;
+    if heads <= 0 {
+        bail!("MultiHeadAttention: num_heads must be positive, is {heads}");
+    }
+    if node.outputs.iter().skip(3).any(Option::is_some) {
+        unsupported!("MultiHeadAttention's qk output");
+    }
+    Ok(Box::new(Mha {
+        heads: heads as usize,
+        mask_filter: node.get_f("mask_filter_value", -10000.0)?,
+        scale: node.get_f("scale", 0.0)?,
+        causal: node.get_i("unidirectional", 0)? != 0,
+    }))
+}
+
+impl Kernel for Mha {
+    fn compute(&self, _cx: &KernelCx<'_>, inputs: &[Option<&Value>]) -> Result<Vec<Value>> {
+        let n = self.heads;
+        let q = tensor_in(inputs, 0)?;
+        let (Some(k), Some(v)) = (opt_tensor_in(inputs, 1)?, opt_tensor_in(inputs, 2)?) else {
+            unsupported!("MultiHeadAttention with packed QKV (no key and value inputs)");
+        };
+        for (i, what) in [(8, "past_sequence_length"), (9, "cache_indirection")] {
+            if opt_tensor_in(inputs, i)?.is_some() {
+                unsupported!("MultiHeadAttention with {what}");
+            }
+        }
+        if q.rank() != 3 || k.rank() != 3 || v.rank() != 3 {
+            unsupported!(
+                "MultiHeadAttention with query {:?}, key {:?}, value {:?} (3-D each)",
+                q.shape(),
+                k.shape(),
+                v.shape()
+            );
+        }
+        let (b, s, d) = (q.shape()[0], q.shape()[1], q.shape()[2]);
+        let (l, dv) = (k.shape()[1], v.shape()[2]);
+        if k.shape() != [b, l, d] || v.shape()[..2] != [b, l] || d % n != 0 || dv % n != 0 {
+            bail!(
+                "MultiHeadAttention: query {:?}, key {:?}, value {:?} for {n} heads",
+                q.shape(),
+                k.shape(),
+                v.shape()
+            );
+        }
+        let (h, hv) = (d / n, dv / n);
+        let bias = match opt_tensor_in(inputs, 3)? {
+            Some(t) if t.len() != 2 * d + dv => {
+                bail!(
+                    "MultiHeadAttention: bias of shape {:?}, expected ({})",
+                    t.shape(),
+                    2 * d + dv
+                )
+            }
+            Some(t) => Some(t.as_slice::<f32>()?.into_owned()),
+            None => None,
+        };
+        let past = match (opt_tensor_in(inputs, 6)?, opt_tensor_in(inputs, 7)?) {
+            (Some(pk), Some(pv)) => {
+                let p = pk.shape().get(2).copied().unwrap_or(0);
+                if pk.shape() != [b, n, p, h] || pv.shape() != [b, n, p, hv] {
+                    bail!(
+                        "MultiHeadAttention: past key {:?} / value {:?}, expected ({b}, {n}, P, {h} / {hv})",
+                        pk.shape(),
+                        pv.shape()
+                    );
+                }
+                Some((p, pk.as_slice::<f32>()?, pv.as_slice::<f32>()?))
+            }
+            (None, None) => None,
+            _ => bail!("MultiHeadAttention: past_key and past_value go together"),
+        };
+        let p = past.as_ref().map_or(0, |x| x.0);
+        let t = p + l;
+        let mask = match opt_tensor_in(inputs, 4)? {
+            Some(m) if m.shape() == [b, t] => Some(m.to_i64_vec()?),
+            Some(m) => unsupported!(
+                "MultiHeadAttention with a key_padding_mask of shape {:?} (only ({b}, {t}))",
+                m.shape()
+            ),
+            None => None,
+        };
+        let ab = match opt_tensor_in(inputs, 5)? {
+            Some(a) => {
+                let sh = a.shape();
+                if sh.len() != 4
+                    || (sh[0] != 1 && sh[0] != b)
+                    || (sh[1] != 1 && sh[1] != n)
+                    || sh[2] != s
+                    || sh[3] != t
+                {
+                    bail!("MultiHeadAttention: attention_bias of shape {sh:?}");
+                }
+                Some((a.as_slice::<f32>()?, sh[0], sh[1]))
+            }
+            None => None,
+        };
+        let (qv, kv, vv) = (
+            q.as_slice::<f32>()?,
+            k.as_slice::<f32>()?,
+            v.as_slice::<f32>()?,
+        );
+        let bias_at = |off: usize| bias.as_ref().map_or(0.0, |bb| bb[off]);
+        // present: past rows, then the new rows (bias added), per (batch, head)
+        let mut pk = vec![0f32; b * n * t * h];
+        let mut pv = vec![0f32; b * n * t * hv];
+        for bi in 0..b {
+            for hd in 0..n {
+                let kb = (bi * n + hd) * t;
+                if let Some((_, pkk, pvv)) = &past {
+                    let src = (bi * n + hd) * p;
+                    pk[kb * h..][..p * h].copy_from_slice(&pkk[src * h..][..p * h]);
+                    pv[kb * hv..][..p * hv].copy_from_slice(&pvv[src * hv..][..p * hv]);
+                }
+                for li in 0..l {
+                    for e in 0..h {
+                        pk[(kb + p + li) * h + e] =
+                            kv[(bi * l + li) * d + hd * h + e] + bias_at(d + hd * h + e);
+                    }
+                    for e in 0..hv {
+                        pv[(kb + p + li) * hv + e] =
+                            vv[(bi * l + li) * dv + hd * hv + e] + bias_at(2 * d + hd * hv + e);
+                    }
+                }
+            }
+        }
+        let scale = if self.scale == 0.0 {
+            1.0 / libm::sqrtf(h as f32)
+        } else {
+            self.scale
+        };
+        let mut out = vec![0f32; b * s * dv];
+        let mut sc = vec![0f32; t];
+        let mut qr = vec![0f32; h];
+        for bi in 0..b {
+            for hd in 0..n {
+                let kb = (bi * n + hd) * t;
+                for si in 0..s {
+                    for (e, x) in qr.iter_mut().enumerate() {
+                        *x = qv[(bi * s + si) * d + hd * h + e] + bias_at(hd * h + e);
+                    }
+                    let mut mx = f32::NEG_INFINITY;
+                    for (ti, x) in sc.iter_mut().enumerate() {
+                        let kr = &pk[(kb + ti) * h..][..h];
+                        let mut dot = 0f32;
+                        for e in 0..h {
+                            dot += qr[e] * kr[e];
+                        }
+                        let mut y = dot * scale;
+                        if let Some(m) = &mask {
+                            if m[bi * t + ti] == 0 {
+                                y += self.mask_filter;
+                            }
+                        }
+                        if let Some((a, a0, a1)) = &ab {
+                            let (ba, na) =
+                                (if *a0 == 1 { 0 } else { bi }, if *a1 == 1 { 0 } else { hd });
+                            y += a[((ba * a1 + na) * s + si) * t + ti];
+                        }
+                        if self.causal && ti > p + si {
+                            y += self.mask_filter;
+                        }
+                        *x = y;
+                        mx = mx.max(y);
+                    }
+                    let mut den = 0f32;
+                    for x in sc.iter_mut() {
+                        *x = libm::expf(*x - mx);
+                        den += *x;
+                    }
+                    let o = &mut out[(bi * s + si) * dv + hd * hv..][..hv];
+                    for (ti, &w) in sc.iter().enumerate() {
+                        let vr = &pv[(kb + ti) * hv..][..hv];
+                        for e in 0..hv {
+                            o[e] += w * vr[e];
+                        }
+                    }
+                    let inv = 1.0 / den;
+                    o.iter_mut().for_each(|x| *x *= inv);
+                }
+            }
+        }
+        Ok(vec![
+            Value::Tensor(Tensor::from_vec(&[b, s, dv], out)?),
+            Value::Tensor(Tensor::from_vec(&[b, n, t, h], pk)?),
+            Value::Tensor(Tensor::from_vec(&[b, n, t, hv], pv)?),
+        ])
+    }
 }
 
 #[cfg(test)]
