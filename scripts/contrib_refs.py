@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """ONNX Runtime's outputs for single-node models of the com.microsoft encoder/decoder ops
 (Gelu, FastGelu, BiasGelu, QuickGelu, SkipLayerNormalization, RotaryEmbedding,
-MultiHeadAttention),
+MultiHeadAttention), and MatMulNBits bit for bit,
 the references `tests/tests/contrib_refs.rs` compares nxrt with.
 
 Usage: contrib_refs.py OUT_DIR   (the test command writes $NXRT_CACHE/contrib_refs)
@@ -157,6 +157,36 @@ def main():
             ("y", "present_k", "present_v"),
         )
     )
+
+    # MatMulNBits, 4 bits, blocks of 32, accuracy level 4, with a bias and N not a multiple of
+    # 4 (ONNX Runtime sums the last N % 4 columns in another order, and adds the bias before
+    # the zero points' share): nxrt must equal it bit for bit on AVX-512 VNNI machines
+    from onnx import numpy_helper  # noqa: E402
+
+    K, N = 512, 259
+    for m in (1, 5):
+        for zp in (False, True):
+            nb = K // 32
+            names = ["a", "B", "scales"]
+            inits = [
+                numpy_helper.from_array(rng.integers(0, 256, (N, nb, 16), dtype=np.uint8), "B"),
+                numpy_helper.from_array((rng.random(N * nb) * 0.02 + 0.001).astype(np.float32), "scales"),
+            ]
+            names.append("zp" if zp else "")
+            if zp:
+                inits.append(numpy_helper.from_array(rng.integers(0, 256, (N * nb // 2,), dtype=np.uint8), "zp"))
+            inits.append(numpy_helper.from_array(r(N), "bias"))
+            names += ["", "bias"]
+            node = helper.make_node("MatMulNBits", names, ["y"], domain="com.microsoft", K=K, N=N,
+                                    bits=4, block_size=32, accuracy_level=4)
+            a_in = (r(m, K) * 1.5).astype(np.float32)
+            graph = helper.make_graph(
+                [node], "nbits", [helper.make_tensor_value_info("a", F, [m, K])],
+                [helper.make_tensor_value_info("y", F, [m, N])], inits)
+            model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                            helper.make_opsetid("com.microsoft", 1)])
+            model.ir_version = 9
+            cases.append((f"nbits_exact_m{m}_zp{int(zp)}", model, {"a": a_in}, ["y"]))
 
     manifest = []
     so = ort.SessionOptions()

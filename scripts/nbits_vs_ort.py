@@ -4,7 +4,7 @@ with and without zero points, at accuracy_level 4 (activations quantized to int8
 one row (decode) and several (prefill). Prints how many outputs differ and by how much.
 
     $NXRT_CACHE/corpus-venv/bin/python scripts/nbits_vs_ort.py [--nxrt target/release/nxrt]
-        [--k 512] [--n 256] [--level 4]
+        [--k 512] [--n 256] [--level 4] [--bias]
 
 ONNX Runtime picks its kernel by block length and instruction set, each with its own
 summation order; nxrt reproduces the one for blocks of 32 on AVX-512 VNNI (docs/genai.md,
@@ -22,6 +22,7 @@ ap.add_argument("--nxrt", default=os.path.join(ROOT, "target", "release", "nxrt"
 ap.add_argument("--k", type=int, default=512)
 ap.add_argument("--n", type=int, default=256)
 ap.add_argument("--level", type=int, default=4)
+ap.add_argument("--bias", action="store_true", help="give the node a bias input")
 a = ap.parse_args()
 
 rng = np.random.default_rng(0)
@@ -46,6 +47,11 @@ for blk in (16, 32, 64, 128, 256):
             zp = rng.integers(0, 256, (a.n * ((nb + 1) // 2),), dtype=np.uint8)
             inits.append(numpy_helper.from_array(zp, "zp"))
             names.append("zp")
+        if a.bias:
+            if not with_zp:
+                names.append("")
+            inits.append(numpy_helper.from_array(rng.standard_normal(a.n).astype(np.float32), "bias"))
+            names += ["", "bias"]
         node = helper.make_node("MatMulNBits", names, ["Y"], domain="com.microsoft", K=a.k, N=a.n,
                                 bits=4, block_size=blk, accuracy_level=a.level)
         graph = helper.make_graph(

@@ -1,5 +1,6 @@
 //! The com.microsoft encoder/decoder ops (Gelu, FastGelu, BiasGelu, QuickGelu,
-//! SkipLayerNormalization, RotaryEmbedding, MultiHeadAttention) against ONNX Runtime's outputs on single-node
+//! SkipLayerNormalization, RotaryEmbedding, MultiHeadAttention; MatMulNBits bit for bit on AVX-512
+//! VNNI machines) against ONNX Runtime's outputs on single-node
 //! models (`scripts/contrib_refs.py` writes them to `$NXRT_CACHE/contrib_refs`; the README's
 //! test command runs it), on the CPU: floats within rtol 1e-4 + atol 1e-5.
 
@@ -23,7 +24,7 @@ fn contrib_ops_match_onnx_runtime() {
             .unwrap()
     };
     let cases = m["cases"].as_array().unwrap();
-    assert!(cases.len() >= 17, "{} cases", cases.len());
+    assert!(cases.len() >= 21, "{} cases", cases.len());
     for c in cases {
         let name = c["name"].as_str().unwrap();
         let cd = dir.join(name);
@@ -48,7 +49,12 @@ fn contrib_ops_match_onnx_runtime() {
                 .get(on)
                 .unwrap_or_else(|| panic!("{name}: no output {on}"));
             let want = Value::Tensor(read(&cd, o));
-            compare(got, &want, 1e-4, 1e-5, &mut stats)
+            // MatMulNBits' int8 path rounds as ONNX Runtime's AVX-512 VNNI kernels (the
+            // machine the references are made on): equal there, within last bits elsewhere
+            let exact = name.starts_with("nbits_exact")
+                && nxrt_core::simd::q4_isa().0 == nxrt_core::simd::Isa::Avx512;
+            let (rtol, atol) = if exact { (0.0, 0.0) } else { (1e-4, 1e-5) };
+            compare(got, &want, rtol, atol, &mut stats)
                 .unwrap_or_else(|e| panic!("{name} output {on}: {e}"));
         }
         println!("{name:<20} ok ({stats:?})");

@@ -322,8 +322,11 @@ impl Kernel for MatMulNBits {
         };
         let zt = zps.as_ref().map(|z| z.0.as_slice());
         let direct = m <= DIRECT_ROWS && gidx.is_none() && bits != 2;
+        let bias_v = bias.map(|b| b.as_slice::<f32>()).transpose()?;
+        // the int8 kernel adds the bias itself (before the zero points' share, as ONNX Runtime)
+        let bias_done = m > 0 && q4.is_some();
         if let (true, Some(q4)) = (m > 0, q4) {
-            q4_product(cx, q4, (&av, m, k, bs), n, &mut y);
+            q4_product(cx, q4, (&av, m, k, bs), n, bias_v.as_deref(), &mut y);
         } else if m > 0 && direct {
             direct_rows(cx, (&g, self.isa), (&av, m), (&bv, &sv, zt), n, &mut y);
         } else if m > 0 {
@@ -373,8 +376,7 @@ impl Kernel for MatMulNBits {
                 dequant_gemm(cx, (a_used, k, m), n, &fill, &mut y);
             }
         }
-        if let Some(bias) = bias {
-            let bias = bias.as_slice::<f32>()?;
+        if let (Some(bias), false) = (&bias_v, bias_done) {
             for row in y.chunks_exact_mut(n) {
                 row.iter_mut().zip(bias.iter()).for_each(|(y, b)| *y += b);
             }
@@ -440,6 +442,7 @@ fn q4_product(
     q4: &Q4Weights,
     (a, m, k, bs): (&[f32], usize, usize, usize),
     n: usize,
+    bias: Option<&[f32]>,
     y: &mut [f32],
 ) {
     let a8 = crate::simd::q8_rows(a, m, k, bs);
@@ -452,7 +455,7 @@ fn q4_product(
         let (j0, j1) = (g0 * p.lanes, (g1 * p.lanes).min(n));
         let ld = (g1 - g0) * p.lanes;
         let mut buf = crate::simd::scratch::<f32>(m * ld);
-        crate::simd::q4_rows_on(q4.isa, p, &a8, (g0, g1), &mut buf, ld);
+        crate::simd::q4_rows_on(q4.isa, p, &a8, (g0, g1), &mut buf, ld, bias);
         for r in 0..m {
             // SAFETY: row r's columns j0..j1 of the m x n output belong to this task alone
             // (tasks cover disjoint column groups), and `y` stays borrowed until

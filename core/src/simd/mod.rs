@@ -218,6 +218,7 @@ pub fn q4_rows_on(
     groups: (usize, usize),
     y: &mut [f32],
     ldy: usize,
+    bias: Option<&[f32]>,
 ) {
     assert!(
         q4_runs_on(isa) && p.lanes == isa_lanes(isa),
@@ -225,33 +226,47 @@ pub fn q4_rows_on(
     );
     #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
     {
-        return nbits::q4_rows::<wasm::V128>(p, a, groups, y, ldy);
+        return nbits::q4_rows::<wasm::V128>(p, a, groups, y, ldy, bias);
     }
     #[cfg(target_arch = "aarch64")]
     if isa == Isa::Neon {
-        return nbits::q4_rows::<neon::Neon>(p, a, groups, y, ldy);
+        return nbits::q4_rows::<neon::Neon>(p, a, groups, y, ldy, bias);
     }
     #[cfg(target_arch = "x86_64")]
     {
         if isa == Isa::Avx512 {
             #[target_feature(enable = "avx512f,avx512vnni,avx2,fma")]
-            unsafe fn wide(p: &Q4Packed, a: &Q8Rows, g: (usize, usize), y: &mut [f32], l: usize) {
-                nbits::q4_rows::<avx512::Avx512>(p, a, g, y, l)
+            unsafe fn wide(
+                p: &Q4Packed,
+                a: &Q8Rows,
+                g: (usize, usize),
+                y: &mut [f32],
+                l: usize,
+                b: Option<&[f32]>,
+            ) {
+                nbits::q4_rows::<avx512::Avx512>(p, a, g, y, l, b)
             }
             // SAFETY: q4_runs_on checked AVX-512F and VNNI (and the OS's ZMM state).
-            return unsafe { wide(p, a, groups, y, ldy) };
+            return unsafe { wide(p, a, groups, y, ldy, bias) };
         }
         if isa == Isa::Avx2 {
             #[target_feature(enable = "avx2,fma")]
-            unsafe fn wide(p: &Q4Packed, a: &Q8Rows, g: (usize, usize), y: &mut [f32], l: usize) {
-                nbits::q4_rows::<x86::Avx2>(p, a, g, y, l)
+            unsafe fn wide(
+                p: &Q4Packed,
+                a: &Q8Rows,
+                g: (usize, usize),
+                y: &mut [f32],
+                l: usize,
+                b: Option<&[f32]>,
+            ) {
+                nbits::q4_rows::<x86::Avx2>(p, a, g, y, l, b)
             }
             // SAFETY: q4_runs_on checked AVX2 and FMA.
-            return unsafe { wide(p, a, groups, y, ldy) };
+            return unsafe { wide(p, a, groups, y, ldy, bias) };
         }
     }
     #[allow(unreachable_code)]
-    nbits::q4_rows::<Portable>(p, a, groups, y, ldy)
+    nbits::q4_rows::<Portable>(p, a, groups, y, ldy, bias)
 }
 
 /// A vector of f32 lanes. Implementations are thin wrappers over one ISA's registers; every

@@ -444,7 +444,13 @@ const SLOT32: [[usize; 4]; 4] = [[0, 1, 4, 5], [8, 9, 12, 13], [2, 3, 6, 7], [10
 /// Order-dependent roundings of a few ulp, but an int4 decoder's greedy tokens at accuracy
 /// level 4 change with them (the next quantization turns a last bit into a whole int8 step).
 #[inline(always)]
-fn q4_tile32<V: VF32, const R: usize>(p: &Q4Packed, a: &Q8Rows, r0: usize, gi: usize) -> [V; R] {
+fn q4_tile32<V: VF32, const R: usize, const TAIL: bool>(
+    p: &Q4Packed,
+    a: &Q8Rows,
+    r0: usize,
+    gi: usize,
+    bias: V,
+) -> [V; R] {
     let blocks = p.blocks;
     debug_assert_eq!(p.bs, 32);
     let z = V::splat(0.0);
@@ -471,9 +477,19 @@ fn q4_tile32<V: VF32, const R: usize>(p: &Q4Packed, a: &Q8Rows, r0: usize, gi: u
     let mut out = [z; R];
     for r in 0..R {
         let s = &acc8[r];
-        let lo = s[0].add(s[1]).add(s[2]).add(s[3]);
-        let hi = s[4].add(s[5]).add(s[6]).add(s[7]);
-        out[r] = lo.add(hi).add(zps[r]);
+        let dot = if TAIL {
+            // the last N % 4 columns: ONNX Runtime's one-column kernel folds its 8 sums as
+            // ((s0 + s4) + (s2 + s6)) + ((s1 + s5) + (s3 + s7))
+            let lo = s[0].add(s[4]).add(s[2].add(s[6]));
+            let hi = s[1].add(s[5]).add(s[3].add(s[7]));
+            lo.add(hi)
+        } else {
+            let lo = s[0].add(s[1]).add(s[2]).add(s[3]);
+            let hi = s[4].add(s[5]).add(s[6]).add(s[7]);
+            lo.add(hi)
+        };
+        // the bias before the zero points' share, as ONNX Runtime adds them
+        out[r] = dot.add(bias).add(zps[r]);
     }
     out
 }
@@ -602,6 +618,7 @@ pub fn q4_rows<V: VF32>(
     (g0, g1): (usize, usize),
     y: &mut [f32],
     ldy: usize,
+    bias: Option<&[f32]>,
 ) {
     assert!(
         p.lanes == V::LANES && a.kp == p.blocks * p.bs,
@@ -609,28 +626,67 @@ pub fn q4_rows<V: VF32>(
     );
     for gi in g0..g1 {
         let mut r0 = 0;
+        // the group's bias lanes (zero past N, or without a bias)
+        let bv = {
+            let l = V::LANES;
+            let mut b = [0f32; 16];
+            if let Some(bias) = bias {
+                let c0 = gi * l;
+                let cols = l.min(p.n.saturating_sub(c0));
+                b[..cols].copy_from_slice(&bias[c0..c0 + cols]);
+            }
+            V::load(&b[..l])
+        };
         if p.bs == 32 {
             // ONNX Runtime's rounding for blocks of 32 (16 sums per row: a row at a time,
             // which measured faster than two, whose 32 sums spill)
+            let l = V::LANES;
+            let tail0 = p.n - p.n % 4;
+            let has_tail = p.n % 4 != 0 && (gi + 1) * l > tail0;
             while r0 < a.rows {
-                q4_put(
-                    p,
-                    q4_tile32::<V, 1>(p, a, r0, gi),
-                    (r0, gi - g0, gi),
-                    y,
-                    ldy,
-                );
+                let mut t = q4_tile32::<V, 1, false>(p, a, r0, gi, bv);
+                if has_tail {
+                    // ONNX Runtime computes the last N % 4 columns apart, summed otherwise
+                    let tt = q4_tile32::<V, 1, true>(p, a, r0, gi, bv);
+                    let (mut x, mut w) = ([0f32; 16], [0f32; 16]);
+                    t[0].store(&mut x[..l]);
+                    tt[0].store(&mut w[..l]);
+                    for (lane, xv) in x[..l].iter_mut().enumerate() {
+                        if gi * l + lane >= tail0 {
+                            *xv = w[lane];
+                        }
+                    }
+                    t = [V::load(&x[..l])];
+                }
+                q4_put(p, t, (r0, gi - g0, gi), y, ldy);
                 r0 += 1;
             }
             continue;
         }
         while r0 < a.rows {
             let r = (a.rows - r0).min(4);
+            let with_bias = |t: &mut [V]| t.iter_mut().for_each(|v| *v = v.add(bv));
             match r {
-                1 => q4_put(p, q4_tile::<V, 1>(p, a, r0, gi), (r0, gi - g0, gi), y, ldy),
-                2 => q4_put(p, q4_tile::<V, 2>(p, a, r0, gi), (r0, gi - g0, gi), y, ldy),
-                3 => q4_put(p, q4_tile::<V, 3>(p, a, r0, gi), (r0, gi - g0, gi), y, ldy),
-                _ => q4_put(p, q4_tile::<V, 4>(p, a, r0, gi), (r0, gi - g0, gi), y, ldy),
+                1 => {
+                    let mut t = q4_tile::<V, 1>(p, a, r0, gi);
+                    with_bias(&mut t);
+                    q4_put(p, t, (r0, gi - g0, gi), y, ldy)
+                }
+                2 => {
+                    let mut t = q4_tile::<V, 2>(p, a, r0, gi);
+                    with_bias(&mut t);
+                    q4_put(p, t, (r0, gi - g0, gi), y, ldy)
+                }
+                3 => {
+                    let mut t = q4_tile::<V, 3>(p, a, r0, gi);
+                    with_bias(&mut t);
+                    q4_put(p, t, (r0, gi - g0, gi), y, ldy)
+                }
+                _ => {
+                    let mut t = q4_tile::<V, 4>(p, a, r0, gi);
+                    with_bias(&mut t);
+                    q4_put(p, t, (r0, gi - g0, gi), y, ldy)
+                }
             }
             r0 += r;
         }

@@ -1277,7 +1277,7 @@ fn nbits_products_match_the_dequantized_sum_on_every_isa() {
                 let p = q4_pack(lanes, &g, &b, &scales, Some(&zp), cols);
                 let ld = p.groups() * lanes;
                 let mut y = alloc::vec![f32::NAN; rows * ld];
-                q4_rows_on(isa, &p, &a8, (0, p.groups()), &mut y, ld);
+                q4_rows_on(isa, &p, &a8, (0, p.groups()), &mut y, ld, None);
                 for r in 0..rows {
                     for c in 0..cols {
                         let (got, w) = (y[r * ld + c], want[r * cols + c]);
