@@ -642,7 +642,7 @@ pub fn q4_rows<V: VF32>(
             // which measured faster than two, whose 32 sums spill)
             let l = V::LANES;
             let tail0 = p.n - p.n % 4;
-            let has_tail = p.n % 4 != 0 && (gi + 1) * l > tail0;
+            let has_tail = !p.n.is_multiple_of(4) && (gi + 1) * l > tail0;
             while r0 < a.rows {
                 let mut t = q4_tile32::<V, 1, false>(p, a, r0, gi, bv);
                 if has_tail {
