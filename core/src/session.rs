@@ -317,6 +317,9 @@ pub struct Session {
     model_meta: ModelMeta,
     providers: Vec<Arc<dyn ExecutionProvider>>,
     plan: Plan,
+    /// Per graph input (in order): where the steps reading it run (a step that is not a
+    /// kernel counts as the host), so a device feed is placed without a walk over the plan.
+    feed_readers: Vec<Vec<Location>>,
     report: PartitionReport,
     mode: ExecMode,
     phase_profile: bool,
@@ -412,6 +415,7 @@ impl Session {
         let t1 = clock();
         let prepack = !opts.disable_prepacking;
         let plan = compile(&graph, &providers, &mut report, None, prepack)?;
+        let feed_readers = feed_readers(&plan, &providers);
         let t2 = clock();
         let mut log = ProfileLog::default();
         if profiling {
@@ -434,6 +438,7 @@ impl Session {
                 model_meta: meta,
                 providers,
                 plan,
+                feed_readers,
                 report: report.clone(),
                 mode: opts.mode,
                 phase_profile: opts.phase_profile,
@@ -949,22 +954,13 @@ impl Session {
         env: &mut [Option<Value>],
         mut spans: Option<&mut Vec<RawSpan>>,
     ) -> Result<()> {
-        let plan = &self.plan;
-        let g = &*plan.graph;
-        for &id in &g.inputs {
+        let g = &*self.plan.graph;
+        for (k, &id) in g.inputs.iter().enumerate() {
             let loc = match &env[id] {
                 Some(Value::Tensor(t)) if t.location() != Location::Host => t.location(),
                 _ => continue,
             };
-            let stays = plan.steps.iter().all(|st| {
-                let node = &g.nodes[st.node];
-                let reads = node.inputs.iter().flatten().chain(&node.implicit_inputs);
-                let reads_it = reads.clone().any(|&i| i == id);
-                !reads_it
-                    || matches!(&st.kind, StepKind::Kernel { provider, .. }
-                        if self.providers[*provider].location() == loc)
-            });
-            if !stays {
+            if self.feed_readers[k].iter().any(|&l| l != loc) {
                 let t0 = self.clock_if(spans.is_some());
                 let v = env[id].take().expect("checked");
                 env[id] = Some(self.to_host(v).await?);
@@ -1711,6 +1707,28 @@ pub fn input_types(g: &Graph, node: &Node) -> Vec<Option<DataType>> {
         .iter()
         .map(|i| i.and_then(|id| g.values[id].ty.tensor_dtype()))
         .collect()
+}
+
+/// Per graph input of `plan`: the distinct locations of the steps that read it (explicitly or
+/// as a subgraph capture); a step that is not a kernel runs on the host.
+fn feed_readers(plan: &Plan, providers: &[Arc<dyn ExecutionProvider>]) -> Vec<Vec<Location>> {
+    let g = &*plan.graph;
+    let mut out: Vec<Vec<Location>> = vec![Vec::new(); g.inputs.len()];
+    for st in &plan.steps {
+        let node = &g.nodes[st.node];
+        let loc = match &st.kind {
+            StepKind::Kernel { provider, .. } => providers[*provider].location(),
+            _ => Location::Host,
+        };
+        for &id in node.inputs.iter().flatten().chain(&node.implicit_inputs) {
+            if let Some(k) = g.inputs.iter().position(|&i| i == id) {
+                if !out[k].contains(&loc) {
+                    out[k].push(loc);
+                }
+            }
+        }
+    }
+    out
 }
 
 fn compile(

@@ -228,18 +228,27 @@ fn gqa_window_softcap_scale_sink_and_bias() {
 }
 
 #[test]
-fn gqa_with_qk_output_stays_on_the_cpu() {
+fn gqa_with_qk_output_is_declined_by_name() {
     let Some(gp) = gpu() else { return };
     let mut g = G::new(1, 3, 2, 1, 8);
     g.past = 3;
     g.attrs = vec![ai("qk_output", 1)];
     let c = g.case(16);
     let m = loader::load_model(&c.model(), &loader::NoExternalData).unwrap();
-    let r = Session::new(m, vec![gp, cpu()], &SessionOptions::default());
-    // the CPU refuses it too (a clear error at load), but never the WebGPU kernel silently
-    if let Ok(s) = r {
-        assert_eq!(s.partition().assignments[0].2, "cpu");
+    // the WebGPU kernel declines it, naming why
+    let node = &m.graph.nodes[0];
+    let types = nxrt_core::session::input_types(&m.graph, node);
+    match gp.supports(node, &types) {
+        nxrt_core::provider::Support::No(why) => assert!(why.contains("qk_output"), "{why}"),
+        nxrt_core::provider::Support::Yes => {
+            panic!("WebGPU took a GroupQueryAttention with qk_output")
+        }
     }
+    // and the CPU refuses it too: a clear error at load, never a silent run
+    let e = Session::new(m, vec![gp, cpu()], &SessionOptions::default())
+        .err()
+        .expect("qk_output is refused at load");
+    assert!(e.to_string().contains("qk_output"), "{e}");
 }
 
 /// A decoder's attention step by step: the KV cache kept on the device between runs
