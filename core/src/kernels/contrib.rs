@@ -143,82 +143,120 @@ fn build_simplified_ln(node: &Node) -> Result<Box<dyn Kernel>> {
     ))
 }
 
-/// SkipSimplifiedLayerNormalization: `v = input + skip (+ bias)`, RMS-normalised over the last
-/// axis and scaled by gamma; output 3 is `v`. `skip` is input's shape or a trailing part of it
-/// ((1, S, H) or (S, H)), repeated over the leading rows. Outputs 1 and 2 (mean, inv_std_var)
-/// are not produced by ONNX Runtime's CPU kernel and are refused here.
-fn build_skip_simplified_ln(node: &Node) -> Result<Box<dyn Kernel>> {
-    let eps = node.get_f("epsilon", 1e-12)?;
+/// The outputs of the Skip*LayerNormalization family: `(want_sum, n_out)`. Outputs 1 and 2
+/// (mean, inv_std_var) are not written by ONNX Runtime's CPU kernels and are refused at load.
+pub(crate) fn skip_norm_outputs(node: &Node) -> Result<(bool, usize)> {
     let wired = |k: usize| node.outputs.get(k).copied().flatten().is_some();
     if wired(1) || wired(2) {
         unsupported!(
-            "SkipSimplifiedLayerNormalization's mean and inv_std_var outputs are not produced"
+            "{}'s mean and inv_std_var outputs are not produced",
+            node.op_type
         );
     }
-    let want_sum = wired(3);
-    let n_out = node.outputs.len().clamp(1, 4);
+    Ok((wired(3), node.outputs.len().clamp(1, 4)))
+}
+
+/// The row loop of the Skip*LayerNormalization family: `v = input + skip (+ bias)` per row of
+/// the last axis, `skip` being input's shape or a trailing part of it ((1, S, H) or (S, H))
+/// repeated over the leading rows; `norm(v, gamma, beta, y_row)` writes each output row.
+/// Output 3 (when wired) is `v`; gamma, beta and bias must hold a hidden size each.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn skip_norm_run(
+    cx: &KernelCx<'_>,
+    op: &str,
+    x: &Tensor,
+    skip: &Tensor,
+    gamma: &Tensor,
+    beta: Option<&Tensor>,
+    bias: Option<&Tensor>,
+    (want_sum, n_out): (bool, usize),
+    norm: impl Fn(&[f32], &[f32], Option<&[f32]>, &mut [f32]),
+) -> Result<Vec<Value>> {
+    let shape = x.shape();
+    let h = *shape.last().unwrap_or(&0);
+    if shape.len() < 2 || h == 0 {
+        bail!("{op}: input of shape {shape:?}");
+    }
+    let xs = x.as_slice::<f32>()?;
+    let ss = skip.as_slice::<f32>()?;
+    if ss.is_empty() || xs.len() % ss.len() != 0 || ss.len() % h != 0 {
+        bail!(
+            "{op}: skip of shape {:?} does not repeat over input {shape:?}",
+            skip.shape()
+        );
+    }
+    fn vec_of<'a>(
+        t: Option<&'a Tensor>,
+        op: &str,
+        what: &str,
+        h: usize,
+    ) -> Result<Option<alloc::borrow::Cow<'a, [f32]>>> {
+        match t {
+            Some(t) if t.len() != h => {
+                bail!(
+                    "{op}: {what} has {} elements, the hidden size is {h}",
+                    t.len()
+                )
+            }
+            Some(t) => Ok(Some(t.as_slice::<f32>()?)),
+            None => Ok(None),
+        }
+    }
+    let g = vec_of(Some(gamma), op, "gamma", h)?.expect("given");
+    let be = vec_of(beta, op, "beta", h)?;
+    let bi = vec_of(bias, op, "bias", h)?;
+    let mut y = cx.output::<f32>(0, shape)?;
+    let mut sum = vec![0f32; if want_sum { xs.len() } else { h }];
+    for r in 0..xs.len() / h {
+        let v = if want_sum {
+            &mut sum[r * h..][..h]
+        } else {
+            &mut sum[..]
+        };
+        let xr = &xs[r * h..][..h];
+        let sr = &ss[(r * h) % ss.len()..][..h];
+        for j in 0..h {
+            v[j] = xr[j] + sr[j];
+        }
+        if let Some(b) = &bi {
+            v.iter_mut().zip(b.iter()).for_each(|(v, b)| *v += b);
+        }
+        norm(v, &g, be.as_deref(), &mut y[r * h..][..h]);
+    }
+    let mut outs = vec![Value::Tensor(y.into_tensor())];
+    while outs.len() < n_out {
+        if outs.len() == 3 && want_sum {
+            outs.push(Value::Tensor(Tensor::from_vec(
+                shape,
+                core::mem::take(&mut sum),
+            )?));
+        } else {
+            outs.push(none());
+        }
+    }
+    Ok(outs)
+}
+
+/// SkipSimplifiedLayerNormalization: `v = input + skip (+ bias)`, RMS-normalised over the last
+/// axis and scaled by gamma; output 3 is `v` (see [`skip_norm_run`]).
+fn build_skip_simplified_ln(node: &Node) -> Result<Box<dyn Kernel>> {
+    let eps = node.get_f("epsilon", 1e-12)?;
+    let outs = skip_norm_outputs(node)?;
     Ok(Box::new(
         move |cx: &KernelCx<'_>, inputs: &[Option<&Value>]| -> Result<Vec<Value>> {
-            let x = tensor_in(inputs, 0)?;
-            let skip = tensor_in(inputs, 1)?;
-            let gamma = tensor_in(inputs, 2)?;
-            let bias = opt_tensor_in(inputs, 3)?;
-            let shape = x.shape();
-            let h = *shape.last().unwrap_or(&0);
-            if shape.len() < 2 || h == 0 {
-                bail!("SkipSimplifiedLayerNormalization: input of shape {shape:?}");
-            }
-            let xs = x.as_slice::<f32>()?;
-            let ss = skip.as_slice::<f32>()?;
-            if ss.is_empty() || xs.len() % ss.len() != 0 || ss.len() % h != 0 {
-                bail!(
-                    "skip of shape {:?} does not repeat over input {shape:?}",
-                    skip.shape()
-                );
-            }
-            let g = gamma.as_slice::<f32>()?;
-            if g.len() != h {
-                bail!("gamma has {} elements, the hidden size is {h}", g.len());
-            }
-            let b = match bias {
-                Some(b) if b.len() != h => {
-                    bail!("bias has {} elements, the hidden size is {h}", b.len())
-                }
-                Some(b) => Some(b.as_slice::<f32>()?),
-                None => None,
-            };
-            let mut y = cx.output::<f32>(0, shape)?;
-            let mut sum = vec![0f32; if want_sum { xs.len() } else { h }];
-            for r in 0..xs.len() / h {
-                let v = if want_sum {
-                    &mut sum[r * h..][..h]
-                } else {
-                    &mut sum[..]
-                };
-                let xr = &xs[r * h..][..h];
-                let sr = &ss[(r * h) % ss.len()..][..h];
-                for j in 0..h {
-                    v[j] = xr[j] + sr[j];
-                }
-                if let Some(b) = &b {
-                    for j in 0..h {
-                        v[j] += b[j];
-                    }
-                }
-                rms_row(v, &g, eps, &mut y[r * h..][..h]);
-            }
-            let mut outs = vec![Value::Tensor(y.into_tensor())];
-            while outs.len() < n_out {
-                if outs.len() == 3 && want_sum {
-                    outs.push(Value::Tensor(Tensor::from_vec(
-                        shape,
-                        core::mem::take(&mut sum),
-                    )?));
-                } else {
-                    outs.push(none());
-                }
-            }
-            Ok(outs)
+            skip_norm_run(
+                cx,
+                "SkipSimplifiedLayerNormalization",
+                tensor_in(inputs, 0)?,
+                tensor_in(inputs, 1)?,
+                tensor_in(inputs, 2)?,
+                None,
+                opt_tensor_in(inputs, 3)?,
+                outs,
+                |v, g, _, y| {
+                    rms_row(v, g, eps, y);
+                },
+            )
         },
     ))
 }
@@ -307,54 +345,52 @@ fn ints32(t: &Tensor, what: &str) -> Result<Vec<i64>> {
     t.to_i64_vec()
 }
 
-impl Kernel for Gqa {
-    fn compute(&self, cx: &KernelCx<'_>, inputs: &[Option<&Value>]) -> Result<Vec<Value>> {
-        self.run(cx, inputs, None)
-    }
-
-    /// past key and value: when the executor hands them over and nothing else holds them,
-    /// present is written into their storage (onnxruntime-genai's shared past/present buffer,
-    /// without a copy of the cache per step).
-    fn reusable_inputs(&self) -> &[usize] {
-        &[3, 4]
-    }
-
-    fn compute_owned(
-        &self,
-        cx: &KernelCx<'_>,
-        mut inputs: Vec<Option<Value>>,
-    ) -> Result<Vec<Value>> {
-        let unique = |v: Option<&Option<Value>>| matches!(v, Some(Some(Value::Tensor(t))) if t.dtype() == DataType::Float && t.is_unique_host());
-        let owned = if unique(inputs.get(3)) && unique(inputs.get(4)) {
-            match (inputs[3].take(), inputs[4].take()) {
-                (Some(Value::Tensor(k)), Some(Value::Tensor(v))) => Some((k, v)),
-                _ => None,
-            }
-        } else {
-            None
-        };
-        let refs: Vec<Option<&Value>> = inputs.iter().map(Option::as_ref).collect();
-        self.run(cx, &refs, owned)
-    }
+/// One GroupQueryAttention call's inputs, checked: shapes, dtypes of the host integers, the
+/// per-batch lengths and each new token's rotary row. Every provider's kernel starts here, so
+/// they accept and refuse the same calls.
+pub struct GqaPlan<'a> {
+    pub q: &'a Tensor,
+    /// separate key and value (None: packed into `q`)
+    pub key: Option<&'a Tensor>,
+    pub value: Option<&'a Tensor>,
+    pub b: usize,
+    /// new tokens per sequence
+    pub s: usize,
+    /// the query's last axis
+    pub qdim: usize,
+    /// head size
+    pub h: usize,
+    pub total: usize,
+    /// rows of the past buffer
+    pub past_len: usize,
+    /// rows of present: `max(total, past_len)`
+    pub plen: usize,
+    /// a first prompt (`s == total`)
+    pub first: bool,
+    /// cos and sin caches, their rows and half the rotary width
+    pub rot: Option<(&'a Tensor, &'a Tensor, usize, usize)>,
+    /// attention_bias and its first two extents (1 or the batch, 1 or the heads)
+    pub bias: Option<(&'a Tensor, usize, usize)>,
+    pub sink: Option<&'a Tensor>,
+    /// per sequence: (past tokens, total tokens)
+    pub lens: Vec<(usize, usize)>,
+    /// with rotary: each new token's rotary row, `b * s` of them
+    pub positions: Vec<usize>,
 }
 
-impl Gqa {
-    /// The kernel; `owned`: past key and value moved out of `inputs` (slots 3 and 4 empty),
-    /// unique, reused as present when they hold enough rows.
-    fn run(
-        &self,
-        cx: &KernelCx<'_>,
-        inputs: &[Option<&Value>],
-        owned: Option<(Tensor, Tensor)>,
-    ) -> Result<Vec<Value>> {
-        let (nh, nkv) = (self.heads, self.kv_heads);
+impl<'a> GqaPlan<'a> {
+    /// `past_k`, `past_v`: inputs 3 and 4, or the tensors the caller moved out of them.
+    pub fn new(
+        nh: usize,
+        nkv: usize,
+        rotary: bool,
+        inputs: &[Option<&'a Value>],
+        past_k: Option<&Tensor>,
+        past_v: Option<&Tensor>,
+    ) -> Result<Self> {
         let q = tensor_in(inputs, 0)?;
         let key = opt_tensor_in(inputs, 1)?;
         let value = opt_tensor_in(inputs, 2)?;
-        let (past_k, past_v) = match &owned {
-            Some((k, v)) => (Some(k), Some(v)),
-            None => (opt_tensor_in(inputs, 3)?, opt_tensor_in(inputs, 4)?),
-        };
         let seqlens = ints32(tensor_in(inputs, 5)?, "seqlens_k")?;
         let total = ints32(tensor_in(inputs, 6)?, "total_sequence_length")?;
         let cos = opt_tensor_in(inputs, 7)?;
@@ -421,8 +457,7 @@ impl Gqa {
             bail!("GroupQueryAttention: {s} new tokens but total_sequence_length {total}");
         }
         let plen = total.max(past_len);
-        // rotary tables
-        let rot = if self.rotary {
+        let rot = if rotary {
             let (Some(c), Some(sn)) = (cos, sin) else {
                 bail!("GroupQueryAttention: do_rotary needs cos_cache and sin_cache");
             };
@@ -433,7 +468,7 @@ impl Gqa {
                     sn.shape()
                 );
             }
-            Some((c.as_slice::<f32>()?, sn.as_slice::<f32>()?, cs[0], cs[1]))
+            Some((c, sn, cs[0], cs[1]))
         } else {
             None
         };
@@ -446,7 +481,7 @@ impl Gqa {
             }
             None => None,
         };
-        let bias_v = match bias {
+        let bias = match bias {
             Some(t) => {
                 let bs = t.shape();
                 if bs.len() != 4
@@ -457,15 +492,136 @@ impl Gqa {
                 {
                     bail!("GroupQueryAttention: attention_bias of shape {bs:?}");
                 }
-                Some((t.as_slice::<f32>()?, bs[0], bs[1]))
+                Some((t, bs[0], bs[1]))
             }
             None => None,
         };
-        let sink_v = match sink {
-            Some(t) if t.len() == nh => Some(t.as_slice::<f32>()?),
-            Some(t) => bail!("GroupQueryAttention: head_sink of shape {:?}", t.shape()),
+        if let Some(t) = sink {
+            if t.len() != nh {
+                bail!("GroupQueryAttention: head_sink of shape {:?}", t.shape());
+            }
+        }
+        let mut lens = Vec::with_capacity(b);
+        let mut positions = Vec::with_capacity(if rot.is_some() { b * s } else { 0 });
+        for (bi, &sl) in seqlens.iter().enumerate() {
+            let total_b = usize::try_from(sl + 1)
+                .ok()
+                .filter(|&t| t <= plen && (first || t >= s))
+                .ok_or_else(|| {
+                    crate::error::Error::Other(alloc::format!(
+                        "GroupQueryAttention: seqlens_k[{bi}] = {sl} outside 0..{plen} for {s} new tokens"
+                    ))
+                })?;
+            let past_b = if first { 0 } else { total_b - s };
+            if past_b > past_len {
+                bail!("GroupQueryAttention: {past_b} past tokens, the past holds {past_len}");
+            }
+            lens.push((past_b, total_b));
+            if let Some((_, _, rows, _)) = &rot {
+                for si in 0..s {
+                    let p = match &pos_ids {
+                        Some(ids) if first => ids[0] + si as i64,
+                        Some(ids) => ids[bi * s + si],
+                        None => (past_b + si) as i64,
+                    };
+                    match usize::try_from(p) {
+                        Ok(p) if p < *rows => positions.push(p),
+                        _ => bail!(
+                            "GroupQueryAttention: position {p} outside the {rows}-row rotary cache"
+                        ),
+                    }
+                }
+            }
+        }
+        Ok(GqaPlan {
+            q,
+            key,
+            value,
+            b,
+            s,
+            qdim,
+            h,
+            total,
+            past_len,
+            plen,
+            first,
+            rot,
+            bias,
+            sink,
+            lens,
+            positions,
+        })
+    }
+}
+
+impl Kernel for Gqa {
+    fn compute(&self, cx: &KernelCx<'_>, inputs: &[Option<&Value>]) -> Result<Vec<Value>> {
+        self.run(cx, inputs, None)
+    }
+
+    /// past key and value: when the executor hands them over and nothing else holds them,
+    /// present is written into their storage (onnxruntime-genai's shared past/present buffer,
+    /// without a copy of the cache per step).
+    fn reusable_inputs(&self) -> &[usize] {
+        &[3, 4]
+    }
+
+    fn compute_owned(
+        &self,
+        cx: &KernelCx<'_>,
+        mut inputs: Vec<Option<Value>>,
+    ) -> Result<Vec<Value>> {
+        let unique = |v: Option<&Option<Value>>| matches!(v, Some(Some(Value::Tensor(t))) if t.dtype() == DataType::Float && t.is_unique_host());
+        let owned = if unique(inputs.get(3)) && unique(inputs.get(4)) {
+            match (inputs[3].take(), inputs[4].take()) {
+                (Some(Value::Tensor(k)), Some(Value::Tensor(v))) => Some((k, v)),
+                _ => None,
+            }
+        } else {
+            None
+        };
+        let refs: Vec<Option<&Value>> = inputs.iter().map(Option::as_ref).collect();
+        self.run(cx, &refs, owned)
+    }
+}
+
+impl Gqa {
+    /// The kernel; `owned`: past key and value moved out of `inputs` (slots 3 and 4 empty),
+    /// unique, reused as present when they hold enough rows.
+    fn run(
+        &self,
+        cx: &KernelCx<'_>,
+        inputs: &[Option<&Value>],
+        owned: Option<(Tensor, Tensor)>,
+    ) -> Result<Vec<Value>> {
+        let (nh, nkv) = (self.heads, self.kv_heads);
+        let (past_k, past_v) = match &owned {
+            Some((k, v)) => (Some(k), Some(v)),
+            None => (opt_tensor_in(inputs, 3)?, opt_tensor_in(inputs, 4)?),
+        };
+        let plan = GqaPlan::new(nh, nkv, self.rotary, inputs, past_k, past_v)?;
+        let GqaPlan {
+            q,
+            key,
+            value,
+            b,
+            s,
+            qdim,
+            h,
+            total,
+            past_len,
+            plen,
+            ..
+        } = plan;
+        let rot = match plan.rot {
+            Some((c, sn, _, h2)) => Some((c.as_slice::<f32>()?, sn.as_slice::<f32>()?, h2)),
             None => None,
         };
+        let bias_v = match plan.bias {
+            Some((t, b0, b1)) => Some((t.as_slice::<f32>()?, b0, b1)),
+            None => None,
+        };
+        let sink_v = plan.sink.map(|t| t.as_slice::<f32>()).transpose()?;
         let qv = q.as_slice::<f32>()?;
         let kv_in = match (key, value) {
             (Some(k), Some(v)) => Some((k.as_slice::<f32>()?, v.as_slice::<f32>()?)),
@@ -493,40 +649,15 @@ impl Gqa {
         let row = |bi: usize, si: usize| (bi * s + si) * qdim;
         let mut out = vec![0f32; b * s * nh * h];
         let mut qrot = vec![0f32; s * nh * h];
-        let mut at_pos = Vec::with_capacity(s);
         for bi in 0..b {
-            let total_b = usize::try_from(seqlens[bi] + 1)
-                .ok()
-                .filter(|&t| t <= plen && (first || t >= s))
-                .ok_or_else(|| {
-                    crate::error::Error::Other(alloc::format!(
-                        "GroupQueryAttention: seqlens_k[{bi}] = {} outside 0..{plen} for {s} new tokens",
-                        seqlens[bi]
-                    ))
-                })?;
-            let past_b = if first { 0 } else { total_b - s };
-            if past_b > past_len {
-                bail!("GroupQueryAttention: {past_b} past tokens, the past holds {past_len}");
-            }
-            // each new token's rotary row (its position), checked once
-            at_pos.clear();
-            if let Some((_, _, rows, _)) = &rot {
-                for si in 0..s {
-                    let p = match &pos_ids {
-                        Some(ids) if first => ids[0] + si as i64,
-                        Some(ids) => ids[bi * s + si],
-                        None => (past_b + si) as i64,
-                    };
-                    match usize::try_from(p) {
-                        Ok(p) if p < *rows => at_pos.push(p),
-                        _ => bail!(
-                            "GroupQueryAttention: position {p} outside the {rows}-row rotary cache"
-                        ),
-                    }
-                }
-            }
+            let (past_b, total_b) = plan.lens[bi];
+            let at_pos = &plan.positions[if rot.is_some() {
+                bi * s..(bi + 1) * s
+            } else {
+                0..0
+            }];
             let turn = |x: &mut [f32], si: usize| {
-                if let Some((c, sn, _, h2)) = &rot {
+                if let Some((c, sn, h2)) = &rot {
                     let p = at_pos[si];
                     rope(
                         x,

@@ -9,6 +9,7 @@ use alloc::boxed::Box;
 use alloc::vec;
 use alloc::vec::Vec;
 
+use super::contrib::{skip_norm_outputs, skip_norm_run};
 use super::{def_in, opt_tensor_in, tensor_in};
 use crate::dtype::DataType;
 use crate::error::Result;
@@ -141,92 +142,37 @@ fn build_bias_add(_node: &Node) -> Result<Box<dyn Kernel>> {
 /// (1 and 2) are refused: ONNX Runtime's CPU kernel does not write them.
 fn build_skip_ln(node: &Node) -> Result<Box<dyn Kernel>> {
     let eps = node.get_f("epsilon", 1e-12)?;
-    let wired = |k: usize| node.outputs.get(k).copied().flatten().is_some();
-    if wired(1) || wired(2) {
-        unsupported!("SkipLayerNormalization's mean and inv_std_var outputs are not produced");
-    }
-    let want_sum = wired(3);
-    let n_out = node.outputs.len().clamp(1, 4);
+    let outs = skip_norm_outputs(node)?;
     Ok(Box::new(
-        move |_cx: &KernelCx<'_>, inputs: &[Option<&Value>]| -> Result<Vec<Value>> {
-            let x = tensor_in(inputs, 0)?;
-            let skip = tensor_in(inputs, 1)?;
-            let gamma = tensor_in(inputs, 2)?;
-            let beta = opt_tensor_in(inputs, 3)?;
-            let bias = opt_tensor_in(inputs, 4)?;
-            let shape = x.shape();
-            let h = *shape.last().unwrap_or(&0);
-            if shape.len() < 2 || h == 0 {
-                bail!("SkipLayerNormalization: input of shape {shape:?}");
-            }
-            let xs = x.as_slice::<f32>()?;
-            let ss = skip.as_slice::<f32>()?;
-            if ss.is_empty() || xs.len() % ss.len() != 0 || ss.len() % h != 0 {
-                bail!(
-                    "SkipLayerNormalization: skip of shape {:?} does not repeat over input {shape:?}",
-                    skip.shape()
-                );
-            }
-            let vec_of = |t: Option<&Tensor>, what: &str| -> Result<Option<Vec<f32>>> {
-                match t {
-                    Some(t) if t.len() != h => {
-                        bail!("SkipLayerNormalization: {what} has {} elements, the hidden size is {h}", t.len())
+        move |cx: &KernelCx<'_>, inputs: &[Option<&Value>]| -> Result<Vec<Value>> {
+            skip_norm_run(
+                cx,
+                "SkipLayerNormalization",
+                tensor_in(inputs, 0)?,
+                tensor_in(inputs, 1)?,
+                tensor_in(inputs, 2)?,
+                opt_tensor_in(inputs, 3)?,
+                opt_tensor_in(inputs, 4)?,
+                outs,
+                |v, g, beta, y| {
+                    // mean and variance in f64 (the row is at most a hidden size long)
+                    let n = v.len() as f64;
+                    let mean = v.iter().map(|&x| x as f64).sum::<f64>() / n;
+                    let var = v
+                        .iter()
+                        .map(|&x| {
+                            let d = x as f64 - mean;
+                            d * d
+                        })
+                        .sum::<f64>()
+                        / n;
+                    let inv = 1.0 / libm::sqrt(var + eps as f64);
+                    for j in 0..v.len() {
+                        y[j] =
+                            ((v[j] as f64 - mean) * inv) as f32 * g[j] + beta.map_or(0.0, |b| b[j]);
                     }
-                    Some(t) => Ok(Some(t.as_slice::<f32>()?.into_owned())),
-                    None => Ok(None),
-                }
-            };
-            let g = vec_of(Some(gamma), "gamma")?.expect("given");
-            let be = vec_of(beta, "beta")?;
-            let bi = vec_of(bias, "bias")?;
-            let mut y = vec![0f32; xs.len()];
-            let mut sum = vec![0f32; if want_sum { xs.len() } else { 0 }];
-            let mut v = vec![0f32; h];
-            for r in 0..xs.len() / h {
-                let xr = &xs[r * h..][..h];
-                let sr = &ss[(r * h) % ss.len()..][..h];
-                for j in 0..h {
-                    v[j] = xr[j] + sr[j];
-                }
-                if let Some(b) = &bi {
-                    v.iter_mut().zip(b).for_each(|(x, b)| *x += b);
-                }
-                // mean and variance in f64 (the row is at most a hidden size long)
-                let n = h as f64;
-                let mean = v.iter().map(|&x| x as f64).sum::<f64>() / n;
-                let var = v
-                    .iter()
-                    .map(|&x| {
-                        let d = x as f64 - mean;
-                        d * d
-                    })
-                    .sum::<f64>()
-                    / n;
-                let inv = 1.0 / libm::sqrt(var + eps as f64);
-                let yr = &mut y[r * h..][..h];
-                for j in 0..h {
-                    let mut o = ((v[j] as f64 - mean) * inv) as f32 * g[j];
-                    if let Some(b) = &be {
-                        o += b[j];
-                    }
-                    yr[j] = o;
-                }
-                if want_sum {
-                    sum[r * h..][..h].copy_from_slice(&v);
-                }
-            }
-            let mut outs = vec![Value::Tensor(Tensor::from_vec(shape, y)?)];
-            while outs.len() < n_out {
-                if outs.len() == 3 && want_sum {
-                    outs.push(Value::Tensor(Tensor::from_vec(
-                        shape,
-                        core::mem::take(&mut sum),
-                    )?));
-                } else {
-                    outs.push(Value::Tensor(Tensor::from_vec::<f32>(&[0], Vec::new())?));
-                }
-            }
-            Ok(outs)
+                },
+            )
         },
     ))
 }

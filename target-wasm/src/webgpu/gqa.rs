@@ -19,7 +19,8 @@
 use std::sync::Arc;
 
 use nxrt_core::ir::Node;
-use nxrt_core::kernels::{opt_tensor_in, tensor_in};
+use nxrt_core::kernels::contrib::GqaPlan;
+use nxrt_core::kernels::opt_tensor_in;
 use nxrt_core::provider::{Kernel, KernelCx};
 use nxrt_core::{DataType, Error, Result, Tensor, Value};
 
@@ -133,20 +134,6 @@ impl Kernel for GqaKernel {
         let refs: Vec<Option<&Value>> = inputs.iter().map(Option::as_ref).collect();
         run(&self.gpu, &self.cfg, &refs, owned)
     }
-}
-
-fn bad(msg: String) -> Error {
-    Error::Shape(format!("GroupQueryAttention: {msg}"))
-}
-
-fn host_ints(t: &Tensor, what: &str) -> Result<Vec<i64>> {
-    if t.dtype() != DataType::Int32 {
-        return Err(Error::Other(format!(
-            "GroupQueryAttention: {what} must be int32, is {}",
-            t.dtype()
-        )));
-    }
-    t.to_i64_vec()
 }
 
 fn f32_dev<'a>(t: &'a Tensor, what: &str) -> Result<&'a Tensor> {
@@ -304,181 +291,56 @@ fn run(
     owned: Option<(Tensor, Tensor)>,
 ) -> Result<Vec<Value>> {
     let (nh, nkv) = (cfg.heads, cfg.kv_heads);
-    let q = f32_dev(tensor_in(inputs, 0)?, "query")?;
-    let key = opt_tensor_in(inputs, 1)?;
-    let value = opt_tensor_in(inputs, 2)?;
     let (past_k, past_v) = match &owned {
         Some((k, v)) => (Some(k), Some(v)),
         None => (opt_tensor_in(inputs, 3)?, opt_tensor_in(inputs, 4)?),
     };
-    let seqlens = host_ints(tensor_in(inputs, 5)?, "seqlens_k")?;
-    let total = host_ints(tensor_in(inputs, 6)?, "total_sequence_length")?;
-    let cos = opt_tensor_in(inputs, 7)?;
-    let sin = opt_tensor_in(inputs, 8)?;
-    let pos_ids = opt_tensor_in(inputs, 9)?;
-    let bias = opt_tensor_in(inputs, 10)?;
-    let sink = opt_tensor_in(inputs, 11)?;
-    let [b, s, qdim] = match *q.shape() {
-        [b, s, d] => [b, s, d],
-        ref sh => return Err(bad(format!("query of shape {sh:?}, expected 3-D"))),
-    };
-    let packed = key.is_none();
-    if packed != value.is_none() {
-        return Err(bad(
-            "key and value must both be given or both be absent".into()
-        ));
-    }
-    let h = if packed {
-        qdim / (nh + 2 * nkv)
-    } else {
-        qdim / nh
-    };
-    if h == 0 || (packed && qdim != (nh + 2 * nkv) * h) || (!packed && qdim != nh * h) {
-        return Err(bad(format!(
-            "query width {qdim} does not split into {nh} heads (+{nkv} kv heads)"
-        )));
-    }
-    if let (Some(k), Some(v)) = (key, value) {
-        let want = [b, s, nkv * h];
-        if k.shape() != want || v.shape() != want {
-            return Err(bad(format!(
-                "key {:?} / value {:?}, expected {want:?}",
-                k.shape(),
-                v.shape()
-            )));
+    // the checks are the CPU kernel's
+    let plan = GqaPlan::new(nh, nkv, cfg.rotary, inputs, past_k, past_v)?;
+    let GqaPlan {
+        q,
+        key,
+        value,
+        b,
+        s,
+        qdim,
+        h,
+        total,
+        past_len,
+        plen,
+        rot,
+        ..
+    } = plan;
+    let (bias, sink) = (plan.bias.map(|t| t.0), plan.sink);
+    // every float input on the device, as float32
+    for (t, what) in [
+        (Some(q), "query"),
+        (key, "key"),
+        (value, "value"),
+        (past_k, "past_key"),
+        (past_v, "past_value"),
+        (rot.map(|r| r.0), "cos_cache"),
+        (rot.map(|r| r.1), "sin_cache"),
+        (bias, "attention_bias"),
+        (sink, "head_sink"),
+    ] {
+        if let Some(t) = t {
+            f32_dev(t, what)?;
         }
-        f32_dev(k, "key")?;
-        f32_dev(v, "value")?;
     }
-    if seqlens.len() != b || total.len() != 1 {
-        return Err(bad(format!(
-            "seqlens_k has {} values for batch {b}, total_sequence_length {}",
-            seqlens.len(),
-            total.len()
-        )));
-    }
-    let total = usize::try_from(total[0])
-        .map_err(|_| Error::Other("negative total_sequence_length".into()))?;
-    let past_len = match (past_k, past_v) {
-        (Some(pk), Some(pv)) => {
-            let ps = pk.shape();
-            if ps.len() != 4 || ps[0] != b || ps[1] != nkv || ps[3] != h || pv.shape() != ps {
-                return Err(bad(format!(
-                    "past key {ps:?} / value {:?}, expected [{b}, {nkv}, P, {h}]",
-                    pv.shape()
-                )));
-            }
-            f32_dev(pk, "past_key")?;
-            f32_dev(pv, "past_value")?;
-            ps[2]
-        }
-        (None, None) => 0,
-        _ => {
-            return Err(bad(
-                "past_key and past_value must both be given or both be absent".into(),
-            ))
-        }
-    };
-    let first = s == total;
-    if !first && s > 1 && b > 1 {
-        return Err(Error::Unsupported {
-            ctx: Default::default(),
-            detail: format!(
-                "GroupQueryAttention: a continued prompt ({s} new of {total} tokens) with batch {b} > 1"
-            ),
-        });
-    }
-    if !first && s != 1 && s > total {
-        return Err(bad(format!(
-            "{s} new tokens but total_sequence_length {total}"
-        )));
-    }
-    let plen = total.max(past_len);
-    let rot = if cfg.rotary {
-        let (Some(c), Some(sn)) = (cos, sin) else {
-            return Err(bad("do_rotary needs cos_cache and sin_cache".into()));
-        };
-        let cs = c.shape();
-        if cs.len() != 2 || sn.shape() != cs || 2 * cs[1] > h {
-            return Err(bad(format!(
-                "cos/sin caches {cs:?} / {:?} for head size {h}",
-                sn.shape()
-            )));
-        }
-        f32_dev(c, "cos_cache")?;
-        f32_dev(sn, "sin_cache")?;
-        Some((c, sn, cs[0], cs[1]))
-    } else {
-        None
-    };
-    let pos_ids = match pos_ids {
-        Some(p) => {
-            if p.len() < b * s && (!first || p.is_empty()) {
-                return Err(bad(format!("position_ids of shape {:?}", p.shape())));
-            }
-            Some(p.to_i64_vec()?)
-        }
-        None => None,
-    };
-    if let Some(t) = bias {
-        let bs = t.shape();
-        if bs.len() != 4
-            || (bs[0] != 1 && bs[0] != b)
-            || (bs[1] != 1 && bs[1] != nh)
-            || bs[2] != s
-            || bs[3] != total
-        {
-            return Err(bad(format!("attention_bias of shape {bs:?}")));
-        }
-        f32_dev(t, "attention_bias")?;
-    }
-    if let Some(t) = sink {
-        if t.len() != nh {
-            return Err(bad(format!("head_sink of shape {:?}", t.shape())));
-        }
-        f32_dev(t, "head_sink")?;
-    }
-    // the per-batch lengths and the rotary positions, checked as the CPU kernel checks them
+    // the per-batch lengths and the rotary positions, passed with the kernel parameters
     let mut table: Vec<u32> = Vec::with_capacity(2 * b + b * s);
-    let mut positions: Vec<u32> = Vec::with_capacity(b * s);
-    for (bi, &sl) in seqlens.iter().enumerate() {
-        let total_b = usize::try_from(sl + 1)
-            .ok()
-            .filter(|&t| t <= plen && (first || t >= s))
-            .ok_or_else(|| {
-                bad(format!(
-                    "seqlens_k[{bi}] = {sl} outside 0..{plen} for {s} new tokens"
-                ))
-            })?;
-        let past_b = if first { 0 } else { total_b - s };
-        if past_b > past_len {
-            return Err(bad(format!(
-                "{past_b} past tokens, the past holds {past_len}"
-            )));
-        }
+    for &(past_b, total_b) in &plan.lens {
         table.push(word(past_b, "a past length")?);
         table.push(word(total_b, "a sequence length")?);
-        for si in 0..s {
-            let p = match &rot {
-                None => 0,
-                Some((_, _, rows, _)) => {
-                    let p = match &pos_ids {
-                        Some(ids) if first => ids[0] + si as i64,
-                        Some(ids) => ids[bi * s + si],
-                        None => (past_b + si) as i64,
-                    };
-                    match usize::try_from(p) {
-                        Ok(p) if p < *rows => p,
-                        _ => {
-                            return Err(bad(format!(
-                                "position {p} outside the {rows}-row rotary cache"
-                            )))
-                        }
-                    }
-                }
-            };
+    }
+    let mut positions: Vec<u32> = Vec::with_capacity(b * s);
+    if rot.is_some() {
+        for &p in &plan.positions {
             positions.push(word(p, "a position")?);
         }
+    } else {
+        positions.resize(b * s, 0);
     }
     table.extend(positions);
     let hdr = format!("{HDR}u");
