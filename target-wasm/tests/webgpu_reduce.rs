@@ -426,6 +426,43 @@ fn simplified_and_skip_simplified_layer_normalization() {
 }
 
 #[test]
+fn skip_layer_normalization() {
+    // beta and bias each given or not; output 3 read or not; skip repeated over the batch; a
+    // hidden size over one workgroup's lanes; many short rows (an invocation per row)
+    for (k, (shape, skip, beta, bias, sum)) in [
+        (&[2, 3, 64][..], &[2, 3, 64][..], true, true, true),
+        (&[2, 3, 64], &[2, 3, 64], false, true, false),
+        (&[2, 3, 64], &[3, 64], true, false, true),
+        (&[1, 5, 1031], &[1, 5, 1031], false, false, true),
+        (&[40, 30, 12], &[30, 12], true, true, false),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let h = *shape.last().unwrap();
+        let seed = 10 * k as u32;
+        let consts = vec![
+            Some(ft(&[h], seed + 1)),
+            beta.then(|| ft(&[h], seed + 2)),
+            bias.then(|| ft(&[h], seed + 3)),
+        ];
+        let case = Case::new(
+            "SkipLayerNormalization",
+            vec![ft(shape, seed + 4), ft(skip, seed + 5)],
+        )
+        .consts(consts)
+        .attr(af("epsilon", 1e-5))
+        .domain("com.microsoft")
+        .atol(1e-4);
+        if sum {
+            case.outputs(4).unnamed(&[1, 2]).check();
+        } else {
+            case.check();
+        }
+    }
+}
+
+#[test]
 fn instance_normalization() {
     for (k, shape) in [&[2, 3, 5, 7][..], &[1, 2, 1031], &[100, 3, 4], &[2, 5, 1]]
         .iter()

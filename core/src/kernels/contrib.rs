@@ -145,7 +145,7 @@ fn build_simplified_ln(node: &Node) -> Result<Box<dyn Kernel>> {
 
 /// The outputs of the Skip*LayerNormalization family: `(want_sum, n_out)`. Outputs 1 and 2
 /// (mean, inv_std_var) are not written by ONNX Runtime's CPU kernels and are refused at load.
-pub(crate) fn skip_norm_outputs(node: &Node) -> Result<(bool, usize)> {
+pub fn skip_norm_outputs(node: &Node) -> Result<(bool, usize)> {
     let wired = |k: usize| node.outputs.get(k).copied().flatten().is_some();
     if wired(1) || wired(2) {
         unsupported!(

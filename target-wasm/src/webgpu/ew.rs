@@ -11,7 +11,7 @@
 use std::collections::BTreeMap;
 
 use nxrt_core::ir::Node;
-use nxrt_core::kernels::{broadcast_shapes, tensor_in};
+use nxrt_core::kernels::{broadcast_shapes, opt_tensor_in, tensor_in};
 use nxrt_core::{DataType, Error, Result, Tensor};
 
 use super::module_header;
@@ -479,6 +479,113 @@ pub(crate) const UNARY: &[OpDef] = unary! {
     "Softsign", 1; "Gelu", 20; "Round", 11; "Sign", 9; "Mish", 18;
 };
 
+/// com.microsoft activations ([`super::WebGpuProvider`] matches them by domain): fused
+/// element-wise expressions like the ONNX ones, a bias (one value per element of the last axis)
+/// added first where the op takes one.
+pub(crate) const MS_OPS: &[OpDef] = &[
+    OpDef {
+        op: "Gelu",
+        since: 1,
+        type_input: 0,
+        half: false,
+        host: &[],
+        build: build_ms_act,
+    },
+    OpDef {
+        op: "FastGelu",
+        since: 1,
+        type_input: 0,
+        half: false,
+        host: &[],
+        build: build_ms_act,
+    },
+    OpDef {
+        op: "BiasGelu",
+        since: 1,
+        type_input: 0,
+        half: false,
+        host: &[],
+        build: build_ms_act,
+    },
+    OpDef {
+        op: "QuickGelu",
+        since: 1,
+        type_input: 0,
+        half: false,
+        host: &[],
+        build: build_ms_act,
+    },
+    OpDef {
+        op: "BiasAdd",
+        since: 1,
+        type_input: 0,
+        half: false,
+        host: &[],
+        build: build_ms_act,
+    },
+];
+
+/// Gelu (erf), FastGelu (tanh form, optional bias), BiasGelu (erf, bias), QuickGelu
+/// (`x * sigmoid(alpha * x)`) and BiasAdd (`x + bias + skip`), the CPU kernels' formulas
+/// (core/src/kernels/contrib_enc.rs).
+fn build_ms_act(node: &Node) -> Result<Exec> {
+    const ERF_GELU: &str = "0.5 * x * (1.0 + erf_(x * 0.70710678118654752))";
+    const TANH_GELU: &str =
+        "0.5 * x * (1.0 + tanh(clamp(0.7978846 * (x + 0.044715 * x * x * x), -30.0, 30.0)))";
+    let op = node.op_type.clone();
+    let act = match op.as_str() {
+        "Gelu" | "BiasGelu" => ERF_GELU.to_string(),
+        "FastGelu" => TANH_GELU.to_string(),
+        "QuickGelu" => {
+            let alpha = node.get_f("alpha", 1.702)?;
+            format!("x / (1.0 + exp(-(bitcast<f32>({}u) * x)))", alpha.to_bits())
+        }
+        _ => "x".to_string(),
+    };
+    let one = format!("fn NAME(x: f32) -> f32 {{ return {act}; }}");
+    let two = format!("fn NAME(a: f32, b: f32) -> f32 {{ let x = a + b; return {act}; }}");
+    let three = "fn NAME(a: f32, b: f32, c: f32) -> f32 { return (a + b) + c; }".to_string();
+    let named = |def: String| {
+        let name = fname("m", &def);
+        (name.clone(), def.replace("NAME", &name))
+    };
+    let (one, two, three) = (named(one), named(two), named(three));
+    Ok(Box::new(move |gpu: &Gpu, inputs| {
+        let (x, _) = dev_in(inputs, 0)?;
+        let bias = opt_tensor_in(inputs, 1)?;
+        if op == "BiasGelu" && bias.is_none() || op == "BiasAdd" && bias.is_none() {
+            return Err(Error::Other(format!("{op} needs a bias")));
+        }
+        if let Some(b) = bias {
+            let c = x.shape().last().copied().unwrap_or(0);
+            if x.rank() == 0 || b.len() != c || b.shape().last() != Some(&c) {
+                return Err(Error::Shape(format!(
+                    "{op}: bias of shape {:?} for input {:?} (one value per element of the last axis)",
+                    b.shape(),
+                    x.shape()
+                )));
+            }
+            dev_buf(b)?;
+        }
+        let t = match (op.as_str(), bias) {
+            ("BiasAdd", Some(b)) => {
+                let (skip, _) = dev_in(inputs, 2)?;
+                if x.rank() != 3 || skip.shape() != x.shape() {
+                    return Err(Error::Shape(format!(
+                        "BiasAdd: X {:?} and skip {:?} must both be (batch, sequence, channels)",
+                        x.shape(),
+                        skip.shape()
+                    )));
+                }
+                fuse(gpu, &[x, b, skip], &three.0, &three.1)?
+            }
+            (_, Some(b)) => fuse(gpu, &[x, b], &two.0, &two.1)?,
+            (_, None) => fuse(gpu, &[x], &one.0, &one.1)?,
+        };
+        out1(t)
+    }))
+}
+
 /// The WGSL expression of a unary op over `x` (attributes baked in as constants).
 fn unary_expr(node: &Node) -> Result<String> {
     let f = |name: &str, d: f32| node.get_f(name, d);
@@ -724,54 +831,63 @@ fn build_binary(node: &Node) -> Result<Exec> {
     Ok(Box::new(move |gpu: &Gpu, inputs| {
         let (a, _) = dev_in(inputs, 0)?;
         let (b, _) = dev_in(inputs, 1)?;
-        let out = broadcast_shapes(a.shape(), b.shape())?;
-        if out.len() > MAX_RANK {
-            return Err(Error::Other(format!(
-                "the WebGPU element-wise kernels take rank {MAX_RANK} at most, not {}",
-                out.len()
-            )));
-        }
-        let mut pa = operand(a)?;
-        let mut pb = operand(b)?;
-        // too many leaves for one dispatch: compute the bigger operand on its own first
-        if pa.leaves.len() + pb.leaves.len() > MAX_LEAVES {
-            if pa.leaves.len() >= pb.leaves.len() {
-                dev_buf(a)?.raw();
-                pa = leaf(a);
-            } else {
-                dev_buf(b)?.raw();
-                pb = leaf(b);
-            }
-            if pa.leaves.len() + pb.leaves.len() > MAX_LEAVES {
-                dev_buf(a)?.raw();
-                dev_buf(b)?.raw();
-                pa = leaf(a);
-                pb = leaf(b);
-            }
-        }
-        let pa = broadcast_to(pa, a.shape(), &out);
-        let pb = broadcast_to(pb, b.shape(), &out);
-        let na = pa.leaves.len();
-        let mut funcs = pa.funcs;
-        funcs.extend(pb.funcs);
-        funcs.insert(name.clone(), def.clone());
-        let expr = rounded(
-            pa.dtype,
-            format!("{name}({}, {})", pa.expr, shift(&pb.expr, na)),
-            &mut funcs,
-        );
-        let mut leaves = pa.leaves;
-        leaves.extend(pb.leaves);
-        let p = Pending {
-            dtype: pa.dtype,
-            shape: out.clone(),
-            leaves,
-            funcs,
-            expr,
-        };
-        gpu.check()?;
-        out1(gpu.alloc_pending(a.dtype(), &out, p)?)
+        out1(fuse(gpu, &[a, b], &name, &def)?)
     }))
+}
+
+/// `name(t0, t1, ..)` element by element over the operands broadcast together (numpy rules),
+/// as a pending expression extending the operands' own; `def` is the WGSL function. The
+/// result has the first operand's type.
+fn fuse(gpu: &Gpu, ts: &[&Tensor], name: &str, def: &str) -> Result<Tensor> {
+    if ts.is_empty() || ts.len() > MAX_LEAVES {
+        return Err(Error::Other(format!(
+            "a fused element-wise WebGPU kernel of {} operands",
+            ts.len()
+        )));
+    }
+    let mut out: Vec<usize> = Vec::new();
+    for t in ts {
+        out = broadcast_shapes(&out, t.shape())?;
+    }
+    if out.len() > MAX_RANK {
+        return Err(Error::Other(format!(
+            "the WebGPU element-wise kernels take rank {MAX_RANK} at most, not {}",
+            out.len()
+        )));
+    }
+    let mut ps = ts.iter().map(|t| operand(t)).collect::<Result<Vec<_>>>()?;
+    // too many leaves for one dispatch: compute the biggest operand on its own first, until
+    // they fit (operands that are single leaves already always fit)
+    while ps.iter().map(|p| p.leaves.len()).sum::<usize>() > MAX_LEAVES {
+        let (k, _) = ps
+            .iter()
+            .enumerate()
+            .max_by_key(|(_, p)| p.leaves.len())
+            .expect("operands");
+        dev_buf(ts[k])?.raw();
+        ps[k] = leaf(ts[k]);
+    }
+    let dtype = ps[0].dtype;
+    let mut funcs = BTreeMap::new();
+    let mut leaves = Vec::new();
+    let mut args = Vec::with_capacity(ps.len());
+    for (p, t) in ps.into_iter().zip(ts) {
+        let p = broadcast_to(p, t.shape(), &out);
+        args.push(shift(&p.expr, leaves.len()));
+        funcs.extend(p.funcs);
+        leaves.extend(p.leaves);
+    }
+    funcs.insert(name.to_string(), def.to_string());
+    let expr = rounded(dtype, format!("{name}({})", args.join(", ")), &mut funcs);
+    let p = Pending {
+        dtype,
+        shape: out.clone(),
+        leaves,
+        funcs,
+        expr,
+    };
+    gpu.check()?;
+    gpu.alloc_pending(ts[0].dtype(), &out, p)
 }
 
 /// `t` (already computed) as the single leaf of an expression.

@@ -1099,6 +1099,7 @@ impl WebGpuProvider {
             "com.microsoft" => norm::MS_OPS
                 .iter()
                 .chain(gqa::MS_OPS)
+                .chain(ew::MS_OPS)
                 .chain(nbits::MS_OPS)
                 .find(|d| d.op == node.op_type),
             _ => None,

@@ -71,14 +71,24 @@ pub(crate) const OPS: &[OpDef] = &[
 ];
 
 /// com.microsoft ops ([`super::WebGpuProvider`] matches them by domain).
-pub(crate) const MS_OPS: &[OpDef] = &[OpDef {
-    op: "SkipSimplifiedLayerNormalization",
-    since: 1,
-    type_input: 0,
-    half: false,
-    host: &[],
-    build: build_skip_simplified,
-}];
+pub(crate) const MS_OPS: &[OpDef] = &[
+    OpDef {
+        op: "SkipSimplifiedLayerNormalization",
+        since: 1,
+        type_input: 0,
+        half: false,
+        host: &[],
+        build: build_skip_norm,
+    },
+    OpDef {
+        op: "SkipLayerNormalization",
+        since: 1,
+        type_input: 0,
+        half: false,
+        host: &[],
+        build: build_skip_norm,
+    },
+];
 
 fn prod(d: &[usize]) -> usize {
     d.iter().product()
@@ -288,45 +298,41 @@ fn build_layer_norm(node: &Node) -> Result<Exec> {
     }))
 }
 
-/// com.microsoft SkipSimplifiedLayerNormalization: `v = input + skip (+ bias)` per row of the
-/// last axis (`skip` repeats over the leading rows), `y = v / sqrt(mean(v^2) + eps) * gamma`,
-/// and `v` itself as output 3 when the graph reads it (the residual stream of a decoder). The
-/// mean and inv_std_var outputs (1, 2) are refused, as on the CPU.
-fn build_skip_simplified(node: &Node) -> Result<Exec> {
+/// com.microsoft SkipSimplifiedLayerNormalization and SkipLayerNormalization: `v = input +
+/// skip (+ bias)` per row of the last axis (`skip` repeats over the leading rows), then
+/// `y = v / sqrt(mean(v^2) + eps) * gamma` (simplified) or `y = (v - mean) / sqrt(var + eps) *
+/// gamma (+ beta)`, and `v` itself as output 3 when the graph reads it (the residual stream).
+/// The mean and inv_std_var outputs (1, 2) are refused, as on the CPU.
+fn build_skip_norm(node: &Node) -> Result<Exec> {
+    let rms = node.op_type == "SkipSimplifiedLayerNormalization";
+    let op = node.op_type.clone();
     let eps = node.get_f("epsilon", 1e-12)?;
-    let wired = |k: usize| node.outputs.get(k).copied().flatten().is_some();
-    if wired(1) || wired(2) {
-        return Err(Error::Other(
-            "the WebGPU SkipSimplifiedLayerNormalization kernel does not produce mean and \
-             inv_std_var"
-                .into(),
-        ));
-    }
-    let want_sum = wired(3);
-    let n_out = node.outputs.len().clamp(1, 4);
+    let (want_sum, n_out) = nxrt_core::kernels::contrib::skip_norm_outputs(node)?;
     Ok(Box::new(move |gpu: &Gpu, inputs| {
         let (x, xb) = dev_in(inputs, 0)?;
         let (skip, sb) = dev_in(inputs, 1)?;
         let (gamma, gb) = dev_in(inputs, 2)?;
-        let bias = opt_tensor_in(inputs, 3)?;
+        let beta = if rms { None } else { opt_tensor_in(inputs, 3)? };
+        let bias = opt_tensor_in(inputs, if rms { 3 } else { 4 })?;
         let shape = x.shape();
         let h = *shape.last().unwrap_or(&0);
         if shape.len() < 2 || h == 0 {
-            return Err(Error::Shape(format!(
-                "SkipSimplifiedLayerNormalization: input of shape {shape:?}"
-            )));
+            return Err(Error::Shape(format!("{op}: input of shape {shape:?}")));
         }
         if skip.is_empty() || x.len() % skip.len() != 0 || skip.len() % h != 0 {
             return Err(Error::Shape(format!(
-                "skip of shape {:?} does not repeat over input {shape:?}",
+                "{op}: skip of shape {:?} does not repeat over input {shape:?}",
                 skip.shape()
             )));
         }
         check_len("gamma", gamma, h)?;
-        if let Some(b) = bias {
-            check_len("bias", b, h)?;
+        for (t, what) in [(beta, "beta"), (bias, "bias")] {
+            if let Some(t) = t {
+                check_len(what, t, h)?;
+            }
         }
         let mut ins = vec![x, skip, gamma];
+        ins.extend(beta);
         ins.extend(bias);
         let (sts, skey) = stores_of(gpu, &ins)?;
         let (y, yb) = gpu.alloc(x.dtype(), shape)?;
@@ -338,41 +344,65 @@ fn build_skip_simplified(node: &Node) -> Result<Exec> {
         if !y.is_empty() {
             let rows = y.len() / h;
             let mode = Mode::pick(h, rows);
-            let has_b = bias.is_some();
-            let key = format!("skipsimplifiedln:{has_b}:{want_sum}:{}:{skey}", mode.tag());
+            let (has_be, has_b) = (beta.is_some(), bias.is_some());
+            let key = format!(
+                "skipln:{rms}:{has_be}:{has_b}:{want_sum}:{}:{skey}",
+                mode.tag()
+            );
             let pipe = gpu.pipeline(&key, || {
                 let mut bufs = vec![
                     ("x", "read", sts[0].ty()),
                     ("sk", "read", sts[1].ty()),
                     ("g", "read", sts[2].ty()),
                 ];
+                let mut k = 3;
+                if has_be {
+                    bufs.push(("be", "read", sts[k].ty()));
+                    k += 1;
+                }
                 if has_b {
-                    bufs.push(("bb", "read", sts[3].ty()));
+                    bufs.push(("bb", "read", sts[k].ty()));
                 }
                 bufs.push(("y", "read_write", "T"));
                 if want_sum {
                     bufs.push(("vs", "read_write", "T"));
                 }
                 let plus_b = if has_b { " + f32(bb[k])" } else { "" };
+                let plus_be = if has_be { " + f32(be[k])" } else { "" };
                 let keep = if want_sum {
                     "vs[base + k] = st(v); "
                 } else {
                     ""
                 };
-                let body = format!(
-                    "  let sbase = base % p[4];
+                let v = format!("let v = f32(x[base + k]) + f32(sk[sbase + k]){plus_b};");
+                let body = if rms {
+                    format!(
+                        "  let sbase = base % p[4];
   var q = 0.0;
-  for (var k = t; k < n; k += S) {{
-    let v = f32(x[base + k]) + f32(sk[sbase + k]){plus_b};
-    q += v * v;
-  }}
+  for (var k = t; k < n; k += S) {{ {v} q += v * v; }}
   q = wg_s(t, q);
   let d = sqrt(q / f32(n) + eps);
   for (var k = t; k < n; k += S) {{
-    let v = f32(x[base + k]) + f32(sk[sbase + k]){plus_b};
+    {v}
     {keep}y[base + k] = st(v / d * f32(g[k]));
   }}"
-                );
+                    )
+                } else {
+                    format!(
+                        "  let sbase = base % p[4];
+  var s = 0.0;
+  for (var k = t; k < n; k += S) {{ {v} s += v; }}
+  let mean = wg_s(t, s) / f32(n);
+  var q = 0.0;
+  for (var k = t; k < n; k += S) {{ {v} let d = v - mean; q += d * d; }}
+  q = wg_s(t, q);
+  let inv = 1.0 / sqrt(q / f32(n) + eps);
+  for (var k = t; k < n; k += S) {{
+    {v}
+    {keep}y[base + k] = st((v - mean) * inv * f32(g[k]){plus_be});
+  }}"
+                    )
+                };
                 row_norm_shader(&bufs, mode, &sts, &body)
             })?;
             let mut params = [
@@ -383,8 +413,8 @@ fn build_skip_simplified(node: &Node) -> Result<Exec> {
                 word(skip.len(), "the skip size")?,
             ];
             let mut bufs = vec![xb.raw(), sb.raw(), gb.raw()];
-            if let Some(b) = bias {
-                bufs.push(dev_buf(b)?.raw());
+            for t in [beta, bias].into_iter().flatten() {
+                bufs.push(dev_buf(t)?.raw());
             }
             bufs.push(yb.raw());
             if let Some((_, vb)) = &sum {
