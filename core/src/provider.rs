@@ -322,6 +322,19 @@ pub trait ExecutionProvider: Send + Sync {
         let _ = (t, axis, keep, len);
         None
     }
+    /// Entries `start..start + len` of `t`'s `axis` (`t` one of this provider's tensors),
+    /// copied on the device (a decoder's last logits row out of a prompt's, so only that row
+    /// is read back). `None`: not offered here (the caller reads all of `t` back).
+    fn slice_axis(
+        &self,
+        t: &Tensor,
+        axis: usize,
+        start: usize,
+        len: usize,
+    ) -> Option<Result<Tensor>> {
+        let _ = (t, axis, start, len);
+        None
+    }
     /// Counters for reports (`nxrt run` prints them): e.g. a device provider's dispatches,
     /// uploads, downloads and bytes on the device. Empty by default.
     fn counters(&self) -> Vec<(&'static str, u64)> {

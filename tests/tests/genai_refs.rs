@@ -215,7 +215,7 @@ fn webgpu_generation_keeps_the_kv_cache_on_the_device() {
         &nxrt::Session::builder().providers(&["webgpu", "cpu"]),
     )
     .unwrap();
-    let downloads = |g: &Generator| {
+    let counter = |g: &Generator, name: &str| {
         let webgpu = g
             .core_session()
             .providers()
@@ -223,10 +223,20 @@ fn webgpu_generation_keeps_the_kv_cache_on_the_device() {
             .find(|p| p.name() == "webgpu")
             .expect("a webgpu provider");
         let c = webgpu.counters();
-        c.iter().find(|(n, _)| *n == "downloads").unwrap().1
+        c.iter().find(|(n, _)| *n == name).unwrap().1
     };
+    let downloads = |g: &Generator| counter(g, "downloads");
+    let bytes_before = counter(&g, "downloaded_bytes");
     g.append_tokens(&prompt, 0).unwrap();
     assert!(g.kv_on_device(), "the KV cache was read back to the host");
+    // the prompt's logits: only the last row comes back
+    assert!(prompt.len() > 1);
+    assert_eq!(
+        counter(&g, "downloaded_bytes") - bytes_before,
+        4 * g.logits().len() as u64,
+        "bytes read back after a {}-id prompt",
+        prompt.len()
+    );
     let n = want.len();
     let before = downloads(&g);
     let opts = nxrt::genai::GenOptions {

@@ -228,6 +228,24 @@ impl<S: Borrow<Session>> Generator<S> {
         Ok(())
     }
 
+    /// Logits kept on a device: the last row of the second-to-last axis copied there and read
+    /// back, or all of them when the provider does not slice (host logits: as they are).
+    async fn last_row(&self, t: Tensor) -> Result<Tensor> {
+        let crate::tensor::Location::Device(p) = t.location() else {
+            return Ok(t);
+        };
+        let r = t.rank();
+        if r >= 2 && t.shape()[r - 2] > 1 {
+            let prov = self.session.borrow().providers().get(p as usize).cloned();
+            if let Some(Some(row)) =
+                prov.map(|prov| prov.slice_axis(&t, r - 2, t.shape()[r - 2] - 1, 1))
+            {
+                return self.download(&row?).await;
+            }
+        }
+        self.download(&t).await
+    }
+
     async fn download(&self, t: &Tensor) -> Result<Tensor> {
         let crate::tensor::Location::Device(p) = t.location() else {
             return Ok(t.clone());
@@ -431,6 +449,10 @@ impl<S: Borrow<Session>> Generator<S> {
                     opts.keep_on_device.push(DecoderConfig::layer_name(t, l));
                 }
             }
+            // a prompt's logits: only the last row is read back (below)
+            if n > 1 {
+                opts.keep_on_device.push(cfg.logits.clone());
+            }
         }
         let mut outs = self.session.borrow().run_async_with(feeds, opts).await?;
         let mut take = |name: &str| -> Result<Value> {
@@ -474,6 +496,7 @@ impl<S: Borrow<Session>> Generator<S> {
                 logits.shape()
             )));
         }
+        let logits = self.last_row(logits).await?;
         let all = logits.to_f32_vec()?;
         self.logits = all[all.len() - vocab..].to_vec();
         self.ids.extend_from_slice(ids);

@@ -192,6 +192,7 @@ pub struct Gpu {
     dispatches: AtomicU64,
     uploads: AtomicU64,
     downloads: AtomicU64,
+    downloaded_bytes: AtomicU64,
     submits: AtomicU64,
     me: Weak<Gpu>,
 }
@@ -224,6 +225,8 @@ pub struct GpuStats {
     /// Host-to-device and device-to-host tensor copies since the provider was made.
     pub uploads: u64,
     pub downloads: u64,
+    /// Bytes those read-backs moved.
+    pub downloaded_bytes: u64,
     /// Command buffers submitted to the queue.
     pub submits: u64,
 }
@@ -389,6 +392,7 @@ impl Gpu {
             dispatches: self.dispatches.load(Ordering::Relaxed),
             uploads: self.uploads.load(Ordering::Relaxed),
             downloads: self.downloads.load(Ordering::Relaxed),
+            downloaded_bytes: self.downloaded_bytes.load(Ordering::Relaxed),
             submits: self.submits.load(Ordering::Relaxed),
         }
     }
@@ -818,6 +822,7 @@ impl Gpu {
             _ => n,
         };
         let bytes = words as u64 * 4;
+        self.downloaded_bytes.fetch_add(bytes, Ordering::Relaxed);
         let words: Vec<u32> = if n == 0 {
             Vec::new()
         } else {
@@ -1075,6 +1080,7 @@ impl WebGpuProvider {
             dispatches: AtomicU64::new(0),
             uploads: AtomicU64::new(0),
             downloads: AtomicU64::new(0),
+            downloaded_bytes: AtomicU64::new(0),
             submits: AtomicU64::new(0),
             me: me.clone(),
         });
@@ -1091,6 +1097,65 @@ impl WebGpuProvider {
     /// Simulates a lost device (tests): every later call on this provider fails.
     pub fn lose_device_for_test(&self) {
         self.gpu.device.destroy();
+    }
+
+    /// A tensor like `t` whose `axis` has `out` entries: entries `start..start + count` of
+    /// `t`'s copied to the front, the rest zero; buffer copies on the device (one per index
+    /// of the axes before `axis`). `None` when the copies would not move whole words, or `t`
+    /// is not a float tensor of this provider.
+    fn copy_axis(
+        &self,
+        t: &Tensor,
+        axis: usize,
+        start: usize,
+        count: usize,
+        out: usize,
+    ) -> Option<Result<Tensor>> {
+        let shape = t.shape();
+        if axis >= shape.len()
+            || start.checked_add(count)? > shape[axis]
+            || count > out
+            || dev_buf(t).is_err()
+        {
+            return None;
+        }
+        let eb = match t.dtype() {
+            DataType::Float | DataType::Float16 => self.gpu.store(t.dtype()).ok()?.bytes(),
+            _ => return None,
+        };
+        let inner: u64 = shape[axis + 1..].iter().product::<usize>() as u64;
+        let outer: usize = shape[..axis].iter().product();
+        let (chunk, skip, src_stride, dst_stride) = (
+            count as u64 * inner * eb,
+            start as u64 * inner * eb,
+            shape[axis] as u64 * inner * eb,
+            out as u64 * inner * eb,
+        );
+        // buffer copies move whole words
+        if [chunk, skip, src_stride, dst_stride]
+            .iter()
+            .any(|b| b % 4 != 0)
+        {
+            return None;
+        }
+        let run = || -> Result<Tensor> {
+            let mut to = shape.to_vec();
+            to[axis] = out;
+            let y = if count < out {
+                reduce::fill(&self.gpu, t.dtype(), &to, 0.0)?
+            } else {
+                self.gpu.alloc(t.dtype(), &to)?.0
+            };
+            let (src, dst) = (dev_buf(t)?.raw(), dev_buf(&y)?.raw());
+            if chunk > 0 {
+                for o in 0..outer as u64 {
+                    self.gpu
+                        .copy(src, o * src_stride + skip, dst, o * dst_stride, chunk)?;
+                }
+            }
+            Ok(y)
+        };
+        Some(run())
     }
 
     fn find(&self, node: &Node) -> Option<&'static OpDef> {
@@ -1195,37 +1260,19 @@ impl ExecutionProvider for WebGpuProvider {
         keep: usize,
         len: usize,
     ) -> Option<Result<Tensor>> {
-        let shape = t.shape();
-        if axis >= shape.len() || keep > shape[axis] || keep > len || dev_buf(t).is_err() {
+        if keep > len {
             return None;
         }
-        let eb = match t.dtype() {
-            DataType::Float | DataType::Float16 => self.gpu.store(t.dtype()).ok()?.bytes(),
-            _ => return None,
-        };
-        let inner: u64 = shape[axis + 1..].iter().product::<usize>() as u64;
-        let outer: usize = shape[..axis].iter().product();
-        let (chunk, src_stride, dst_stride) = (
-            keep as u64 * inner * eb,
-            shape[axis] as u64 * inner * eb,
-            len as u64 * inner * eb,
-        );
-        // buffer copies move whole words
-        if chunk % 4 != 0 || src_stride % 4 != 0 || dst_stride % 4 != 0 {
-            return None;
-        }
-        let run = || -> Result<Tensor> {
-            let mut to = shape.to_vec();
-            to[axis] = len;
-            let y = reduce::fill(&self.gpu, t.dtype(), &to, 0.0)?;
-            let (src, dst) = (dev_buf(t)?.raw(), dev_buf(&y)?.raw());
-            for o in 0..outer as u64 {
-                self.gpu
-                    .copy(src, o * src_stride, dst, o * dst_stride, chunk)?;
-            }
-            Ok(y)
-        };
-        Some(run())
+        self.copy_axis(t, axis, 0, keep, len)
+    }
+    fn slice_axis(
+        &self,
+        t: &Tensor,
+        axis: usize,
+        start: usize,
+        len: usize,
+    ) -> Option<Result<Tensor>> {
+        self.copy_axis(t, axis, start, len, len)
     }
     fn counters(&self) -> Vec<(&'static str, u64)> {
         let s = self.gpu.stats();
@@ -1233,6 +1280,7 @@ impl ExecutionProvider for WebGpuProvider {
             ("dispatches", s.dispatches),
             ("uploads", s.uploads),
             ("downloads", s.downloads),
+            ("downloaded_bytes", s.downloaded_bytes),
             ("submits", s.submits),
             ("device_bytes", s.live_bytes),
             ("pooled_bytes", s.pooled_bytes),
