@@ -688,6 +688,106 @@ fn build_rotary(node: &Node) -> Result<Box<dyn Kernel>> {
     ))
 }
 
+/// One RotaryEmbedding call's layout, checked: element (b, seq, head, d) of X lives at
+/// `b * sb + seq * ss + head * sh + d`; the first `2 * half` elements of each head rotate by
+/// the caches' row `rows[b * seq + n]`. Shared by every provider's kernel (ONNX opset 23 and
+/// com.microsoft).
+pub struct RotaryPlan {
+    pub batch: usize,
+    pub seq: usize,
+    pub heads: usize,
+    pub sb: usize,
+    pub ss: usize,
+    pub sh: usize,
+    pub half: usize,
+    pub rows: Vec<usize>,
+}
+
+impl RotaryPlan {
+    /// `x`, the caches and the ONNX op's `position_ids` (None: the caches are per token).
+    pub fn new(
+        x: &Tensor,
+        cos_t: &Tensor,
+        sin_t: &Tensor,
+        pos_t: Option<&Tensor>,
+        rot_dim: usize,
+        num_heads: usize,
+    ) -> Result<Self> {
+        let s = x.shape();
+        let (batch, seq, heads, hs, sb, ss, sh) = match s.len() {
+            4 => {
+                let (b, h, n, d) = (s[0], s[1], s[2], s[3]);
+                (b, n, h, d, h * n * d, d, n * d)
+            }
+            3 => {
+                if num_heads == 0 {
+                    bail!("RotaryEmbedding: 3-D input needs the num_heads attribute");
+                }
+                let (b, n, hid) = (s[0], s[1], s[2]);
+                if hid % num_heads != 0 {
+                    bail!(
+                        "RotaryEmbedding: hidden size {hid} is not a multiple of num_heads {num_heads}"
+                    );
+                }
+                let d = hid / num_heads;
+                (b, n, num_heads, d, n * hid, hid, d)
+            }
+            _ => bail!("RotaryEmbedding: input must be 3-D or 4-D, has shape {s:?}"),
+        };
+        let rd = if rot_dim == 0 { hs } else { rot_dim };
+        if rd > hs || rd % 2 != 0 {
+            bail!("RotaryEmbedding: rotary_embedding_dim {rd} must be even and at most the head size {hs}");
+        }
+        let half = rd / 2;
+        let (cs, sn) = (cos_t.shape(), sin_t.shape());
+        if cs != sn {
+            bail!("RotaryEmbedding: cos_cache {cs:?} and sin_cache {sn:?} differ in shape");
+        }
+        if cs.last().copied() != Some(half) {
+            bail!("RotaryEmbedding: cache's last dimension must be rotary_embedding_dim/2 = {half}, shape is {cs:?}");
+        }
+        // row of the caches for (b, seq)
+        let rows: Vec<usize> = match pos_t {
+            Some(p) => {
+                if p.shape() != [batch, seq] {
+                    bail!(
+                        "RotaryEmbedding: position_ids must have shape ({batch}, {seq}), has {:?}",
+                        p.shape()
+                    );
+                }
+                if cs.len() != 2 {
+                    bail!("RotaryEmbedding: with position_ids the caches must be 2-D, are {cs:?}");
+                }
+                let v = p.to_i64_vec()?;
+                if let Some(&bad) = v.iter().find(|&&x| x < 0 || x as usize >= cs[0]) {
+                    bail!(
+                        "RotaryEmbedding: position id {bad} outside the cache's {} rows",
+                        cs[0]
+                    );
+                }
+                v.into_iter().map(|x| x as usize).collect()
+            }
+            None => {
+                if cs != [batch, seq, half] {
+                    bail!("RotaryEmbedding: without position_ids the caches must have shape ({batch}, {seq}, {half}), are {cs:?}");
+                }
+                (0..batch * seq).collect()
+            }
+        };
+        Ok(RotaryPlan {
+            batch,
+            seq,
+            heads,
+            sb,
+            ss,
+            sh,
+            half,
+            rows,
+        })
+    }
+}
+
+/// ONNX RotaryEmbedding (inputs X, cos_cache, sin_cache, position_ids) on the host.
 pub(crate) fn rotary<R: Cf>(
     inputs: &[Option<&Value>],
     interleaved: bool,
@@ -697,82 +797,36 @@ pub(crate) fn rotary<R: Cf>(
     let xt = tensor_in(inputs, 0)?;
     let cos_t = tensor_in(inputs, 1)?;
     let sin_t = tensor_in(inputs, 2)?;
-    let pos_t = opt_tensor_in(inputs, 3)?;
-    let s = xt.shape();
-    // Element (b, seq, head, d) lives at b*sb + seq*ss + head*sh + d.
-    let (batch, seq, heads, hs, sb, ss, sh) = match s.len() {
-        4 => {
-            let (b, h, n, d) = (s[0], s[1], s[2], s[3]);
-            (b, n, h, d, h * n * d, d, n * d)
-        }
-        3 => {
-            if num_heads == 0 {
-                bail!("RotaryEmbedding: 3-D input needs the num_heads attribute");
-            }
-            let (b, n, hid) = (s[0], s[1], s[2]);
-            if hid % num_heads != 0 {
-                bail!(
-                    "RotaryEmbedding: hidden size {hid} is not a multiple of num_heads {num_heads}"
-                );
-            }
-            let d = hid / num_heads;
-            (b, n, num_heads, d, n * hid, hid, d)
-        }
-        _ => bail!("RotaryEmbedding: input must be 3-D or 4-D, has shape {s:?}"),
-    };
-    let rd = if rot_dim == 0 { hs } else { rot_dim };
-    if rd > hs || rd % 2 != 0 {
-        bail!("RotaryEmbedding: rotary_embedding_dim {rd} must be even and at most the head size {hs}");
-    }
-    let half = rd / 2;
-    let (cs, sn) = (cos_t.shape(), sin_t.shape());
-    if cs != sn {
-        bail!("RotaryEmbedding: cos_cache {cs:?} and sin_cache {sn:?} differ in shape");
-    }
-    if cs.last().copied() != Some(half) {
-        bail!("RotaryEmbedding: cache's last dimension must be rotary_embedding_dim/2 = {half}, shape is {cs:?}");
-    }
+    let plan = RotaryPlan::new(
+        xt,
+        cos_t,
+        sin_t,
+        opt_tensor_in(inputs, 3)?,
+        rot_dim,
+        num_heads,
+    )?;
+    rotary_apply::<R>(xt, cos_t, sin_t, &plan, interleaved)
+}
+
+/// X rotated as `plan` says.
+pub(crate) fn rotary_apply<R: Cf>(
+    xt: &Tensor,
+    cos_t: &Tensor,
+    sin_t: &Tensor,
+    plan: &RotaryPlan,
+    interleaved: bool,
+) -> Result<Vec<Value>> {
+    let half = plan.half;
     let cosv = R::load(cos_t)?;
     let sinv = R::load(sin_t)?;
-    // Row of the caches for (b, seq).
-    let pos: Option<Vec<i64>> = match pos_t {
-        Some(p) => {
-            if p.shape() != [batch, seq] {
-                bail!(
-                    "RotaryEmbedding: position_ids must have shape ({batch}, {seq}), has {:?}",
-                    p.shape()
-                );
-            }
-            if cs.len() != 2 {
-                bail!("RotaryEmbedding: with position_ids the caches must be 2-D, are {cs:?}");
-            }
-            let v = p.to_i64_vec()?;
-            if let Some(&bad) = v.iter().find(|&&x| x < 0 || x as usize >= cs[0]) {
-                bail!(
-                    "RotaryEmbedding: position id {bad} outside the cache's {} rows",
-                    cs[0]
-                );
-            }
-            Some(v)
-        }
-        None => {
-            if cs != [batch, seq, half] {
-                bail!("RotaryEmbedding: without position_ids the caches must have shape ({batch}, {seq}, {half}), are {cs:?}");
-            }
-            None
-        }
-    };
     let mut y = R::load(xt)?;
-    for b in 0..batch {
-        for n in 0..seq {
-            let row = match &pos {
-                Some(p) => p[b * seq + n] as usize,
-                None => b * seq + n,
-            };
+    for b in 0..plan.batch {
+        for n in 0..plan.seq {
+            let row = plan.rows[b * plan.seq + n];
             let (c, sv) = (&cosv[row * half..][..half], &sinv[row * half..][..half]);
-            for h in 0..heads {
-                let base = b * sb + n * ss + h * sh;
-                let xs = &mut y[base..base + rd];
+            for h in 0..plan.heads {
+                let base = b * plan.sb + n * plan.ss + h * plan.sh;
+                let xs = &mut y[base..base + 2 * half];
                 for k in 0..half {
                     let (i1, i2) = if interleaved {
                         (2 * k, 2 * k + 1)
@@ -786,7 +840,7 @@ pub(crate) fn rotary<R: Cf>(
             }
         }
     }
-    Ok(vec![Value::Tensor(R::store(xt.dtype(), s, y)?)])
+    Ok(vec![Value::Tensor(R::store(xt.dtype(), xt.shape(), y)?)])
 }
 
 // ----------------------------------------------------------------------------- TensorScatter

@@ -198,47 +198,61 @@ fn build_rotary(node: &Node) -> Result<Box<dyn Kernel>> {
     let (rot_dim, num_heads) = (rot_dim as usize, num_heads as usize);
     Ok(Box::new(
         move |_cx: &KernelCx<'_>, inputs: &[Option<&Value>]| -> Result<Vec<Value>> {
-            let x = tensor_in(inputs, 0)?;
-            let pos = tensor_in(inputs, 1)?;
-            let cos = tensor_in(inputs, 2)?;
-            tensor_in(inputs, 3)?;
-            let s = x.shape();
-            let (b, seq) = match s.len() {
-                3 => (s[0], s[1]),
-                4 => (s[0], s[2]),
-                _ => bail!("RotaryEmbedding: input must be 3-D or 4-D, has shape {s:?}"),
-            };
-            let heads = if s.len() == 3 && num_heads == 0 {
-                let hs = 2 * cos.shape().get(1).copied().unwrap_or(0);
-                if hs == 0 || s[2] % hs != 0 {
-                    bail!(
-                        "RotaryEmbedding: hidden size {} is not a multiple of the head size {hs} the caches give",
-                        s[2]
-                    );
-                }
-                s[2] / hs
-            } else {
-                num_heads
-            };
-            let p = pos.to_i64_vec()?;
-            let ids: Vec<i64> = if p.len() == 1 && pos.rank() <= 1 {
-                (0..b * seq)
-                    .map(|i| p[0] + (i % seq.max(1)) as i64)
-                    .collect()
-            } else if pos.shape() == [b, seq] {
-                p
-            } else {
-                bail!(
-                    "RotaryEmbedding: position_ids of shape {:?}, expected ({b}, {seq}) or (1)",
-                    pos.shape()
-                );
-            };
-            let pt = Value::Tensor(Tensor::from_vec(&[b, seq], ids)?);
-            // the ONNX kernel's inputs: X, cos_cache, sin_cache, position_ids
-            let args = [inputs[0], inputs[2], inputs[3], Some(&pt)];
-            super::attention::rotary::<f32>(&args, interleaved, rot_dim, heads)
+            let (x, cos, sin) = (
+                tensor_in(inputs, 0)?,
+                tensor_in(inputs, 2)?,
+                tensor_in(inputs, 3)?,
+            );
+            let plan = ms_rotary_plan(x, tensor_in(inputs, 1)?, cos, sin, rot_dim, num_heads)?;
+            super::attention::rotary_apply::<f32>(x, cos, sin, &plan, interleaved)
         },
     ))
+}
+
+/// The layout of a com.microsoft RotaryEmbedding call (inputs X, position_ids, cos_cache,
+/// sin_cache): `position_ids` per token, or one value: the first token's position (the others
+/// follow it); without `num_heads`, a 3-D input's head size is the caches' width times two.
+pub fn ms_rotary_plan(
+    x: &Tensor,
+    pos: &Tensor,
+    cos: &Tensor,
+    sin: &Tensor,
+    rot_dim: usize,
+    num_heads: usize,
+) -> Result<super::attention::RotaryPlan> {
+    let s = x.shape();
+    let (b, seq) = match s.len() {
+        3 => (s[0], s[1]),
+        4 => (s[0], s[2]),
+        _ => bail!("RotaryEmbedding: input must be 3-D or 4-D, has shape {s:?}"),
+    };
+    let heads = if s.len() == 3 && num_heads == 0 {
+        let hs = 2 * cos.shape().get(1).copied().unwrap_or(0);
+        if hs == 0 || !s[2].is_multiple_of(hs) {
+            bail!(
+                "RotaryEmbedding: hidden size {} is not a multiple of the head size {hs} the caches give",
+                s[2]
+            );
+        }
+        s[2] / hs
+    } else {
+        num_heads
+    };
+    let p = pos.to_i64_vec()?;
+    let ids: Vec<i64> = if p.len() == 1 && pos.rank() <= 1 {
+        (0..b * seq)
+            .map(|i| p[0] + (i % seq.max(1)) as i64)
+            .collect()
+    } else if pos.shape() == [b, seq] {
+        p
+    } else {
+        bail!(
+            "RotaryEmbedding: position_ids of shape {:?}, expected ({b}, {seq}) or (1)",
+            pos.shape()
+        );
+    };
+    let pt = Tensor::from_vec(&[b, seq], ids)?;
+    super::attention::RotaryPlan::new(x, cos, sin, Some(&pt), rot_dim, heads)
 }
 
 // ----------------------------------------------------------------------------- MultiHeadAttention

@@ -189,7 +189,7 @@ const KV_BODY: &str = "
 
 /// Element `e` of the row at `base` of `x`, rotated by position `pos`'s angles (halves or
 /// interleaved pairs over the first 2 * h2 elements), rounded as ONNX Runtime's rotary.
-const ROT_FN: &str = "
+pub(crate) const ROT_FN: &str = "
 fn rot(base: u32, e: u32, pos: u32, h2: u32, inter: bool) -> f32 {
   if (e >= 2u * h2) { return f32(x[base + e]); }
   var a = 0.0; var b = 0.0; var k = 0u; var first = true;

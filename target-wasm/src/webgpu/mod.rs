@@ -30,6 +30,7 @@ mod matmul;
 mod nbits;
 mod norm;
 mod reduce;
+mod rotary;
 mod shape;
 
 use std::collections::HashMap;
@@ -73,6 +74,7 @@ fn all_ops() -> impl Iterator<Item = &'static OpDef> {
         .chain(norm::OPS)
         .chain(shape::OPS)
         .chain(attention::OPS)
+        .chain(rotary::OPS)
 }
 
 /// The op names the WebGPU provider has kernels for (docs, `inspect`).
@@ -1165,6 +1167,7 @@ impl WebGpuProvider {
                 .iter()
                 .chain(gqa::MS_OPS)
                 .chain(ew::MS_OPS)
+                .chain(rotary::MS_OPS)
                 .chain(nbits::MS_OPS)
                 .find(|d| d.op == node.op_type),
             _ => None,
