@@ -163,6 +163,13 @@ struct GenerateArgs {
     /// The last stdout line is one JSON object (ids, text, finish reason, timings).
     #[arg(long)]
     json: bool,
+    /// Profile phases and kernels over the whole generation (prefill and every decode step);
+    /// prints a table to stderr.
+    #[arg(long)]
+    phase_profile: bool,
+    /// With --phase-profile: how many of the slowest nodes the table lists (0 = all).
+    #[arg(long, default_value_t = 15)]
+    profile_nodes: usize,
 }
 
 #[derive(Args, Clone)]
@@ -770,9 +777,9 @@ fn generate(a: GenerateArgs) -> Result<(), Error> {
         seed: 0,
         mode: a.mode.clone(),
         optimization: "all".into(),
-        phase_profile: false,
+        phase_profile: a.phase_profile,
         trace: None,
-        profile_nodes: 15,
+        profile_nodes: a.profile_nodes,
     };
     let mut g = Generator::from_folder(&a.model_dir, &builder(&common)?)?;
     let opts = GenOptions {
@@ -876,6 +883,16 @@ fn generate(a: GenerateArgs) -> Result<(), Error> {
             gen.finish_reason.as_str(),
             g.kv_bytes() as f64 / (1 << 20) as f64
         );
+    }
+    if a.phase_profile {
+        if let Some(p) = g.core_session().phase_profile() {
+            let top = if a.profile_nodes == 0 {
+                usize::MAX
+            } else {
+                a.profile_nodes
+            };
+            eprint!("{}", p.table(top));
+        }
     }
     Ok(())
 }

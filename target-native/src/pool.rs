@@ -23,8 +23,11 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 /// How long an idle helper spins (checking for the next job) before it sleeps, unless
-/// `NXRT_SPIN_US` says otherwise.
-const SPIN: Duration = Duration::from_micros(200);
+/// `NXRT_SPIN_US` says otherwise. Long enough to bridge the host work between a decode step's
+/// products and between steps: at 200 us, helpers fell asleep inside llama_bench_fp32's decode
+/// steps and its small products then ran on one thread (2 threads: 6.3-6.8 ms a step against
+/// 5.3-5.5 ms at 1 ms; docs/genai.md).
+const SPIN: Duration = Duration::from_millis(1);
 
 /// Jobs smaller than this (in simple operations, about 0.1 ms of work on one core) do not
 /// wake sleeping helpers.
