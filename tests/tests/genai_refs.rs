@@ -560,3 +560,46 @@ fn paged_sequences_give_the_reference_ids() {
 fn argmax(l: &[f32]) -> i64 {
     nxrt_core::genai::sampling::argmax(l).expect("a finite logit") as i64
 }
+
+/// `nxrt generate --phase-profile`: the run table on stderr counts one run per step (the
+/// prompt, then each decode step) and names the decoder's attention and its slowest nodes;
+/// stdout still ends with the JSON line.
+#[test]
+fn generate_phase_profile_covers_every_step() {
+    let (cache, r) = refs();
+    let m = &r["models"]["tiny_llama_genai_fp32"];
+    let dir = cache.join(m["dir"].as_str().unwrap());
+    let out = std::process::Command::new(nxrt_bin())
+        .args([
+            "generate",
+            dir.to_str().unwrap(),
+            "--prompt-ids",
+            "1,2,3,4",
+            "--max-new-tokens",
+            "5",
+            "--min-new-tokens",
+            "5",
+            "--json",
+            "--phase-profile",
+            "--profile-nodes",
+            "3",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    // the prompt and 4 decode steps (the fifth id comes from the last step's logits)
+    assert!(
+        err.contains("phase profile: 5 profiled run(s)"),
+        "stderr: {err}"
+    );
+    assert!(err.contains("GroupQueryAttention"), "stderr: {err}");
+    assert!(err.contains("node (slowest first)"), "stderr: {err}");
+    let last = String::from_utf8_lossy(&out.stdout);
+    let j: Json = serde_json::from_str(last.lines().last().unwrap()).unwrap();
+    assert_eq!(ids(&j["tokens"]).len(), 5);
+}
