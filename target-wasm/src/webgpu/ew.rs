@@ -373,6 +373,12 @@ macro_rules! unary {
     };
 }
 
+macro_rules! ms_act {
+    ($($op:literal),*) => {
+        &[$(OpDef { op: $op, since: 1, type_input: 0, half: false, host: &[], build: build_ms_act },)*]
+    };
+}
+
 pub(crate) const OPS: &[OpDef] = &[
     OpDef {
         op: "Add",
@@ -482,48 +488,7 @@ pub(crate) const UNARY: &[OpDef] = unary! {
 /// com.microsoft activations ([`super::WebGpuProvider`] matches them by domain): fused
 /// element-wise expressions like the ONNX ones, a bias (one value per element of the last axis)
 /// added first where the op takes one.
-pub(crate) const MS_OPS: &[OpDef] = &[
-    OpDef {
-        op: "Gelu",
-        since: 1,
-        type_input: 0,
-        half: false,
-        host: &[],
-        build: build_ms_act,
-    },
-    OpDef {
-        op: "FastGelu",
-        since: 1,
-        type_input: 0,
-        half: false,
-        host: &[],
-        build: build_ms_act,
-    },
-    OpDef {
-        op: "BiasGelu",
-        since: 1,
-        type_input: 0,
-        half: false,
-        host: &[],
-        build: build_ms_act,
-    },
-    OpDef {
-        op: "QuickGelu",
-        since: 1,
-        type_input: 0,
-        half: false,
-        host: &[],
-        build: build_ms_act,
-    },
-    OpDef {
-        op: "BiasAdd",
-        since: 1,
-        type_input: 0,
-        half: false,
-        host: &[],
-        build: build_ms_act,
-    },
-];
+pub(crate) const MS_OPS: &[OpDef] = ms_act!["Gelu", "FastGelu", "BiasGelu", "QuickGelu", "BiasAdd"];
 
 /// Gelu (erf), FastGelu (tanh form, optional bias), BiasGelu (erf, bias), QuickGelu
 /// (`x * sigmoid(alpha * x)`) and BiasAdd (`x + bias + skip`), the CPU kernels' formulas
