@@ -57,10 +57,11 @@ fn a_bias_that_does_not_fit_the_last_axis_is_an_error_on_both() {
     let Some(g) = gpu() else { return };
     let mut c = case("FastGelu", &[2, 6], false, 1);
     c.feeds.push(ft(&[3], 2));
-    for providers in [vec![g, cpu()], vec![cpu()]] {
+    for (providers, on) in [(vec![g, cpu()], "webgpu"), (vec![cpu()], "cpu")] {
         let m =
             nxrt_core::loader::load_model(&c.model(), &nxrt_core::loader::NoExternalData).unwrap();
         let s = nxrt_core::Session::new(m, providers, &Default::default()).unwrap();
+        assert_eq!(s.partition().assignments[0].2, on);
         let feeds = c
             .feeds
             .iter()

@@ -156,6 +156,39 @@ pub fn skip_norm_outputs(node: &Node) -> Result<(bool, usize)> {
     Ok((wired(3), node.outputs.len().clamp(1, 4)))
 }
 
+/// The checks of a Skip*LayerNormalization call (every provider's kernel makes them): input of
+/// rank 2 or more, `skip` repeating over it by whole rows, gamma, beta and bias a hidden size
+/// each. Returns the hidden size (input's last axis).
+pub fn skip_norm_hidden(
+    op: &str,
+    x: &Tensor,
+    skip: &Tensor,
+    gamma: &Tensor,
+    beta: Option<&Tensor>,
+    bias: Option<&Tensor>,
+) -> Result<usize> {
+    let shape = x.shape();
+    let h = *shape.last().unwrap_or(&0);
+    if shape.len() < 2 || h == 0 {
+        bail!("{op}: input of shape {shape:?}");
+    }
+    if skip.is_empty() || !x.len().is_multiple_of(skip.len()) || !skip.len().is_multiple_of(h) {
+        bail!(
+            "{op}: skip of shape {:?} does not repeat over input {shape:?}",
+            skip.shape()
+        );
+    }
+    for (t, what) in [(Some(gamma), "gamma"), (beta, "beta"), (bias, "bias")] {
+        if let Some(t) = t.filter(|t| t.len() != h) {
+            bail!(
+                "{op}: {what} has {} elements, the hidden size is {h}",
+                t.len()
+            );
+        }
+    }
+    Ok(h)
+}
+
 /// The row loop of the Skip*LayerNormalization family: `v = input + skip (+ bias)` per row of
 /// the last axis, `skip` being input's shape or a trailing part of it ((1, S, H) or (S, H))
 /// repeated over the leading rows; `norm(v, gamma, beta, y_row)` writes each output row.
@@ -173,38 +206,12 @@ pub(crate) fn skip_norm_run(
     norm: impl Fn(&[f32], &[f32], Option<&[f32]>, &mut [f32]),
 ) -> Result<Vec<Value>> {
     let shape = x.shape();
-    let h = *shape.last().unwrap_or(&0);
-    if shape.len() < 2 || h == 0 {
-        bail!("{op}: input of shape {shape:?}");
-    }
+    let h = skip_norm_hidden(op, x, skip, gamma, beta, bias)?;
     let xs = x.as_slice::<f32>()?;
     let ss = skip.as_slice::<f32>()?;
-    if ss.is_empty() || xs.len() % ss.len() != 0 || ss.len() % h != 0 {
-        bail!(
-            "{op}: skip of shape {:?} does not repeat over input {shape:?}",
-            skip.shape()
-        );
-    }
-    fn vec_of<'a>(
-        t: Option<&'a Tensor>,
-        op: &str,
-        what: &str,
-        h: usize,
-    ) -> Result<Option<alloc::borrow::Cow<'a, [f32]>>> {
-        match t {
-            Some(t) if t.len() != h => {
-                bail!(
-                    "{op}: {what} has {} elements, the hidden size is {h}",
-                    t.len()
-                )
-            }
-            Some(t) => Ok(Some(t.as_slice::<f32>()?)),
-            None => Ok(None),
-        }
-    }
-    let g = vec_of(Some(gamma), op, "gamma", h)?.expect("given");
-    let be = vec_of(beta, op, "beta", h)?;
-    let bi = vec_of(bias, op, "bias", h)?;
+    let g = gamma.as_slice::<f32>()?;
+    let be = beta.map(|t| t.as_slice::<f32>()).transpose()?;
+    let bi = bias.map(|t| t.as_slice::<f32>()).transpose()?;
     let mut y = cx.output::<f32>(0, shape)?;
     let mut sum = vec![0f32; if want_sum { xs.len() } else { h }];
     for r in 0..xs.len() / h {

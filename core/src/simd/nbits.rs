@@ -608,6 +608,13 @@ fn q4_put<V: VF32, const R: usize>(
     }
 }
 
+/// A tile's rows plus the bias lanes.
+#[inline(always)]
+fn biased<V: VF32, const R: usize>(mut t: [V; R], b: V) -> [V; R] {
+    t.iter_mut().for_each(|v| *v = v.add(b));
+    t
+}
+
 /// `y[r * ldy + c]` for every row of `a` and the columns of groups `g0..g1` of `p` (`c`
 /// counted from group `g0`'s first column; columns past N are not written). `p` must have
 /// been packed for this vector type's lanes.
@@ -665,28 +672,12 @@ pub fn q4_rows<V: VF32>(
         }
         while r0 < a.rows {
             let r = (a.rows - r0).min(4);
-            let with_bias = |t: &mut [V]| t.iter_mut().for_each(|v| *v = v.add(bv));
+            let at = (r0, gi - g0, gi);
             match r {
-                1 => {
-                    let mut t = q4_tile::<V, 1>(p, a, r0, gi);
-                    with_bias(&mut t);
-                    q4_put(p, t, (r0, gi - g0, gi), y, ldy)
-                }
-                2 => {
-                    let mut t = q4_tile::<V, 2>(p, a, r0, gi);
-                    with_bias(&mut t);
-                    q4_put(p, t, (r0, gi - g0, gi), y, ldy)
-                }
-                3 => {
-                    let mut t = q4_tile::<V, 3>(p, a, r0, gi);
-                    with_bias(&mut t);
-                    q4_put(p, t, (r0, gi - g0, gi), y, ldy)
-                }
-                _ => {
-                    let mut t = q4_tile::<V, 4>(p, a, r0, gi);
-                    with_bias(&mut t);
-                    q4_put(p, t, (r0, gi - g0, gi), y, ldy)
-                }
+                1 => q4_put(p, biased(q4_tile::<V, 1>(p, a, r0, gi), bv), at, y, ldy),
+                2 => q4_put(p, biased(q4_tile::<V, 2>(p, a, r0, gi), bv), at, y, ldy),
+                3 => q4_put(p, biased(q4_tile::<V, 3>(p, a, r0, gi), bv), at, y, ldy),
+                _ => q4_put(p, biased(q4_tile::<V, 4>(p, a, r0, gi), bv), at, y, ldy),
             }
             r0 += r;
         }

@@ -494,9 +494,6 @@ pub(crate) const MS_OPS: &[OpDef] = ms_act!["Gelu", "FastGelu", "BiasGelu", "Qui
 /// (`x * sigmoid(alpha * x)`) and BiasAdd (`x + bias + skip`), the CPU kernels' formulas
 /// (core/src/kernels/contrib_enc.rs).
 fn build_ms_act(node: &Node) -> Result<Exec> {
-    const ERF_GELU: &str = "0.5 * x * (1.0 + erf_(x * 0.70710678118654752))";
-    const TANH_GELU: &str =
-        "0.5 * x * (1.0 + tanh(clamp(0.7978846 * (x + 0.044715 * x * x * x), -30.0, 30.0)))";
     let op = node.op_type.clone();
     let act = match op.as_str() {
         "Gelu" | "BiasGelu" => ERF_GELU.to_string(),
@@ -518,7 +515,7 @@ fn build_ms_act(node: &Node) -> Result<Exec> {
     Ok(Box::new(move |gpu: &Gpu, inputs| {
         let (x, _) = dev_in(inputs, 0)?;
         let bias = opt_tensor_in(inputs, 1)?;
-        if op == "BiasGelu" && bias.is_none() || op == "BiasAdd" && bias.is_none() {
+        if bias.is_none() && matches!(op.as_str(), "BiasGelu" | "BiasAdd") {
             return Err(Error::Other(format!("{op} needs a bias")));
         }
         if let Some(b) = bias {
@@ -550,6 +547,12 @@ fn build_ms_act(node: &Node) -> Result<Exec> {
         out1(t)
     }))
 }
+
+/// GELU over `x` in WGSL: the erf form and the tanh approximation (ONNX Gelu's `approximate`
+/// modes; com.microsoft Gelu / BiasGelu and FastGelu).
+const ERF_GELU: &str = "0.5 * x * (1.0 + erf_(x * 0.70710678118654752))";
+const TANH_GELU: &str =
+    "0.5 * x * (1.0 + tanh(clamp(0.7978845608028654 * (x + 0.044715 * x * x * x), -30.0, 30.0)))";
 
 /// The WGSL expression of a unary op over `x` (attributes baked in as constants).
 fn unary_expr(node: &Node) -> Result<String> {
@@ -584,7 +587,10 @@ fn unary_expr(node: &Node) -> Result<String> {
         "Softplus" => "max(x, 0.0) + log(1.0 + exp(-abs(x)))".into(),
         "Mish" => "x * tanh(clamp(max(x, 0.0) + log(1.0 + exp(-abs(x))), -30.0, 30.0))".into(),
         "LeakyRelu" => format!("select(x, x * {}, x < 0.0)", lit(f("alpha", 0.01)?)),
-        "Elu" => format!("select(x, {} * (exp(x) - 1.0), x < 0.0)", lit(f("alpha", 1.0)?)),
+        "Elu" => format!(
+            "select(x, {} * (exp(x) - 1.0), x < 0.0)",
+            lit(f("alpha", 1.0)?)
+        ),
         "Celu" => {
             let a = f("alpha", 1.0)?;
             format!(
@@ -605,8 +611,8 @@ fn unary_expr(node: &Node) -> Result<String> {
         ),
         "HardSwish" => "x * clamp(x / 6.0 + 0.5, 0.0, 1.0)".into(),
         "Gelu" => match node.get_s("approximate", "none")?.as_str() {
-            "none" => "0.5 * x * (1.0 + erf_(x * 0.70710678118654752))".into(),
-            "tanh" => "0.5 * x * (1.0 + tanh(clamp(0.7978845608028654 * (x + 0.044715 * x * x * x), -30.0, 30.0)))".into(),
+            "none" => ERF_GELU.into(),
+            "tanh" => TANH_GELU.into(),
             a => return Err(Error::Other(format!("Gelu approximate='{a}'"))),
         },
         // the bounds are run-time host values: build_unary bakes them in per run

@@ -1263,9 +1263,6 @@ impl ExecutionProvider for WebGpuProvider {
         keep: usize,
         len: usize,
     ) -> Option<Result<Tensor>> {
-        if keep > len {
-            return None;
-        }
         self.copy_axis(t, axis, 0, keep, len)
     }
     fn slice_axis(

@@ -315,22 +315,8 @@ fn build_skip_norm(node: &Node) -> Result<Exec> {
         let beta = if rms { None } else { opt_tensor_in(inputs, 3)? };
         let bias = opt_tensor_in(inputs, if rms { 3 } else { 4 })?;
         let shape = x.shape();
-        let h = *shape.last().unwrap_or(&0);
-        if shape.len() < 2 || h == 0 {
-            return Err(Error::Shape(format!("{op}: input of shape {shape:?}")));
-        }
-        if skip.is_empty() || x.len() % skip.len() != 0 || skip.len() % h != 0 {
-            return Err(Error::Shape(format!(
-                "{op}: skip of shape {:?} does not repeat over input {shape:?}",
-                skip.shape()
-            )));
-        }
-        check_len("gamma", gamma, h)?;
-        for (t, what) in [(beta, "beta"), (bias, "bias")] {
-            if let Some(t) = t {
-                check_len(what, t, h)?;
-            }
-        }
+        // the checks are the CPU kernel's
+        let h = nxrt_core::kernels::contrib::skip_norm_hidden(&op, x, skip, gamma, beta, bias)?;
         let mut ins = vec![x, skip, gamma];
         ins.extend(beta);
         ins.extend(bias);
