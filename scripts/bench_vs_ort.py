@@ -14,6 +14,9 @@ Between one runtime's timing and the next the script idles --settle seconds (0.3
 Runtime's workers spin after a run, and at 2 threads on 2 cores the runtime timed right after
 it would otherwise share the cores with them (nxrt's small models measured up to 1.5x slower).
 
+Models in the quantized set's layout (--dir $NXRT_CACHE/quant) work too; where a model's folder
+holds `ort_anchor.onnx` (MXFP4, which ONNX Runtime cannot run), ORT times that instead.
+
 usage: bench_vs_ort.py [--threads 1] [--settle 0.3] [--reps 5] [--runs 10] [--only a,b] [--dir DIR] [--nxrt target/release/nxrt] [--base BIN]
 Run with the corpus venv's python ($NXRT_CACHE/corpus-venv/bin/python), which has onnxruntime.
 """
@@ -81,7 +84,11 @@ def main():
         so.inter_op_num_threads = 1
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         so.log_severity_level = 3
-        sess = ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
+        # the quantized set's MXFP4 models: ORT has no FP4 kernel and times its anchor (the
+        # same weights as int8 blocks), as the set's quant_info.json says
+        anchor = os.path.join(os.path.dirname(model), "ort_anchor.onnx")
+        sess = ort.InferenceSession(anchor if os.path.exists(anchor) else model, so,
+                                    providers=["CPUExecutionProvider"])
         o_t, n_t, b_t = [], [], []
         try:
             for _ in range(a.reps):

@@ -19,9 +19,9 @@ use crate::{bail, unsupported};
 pub(crate) const KERNELS: &[KernelDef] = &[
     def("MatMul", 1, LATEST, build_matmul).types(NUMERIC),
     def("Gemm", 1, LATEST, build_gemm).types(NUMERIC),
-    def("MatMulInteger", 10, LATEST, build_matmul_integer).types(INT8),
+    def("MatMulInteger", 10, LATEST, build_matmul_integer_q).types(INT8),
     // scales and zero points are checked by the kernel
-    def("QLinearMatMul", 10, LATEST, build_qlinear_matmul).types(INT8),
+    def("QLinearMatMul", 10, LATEST, build_qlinear_matmul_q).types(INT8),
     def("Einsum", 12, LATEST, build_einsum).types(NUMERIC),
     def("Det", 11, LATEST, build_det).types(FLOATS),
 ];
@@ -671,6 +671,24 @@ fn int_minus_zp(t: &Tensor, zp: Option<&Tensor>, per_row: bool) -> Result<Tensor
         t.shape(),
         v.iter().zip(&zv).map(|(&x, &z)| (x - z) as i32).collect(),
     )
+}
+
+/// MatMulInteger on the integer kernels where the shapes fit, the general one otherwise.
+fn build_matmul_integer_q(node: &Node) -> Result<Box<dyn Kernel>> {
+    Ok(crate::kernels::qmatmul::build(
+        build_matmul_integer(node)?,
+        node,
+        false,
+    ))
+}
+
+/// QLinearMatMul on the integer kernels where the shapes fit, the general one otherwise.
+fn build_qlinear_matmul_q(node: &Node) -> Result<Box<dyn Kernel>> {
+    Ok(crate::kernels::qmatmul::build(
+        build_qlinear_matmul(node)?,
+        node,
+        true,
+    ))
 }
 
 fn build_matmul_integer(_node: &Node) -> Result<Box<dyn Kernel>> {

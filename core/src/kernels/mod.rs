@@ -30,6 +30,8 @@ pub mod nbits;
 pub mod nn;
 pub mod norm;
 pub(crate) mod par;
+pub mod qlinear;
+pub mod qmatmul;
 pub mod quant;
 pub mod random;
 pub mod reduce;
@@ -63,6 +65,8 @@ pub fn cpu_registry() -> KernelRegistry {
         signal::KERNELS,
         ml::KERNELS,
         quant::KERNELS,
+        qlinear::KERNELS,
+        qmatmul::KERNELS,
         vision::KERNELS,
         loss::KERNELS,
         training::KERNELS,

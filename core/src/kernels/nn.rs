@@ -20,6 +20,8 @@ use crate::value::Value;
 use crate::{bail, unsupported};
 
 pub(crate) mod nchwc;
+mod qconv;
+pub(crate) use qconv::q8_bytes;
 
 /// MaxPool's typed paths: the floats (f16/bf16 through f32), int8, uint8 and int32.
 const MAX_POOL_TYPES: &[DataType] = &[
@@ -2245,59 +2247,6 @@ impl ConvKernel {
 
 // ----------------------------------------------------------------------------- ConvInteger / QLinearConv
 
-/// An int8/uint8 tensor minus a zero point: a scalar, or (`per_channel`) one value per
-/// entry of axis 0.
-fn int_centered(t: &Tensor, zp: Option<&Tensor>, per_channel: bool) -> Result<Vec<i32>> {
-    if !matches!(t.dtype(), DataType::Int8 | DataType::Uint8) {
-        return Err(bad_type("quantized convolution", t.dtype()));
-    }
-    let v = t.to_i64_vec()?;
-    let Some(zp) = zp else {
-        return Ok(v.into_iter().map(|x| x as i32).collect());
-    };
-    if zp.dtype() != t.dtype() {
-        bail!(
-            "zero point type {} differs from input type {}",
-            zp.dtype(),
-            t.dtype()
-        );
-    }
-    let z = zp.to_i64_vec()?;
-    if z.len() == 1 {
-        return Ok(v.into_iter().map(|x| (x - z[0]) as i32).collect());
-    }
-    let rows = t.shape().first().copied().unwrap_or(1);
-    if !per_channel || z.len() != rows || rows == 0 {
-        unsupported!("zero point of shape {:?} is not supported here", zp.shape());
-    }
-    let per = v.len() / rows;
-    Ok(v.iter()
-        .enumerate()
-        .map(|(i, &x)| (x - z[i / per]) as i32)
-        .collect())
-}
-
-fn conv_int(
-    cx: &KernelCx<'_>,
-    sp: &Spatial,
-    group: usize,
-    x: &Tensor,
-    x_zp: Option<&Tensor>,
-    w: &Tensor,
-    w_zp: Option<&Tensor>,
-    bias: Option<&Tensor>,
-) -> Result<(Vec<i32>, ConvShape)> {
-    let cs = conv_shape(sp, group, x.shape(), w.shape(), bias)?;
-    let xv = int_centered(x, x_zp, false)?;
-    let wv = int_centered(w, w_zp, true)?;
-    let bv = match bias {
-        Some(b) if b.dtype() == DataType::Int32 => Some(b.as_slice::<i32>()?.into_owned()),
-        Some(b) => return Err(bad_type("QLinearConv bias", b.dtype())),
-        None => None,
-    };
-    Ok((conv_compute(cx, &xv, &wv, bv.as_deref(), &cs), cs))
-}
-
 fn conv_attrs(node: &Node) -> Result<(Spatial, usize)> {
     let sp = parse_spatial(node)?;
     let group = node.get_i("group", 1)?;
@@ -2308,90 +2257,11 @@ fn conv_attrs(node: &Node) -> Result<(Spatial, usize)> {
 }
 
 fn build_conv_integer(node: &Node) -> Result<Box<dyn Kernel>> {
-    let (sp, group) = conv_attrs(node)?;
-    Ok(Box::new(
-        move |cx: &KernelCx<'_>, inputs: &[Option<&Value>]| -> Result<Vec<Value>> {
-            let x = tensor_in(inputs, 0)?;
-            let w = tensor_in(inputs, 1)?;
-            let (y, cs) = conv_int(
-                cx,
-                &sp,
-                group,
-                x,
-                opt_tensor_in(inputs, 2)?,
-                w,
-                opt_tensor_in(inputs, 3)?,
-                None,
-            )?;
-            let mut shape = vec![cs.n, cs.m];
-            shape.extend_from_slice(&cs.g.out);
-            out1(Tensor::from_vec(&shape, y)?)
-        },
-    ))
+    qconv::build_qconv(node, false)
 }
 
 fn build_qlinear_conv(node: &Node) -> Result<Box<dyn Kernel>> {
-    let (sp, group) = conv_attrs(node)?;
-    Ok(Box::new(
-        move |cx: &KernelCx<'_>, inputs: &[Option<&Value>]| -> Result<Vec<Value>> {
-            let x = tensor_in(inputs, 0)?;
-            let x_scale = tensor_in(inputs, 1)?.to_f32_vec()?;
-            let w = tensor_in(inputs, 3)?;
-            let w_scale = tensor_in(inputs, 4)?.to_f32_vec()?;
-            let y_scale = tensor_in(inputs, 6)?.to_f32_vec()?;
-            let y_zp = opt_tensor_in(inputs, 7)?;
-            let (acc, cs) = conv_int(
-                cx,
-                &sp,
-                group,
-                x,
-                opt_tensor_in(inputs, 2)?,
-                w,
-                opt_tensor_in(inputs, 5)?,
-                opt_tensor_in(inputs, 8)?,
-            )?;
-            if x_scale.len() != 1 || y_scale.len() != 1 {
-                unsupported!("QLinearConv: x_scale and y_scale must be scalars");
-            }
-            if w_scale.len() != 1 && w_scale.len() != cs.m {
-                bail!(
-                    "QLinearConv: w_scale has {} values for {} output channels",
-                    w_scale.len(),
-                    cs.m
-                );
-            }
-            let out_dt = y_zp.map_or(x.dtype(), |z| z.dtype());
-            let zp = match y_zp {
-                Some(z) if z.len() == 1 => z.to_i64_vec()?[0] as f64,
-                Some(_) => unsupported!("QLinearConv: y_zero_point must be a scalar"),
-                None => 0.0,
-            };
-            let (lo, hi) = match out_dt {
-                DataType::Uint8 => (0.0, 255.0),
-                DataType::Int8 => (-128.0, 127.0),
-                dt => return Err(bad_type("QLinearConv", dt)),
-            };
-            let plane: usize = cs.g.out.iter().product();
-            let mults: Vec<f64> = (0..cs.m)
-                .map(|mi| {
-                    let ws = w_scale[if w_scale.len() == 1 { 0 } else { mi }];
-                    (x_scale[0] * ws / y_scale[0]) as f64
-                })
-                .collect();
-            let q = acc.iter().enumerate().map(|(i, &a)| {
-                let mi = (i / plane.max(1)) % cs.m.max(1);
-                libm::rint((a as f64 * mults[mi] + zp).clamp(lo, hi))
-            });
-            let mut shape = vec![cs.n, cs.m];
-            shape.extend_from_slice(&cs.g.out);
-            let t = if out_dt == DataType::Uint8 {
-                Tensor::from_vec(&shape, q.map(|v| v as u8).collect())?
-            } else {
-                Tensor::from_vec(&shape, q.map(|v| v as i8).collect())?
-            };
-            out1(t)
-        },
-    ))
+    qconv::build_qconv(node, true)
 }
 
 // ----------------------------------------------------------------------------- ConvTranspose

@@ -404,6 +404,9 @@ fn build_quantize(node: &Node) -> Result<Box<dyn Kernel>> {
             },
         };
         let lay = layout(OP, x.shape(), scale.shape(), axis, block)?;
+        if let Some(t) = quantize_fast(x, scale, zp, to, prec, &lay)? {
+            return out1(t);
+        }
         let xv = values_f64(x, OP)?;
         let sv = values_f64(scale, OP)?;
         let zv = match zp {
@@ -430,6 +433,106 @@ fn build_quantize(node: &Node) -> Result<Box<dyn Kernel>> {
         });
         out1(encode_mini(to, x.shape(), q)?)
     })
+}
+
+impl Layout {
+    /// Calls `f(elements, scale index)` for each run of consecutive elements that share a
+    /// scale, where runs exist (per tensor, per axis, and blocks along the innermost axis);
+    /// returns false, calling nothing, otherwise.
+    fn for_runs(&self, mut f: impl FnMut(core::ops::Range<usize>, usize)) -> bool {
+        match self.gran {
+            Gran::Tensor => f(0..self.outer * self.d * self.inner, 0),
+            Gran::Axis => {
+                for o in 0..self.outer {
+                    for k in 0..self.d {
+                        let at = (o * self.d + k) * self.inner;
+                        f(at..at + self.inner, k);
+                    }
+                }
+            }
+            Gran::Block { s, b } if self.inner == 1 => {
+                for o in 0..self.outer {
+                    for bi in 0..s {
+                        let k0 = bi * b;
+                        let at = o * self.d + k0;
+                        f(at..at + b.min(self.d.saturating_sub(k0)), o * s + bi);
+                    }
+                }
+            }
+            Gran::Block { .. } => return false,
+        }
+        true
+    }
+}
+
+/// QuantizeLinear of f32 by f32 scales into int8 or uint8 (what quantized graphs run): in f32,
+/// rounding half to even as the general path does. `None` for anything else.
+fn quantize_fast(
+    x: &Tensor,
+    scale: &Tensor,
+    zp: Option<&Tensor>,
+    to: DataType,
+    prec: Prec,
+    lay: &Layout,
+) -> Result<Option<Tensor>> {
+    if x.dtype() != DataType::Float
+        || scale.dtype() != DataType::Float
+        || prec != Prec::F32
+        || !matches!(to, DataType::Uint8 | DataType::Int8)
+    {
+        return Ok(None);
+    }
+    let (lo, hi) = if to == DataType::Uint8 {
+        (0.0f32, 255.0f32)
+    } else {
+        (-128.0, 127.0)
+    };
+    let xs = x.as_slice::<f32>()?;
+    let sv = scale.as_slice::<f32>()?;
+    let zv: Vec<f32> = match zp {
+        Some(z) => z.to_i64_vec()?.into_iter().map(|v| v as f32).collect(),
+        None => vec![0.0; sv.len()],
+    };
+    let mut y = vec![0u8; xs.len()];
+    let whole = lay.for_runs(|r, si| {
+        let q = crate::simd::Q8 { zp: zv[si], lo, hi };
+        crate::simd::quantize_q8(&xs[r.clone()], sv[si], q, &mut y[r]);
+    });
+    if !whole {
+        return Ok(None);
+    }
+    Ok(Some(crate::kernels::qlinear::q8_tensor(to, x.shape(), y)?))
+}
+
+/// DequantizeLinear of int8 or uint8 by f32 scales into f32: `(x - z) * s` in f32 (the
+/// difference is exact). `None` for anything else.
+fn dequantize_fast(
+    x: &Tensor,
+    scale: &Tensor,
+    zp: Option<&Tensor>,
+    to: DataType,
+    lay: &Layout,
+) -> Result<Option<Tensor>> {
+    if !matches!(x.dtype(), DataType::Uint8 | DataType::Int8)
+        || scale.dtype() != DataType::Float
+        || to != DataType::Float
+    {
+        return Ok(None);
+    }
+    let (xb, signed) = crate::kernels::nn::q8_bytes(x)?;
+    let sv = scale.as_slice::<f32>()?;
+    let zv: Vec<f32> = match zp {
+        Some(z) => z.to_i64_vec()?.into_iter().map(|v| v as f32).collect(),
+        None => vec![0.0; sv.len()],
+    };
+    let mut y = vec![0f32; xb.len()];
+    let whole = lay.for_runs(|r, si| {
+        crate::simd::dequantize_q8(&xb[r.clone()], signed, zv[si], sv[si], &mut y[r]);
+    });
+    if !whole {
+        return Ok(None);
+    }
+    Ok(Some(Tensor::from_vec(x.shape(), y)?))
 }
 
 // ----------------------------------------------------------------------------- DequantizeLinear
@@ -495,6 +598,9 @@ fn build_dequantize(node: &Node) -> Result<Box<dyn Kernel>> {
             None => sdt,
         };
         let lay = layout(OP, x.shape(), scale.shape(), axis, block)?;
+        if let Some(t) = dequantize_fast(x, scale, zp, to, &lay)? {
+            return out1(t);
+        }
         let xv = values_f64(x, OP)?;
         let sv = values_f64(scale, OP)?;
         let zv = match zp {

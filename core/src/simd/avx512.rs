@@ -186,6 +186,45 @@ impl VF32 for Avx512 {
         Avx512(unsafe { _mm512_cvtepi32_ps(acc) })
     }
     #[inline(always)]
+    fn q_load(b: &[u8]) -> __m512i {
+        let b = &b[..64];
+        // SAFETY: `b` has 64 bytes; the load has no alignment requirement.
+        unsafe { _mm512_loadu_si512(b.as_ptr() as *const _) }
+    }
+    #[inline(always)]
+    fn q_load_i32(s: &[i32]) -> __m512i {
+        let s = &s[..16];
+        // SAFETY: `s` has 16 lanes; the load has no alignment requirement.
+        unsafe { _mm512_loadu_si512(s.as_ptr() as *const _) }
+    }
+    #[inline(always)]
+    fn q_store_i32(v: __m512i, d: &mut [i32]) {
+        let d = &mut d[..16];
+        // SAFETY: `d` has 16 lanes; the store has no alignment requirement.
+        unsafe { _mm512_storeu_si512(d.as_mut_ptr() as *mut _, v) }
+    }
+    #[inline(always)]
+    fn q_splat(v: i32) -> __m512i {
+        unsafe { _mm512_set1_epi32(v) }
+    }
+    #[inline(always)]
+    fn q_add(a: __m512i, b: __m512i) -> __m512i {
+        unsafe { _mm512_add_epi32(a, b) }
+    }
+    #[inline(always)]
+    fn q_mul_add(acc: __m512i, v: __m512i, s: i32) -> __m512i {
+        unsafe { _mm512_add_epi32(acc, _mm512_mullo_epi32(v, _mm512_set1_epi32(s))) }
+    }
+    #[inline(always)]
+    fn store_bytes(self, d: &mut [u8]) {
+        let d = &mut d[..16];
+        // SAFETY: `d` has 16 bytes; the store has no alignment requirement.
+        unsafe {
+            let b = _mm512_cvtepi32_epi8(_mm512_cvttps_epi32(self.0));
+            _mm_storeu_si128(d.as_mut_ptr() as *mut __m128i, b)
+        }
+    }
+    #[inline(always)]
     fn bytes(b: &[u8]) -> Self {
         let b = &b[..16];
         // SAFETY: `b` has 16 bytes; the load has no alignment requirement.

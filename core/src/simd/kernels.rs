@@ -2473,3 +2473,190 @@ fn micro<'b, V: VF32, const MR: usize>(
         }
     }
 }
+
+// ----------------------------------------------------------------------------- int8 element-wise
+
+/// Where a quantized result goes: rounded half to even, plus `zp`, saturated to `lo..=hi`
+/// (NaN: `lo`), stored as the low byte (uint8 or int8 bit patterns).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Q8 {
+    pub zp: f32,
+    pub lo: f32,
+    pub hi: f32,
+}
+
+#[inline(always)]
+fn q8_store<V: VF32>(v: V, q: Q8, d: &mut [u8]) {
+    V::splat(q.lo)
+        .max(v.round().add(V::splat(q.zp)))
+        .min(V::splat(q.hi))
+        .store_bytes(d)
+}
+
+/// `LANES` bytes as their integer values (int8 when `signed`).
+#[inline(always)]
+fn q8_load<V: VF32>(b: &[u8], signed: bool) -> V {
+    let v = V::bytes(b);
+    if signed {
+        v.lt_select(V::splat(128.0), v, v.sub(V::splat(256.0)))
+    } else {
+        v
+    }
+}
+
+/// Runs `f(src chunks, dst chunk)` over whole vectors, then over the tail through
+/// zero-padded copies.
+macro_rules! q8_lanes {
+    ($l:expr, $n:expr, |$i:ident, $w:ident| $body:block) => {{
+        let (l, n) = ($l, $n);
+        let mut $i = 0;
+        while $i + l <= n {
+            let $w = l;
+            $body
+            $i += l;
+        }
+        if $i < n {
+            let $w = n - $i;
+            $body
+        }
+    }};
+}
+
+/// QuantizeLinear: `out = q(x / s)`.
+#[inline(always)]
+pub fn quantize_q8<V: VF32>(x: &[f32], s: f32, q: Q8, out: &mut [u8]) {
+    let n = x.len().min(out.len());
+    let sv = V::splat(s);
+    q8_lanes!(V::LANES, n, |i, w| {
+        if w == V::LANES {
+            q8_store(V::load(&x[i..]).div(sv), q, &mut out[i..]);
+        } else {
+            let mut t = [0f32; 16];
+            t[..w].copy_from_slice(&x[i..i + w]);
+            let mut o = [0u8; 16];
+            q8_store(V::load(&t).div(sv), q, &mut o);
+            out[i..i + w].copy_from_slice(&o[..w]);
+        }
+    });
+}
+
+/// DequantizeLinear: `out = (x - z) * s`.
+#[inline(always)]
+pub fn dequantize_q8<V: VF32>(x: &[u8], signed: bool, z: f32, s: f32, out: &mut [f32]) {
+    let n = x.len().min(out.len());
+    let (zv, sv) = (V::splat(z), V::splat(s));
+    q8_lanes!(V::LANES, n, |i, w| {
+        if w == V::LANES {
+            q8_load::<V>(&x[i..], signed)
+                .sub(zv)
+                .mul(sv)
+                .store(&mut out[i..]);
+        } else {
+            let mut t = [0u8; 16];
+            t[..w].copy_from_slice(&x[i..i + w]);
+            let mut o = [0f32; 16];
+            q8_load::<V>(&t, signed).sub(zv).mul(sv).store(&mut o);
+            out[i..i + w].copy_from_slice(&o[..w]);
+        }
+    });
+}
+
+/// `out = q(acc * m)` (requantizing f32 sums).
+#[inline(always)]
+pub fn requantize_q8<V: VF32>(acc: &[f32], m: f32, q: Q8, out: &mut [u8]) {
+    let n = acc.len().min(out.len());
+    let mv = V::splat(m);
+    q8_lanes!(V::LANES, n, |i, w| {
+        if w == V::LANES {
+            q8_store(V::load(&acc[i..]).mul(mv), q, &mut out[i..]);
+        } else {
+            let mut t = [0f32; 16];
+            t[..w].copy_from_slice(&acc[i..i + w]);
+            let mut o = [0u8; 16];
+            q8_store(V::load(&t).mul(mv), q, &mut o);
+            out[i..i + w].copy_from_slice(&o[..w]);
+        }
+    });
+}
+
+/// What [`qbinary_q8`] computes: com.microsoft QLinearAdd, `ra (a - za) + rb (b - zb)`, or
+/// QLinearMul, `(a - za)(b - zb) r` (`rb` unused).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct QBin {
+    pub mul: bool,
+    pub za: f32,
+    pub zb: f32,
+    pub ra: f32,
+    pub rb: f32,
+}
+
+#[inline(always)]
+fn qbin<V: VF32>(p: QBin, a: V, b: V) -> V {
+    let (a, b) = (a.sub(V::splat(p.za)), b.sub(V::splat(p.zb)));
+    if p.mul {
+        a.mul(b).mul(V::splat(p.ra))
+    } else {
+        a.mul(V::splat(p.ra)).add(b.mul(V::splat(p.rb)))
+    }
+}
+
+/// `out[i] = q(a[i] op b[i % b.len()])` on int8 (`signed`) or uint8 bytes; `b.len()` divides
+/// `a.len()` (one per element, or repeating), or with `per_b` each of `b`'s values covers
+/// `per_b` consecutive elements of `a` (a per-channel operand), repeating.
+#[inline(always)]
+pub fn qbinary_q8<V: VF32>(
+    p: QBin,
+    a: &[u8],
+    b: &[u8],
+    per_b: usize,
+    signed: bool,
+    q: Q8,
+    out: &mut [u8],
+) {
+    let n = a.len().min(out.len());
+    if per_b > 1 {
+        for (ci, (ac, oc)) in a[..n].chunks(per_b).zip(out.chunks_mut(per_b)).enumerate() {
+            let bv = V::splat(if signed {
+                b[ci % b.len()] as i8 as f32
+            } else {
+                b[ci % b.len()] as f32
+            });
+            q8_lanes!(V::LANES, ac.len(), |i, w| {
+                if w == V::LANES {
+                    q8_store(qbin(p, q8_load::<V>(&ac[i..], signed), bv), q, &mut oc[i..]);
+                } else {
+                    let mut t = [0u8; 16];
+                    t[..w].copy_from_slice(&ac[i..i + w]);
+                    let mut o = [0u8; 16];
+                    q8_store(qbin(p, q8_load::<V>(&t, signed), bv), q, &mut o);
+                    oc[i..i + w].copy_from_slice(&o[..w]);
+                }
+            });
+        }
+        return;
+    }
+    let bl = b.len();
+    for (ac, oc) in a[..n].chunks(bl).zip(out.chunks_mut(bl)) {
+        q8_lanes!(V::LANES, ac.len(), |i, w| {
+            if w == V::LANES {
+                let v = qbin(
+                    p,
+                    q8_load::<V>(&ac[i..], signed),
+                    q8_load::<V>(&b[i..], signed),
+                );
+                q8_store(v, q, &mut oc[i..]);
+            } else {
+                let (mut ta, mut tb) = ([0u8; 16], [0u8; 16]);
+                ta[..w].copy_from_slice(&ac[i..i + w]);
+                tb[..w].copy_from_slice(&b[i..i + w]);
+                let mut o = [0u8; 16];
+                q8_store(
+                    qbin(p, q8_load::<V>(&ta, signed), q8_load::<V>(&tb, signed)),
+                    q,
+                    &mut o,
+                );
+                oc[i..i + w].copy_from_slice(&o[..w]);
+            }
+        });
+    }
+}

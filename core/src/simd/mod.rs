@@ -26,16 +26,18 @@ mod nchwc;
 #[cfg(target_arch = "aarch64")]
 mod neon;
 mod portable;
+pub mod qgemm;
 #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
 mod wasm;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
 pub use gemm::{Gemm, GemmEpi, Operand};
-pub use kernels::{Act, BinOp, Clamp, DwPlane, DW_BLOCK};
+pub use kernels::{Act, BinOp, Clamp, DwPlane, QBin, DW_BLOCK, Q8};
 pub use nbits::{q4_pack, q8_rows, NBits, Q4Packed, Q8Rows};
 pub use nchwc::{NcGeom, NCHWC};
 pub use portable::Portable;
+pub use qgemm::{qcols_pack, qrows_pack, QEpi, QGemm, QGeom, QOut, QVec};
 
 use core::sync::atomic::{AtomicU8, Ordering};
 
@@ -269,6 +271,66 @@ pub fn q4_rows_on(
     nbits::q4_rows::<Portable>(p, a, groups, y, ldy, bias)
 }
 
+/// The integer products of [`qgemm::qgemm_rows`] on `isa` (which must satisfy
+/// [`q4_runs_on`], with `p.g.lanes` its lanes: see [`q4_isa`]): rows `r0..r1` into `out`.
+pub fn qgemm_rows_on(
+    isa: Isa,
+    p: &QGemm<'_>,
+    e: &QEpi<'_>,
+    r0: usize,
+    r1: usize,
+    out: QOut<'_>,
+    ld: usize,
+) {
+    assert!(
+        q4_runs_on(isa) && p.g.lanes == isa_lanes(isa),
+        "qgemm_rows_on: {isa:?}"
+    );
+    #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+    {
+        return qgemm::qgemm_rows::<wasm::V128>(p, e, r0, r1, out, ld);
+    }
+    #[cfg(target_arch = "aarch64")]
+    if isa == Isa::Neon {
+        return qgemm::qgemm_rows::<neon::Neon>(p, e, r0, r1, out, ld);
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        if isa == Isa::Avx512 {
+            #[target_feature(enable = "avx512f,avx512vnni,avx2,fma")]
+            unsafe fn wide(
+                p: &QGemm<'_>,
+                e: &QEpi<'_>,
+                r0: usize,
+                r1: usize,
+                out: QOut<'_>,
+                ld: usize,
+            ) {
+                qgemm::qgemm_rows::<avx512::Avx512>(p, e, r0, r1, out, ld)
+            }
+            // SAFETY: q4_runs_on checked AVX-512F and VNNI (and the OS's ZMM state).
+            return unsafe { wide(p, e, r0, r1, out, ld) };
+        }
+        if isa == Isa::Avx2 {
+            #[target_feature(enable = "avx2,fma")]
+            unsafe fn wide(
+                p: &QGemm<'_>,
+                e: &QEpi<'_>,
+                r0: usize,
+                r1: usize,
+                out: QOut<'_>,
+                ld: usize,
+            ) {
+                qgemm::qgemm_rows::<x86::Avx2>(p, e, r0, r1, out, ld)
+            }
+            // SAFETY: q4_runs_on checked AVX2 and FMA.
+            return unsafe { wide(p, e, r0, r1, out, ld) };
+        }
+    }
+    #[allow(unreachable_code)]
+    qgemm::qgemm_rows::<Portable>(p, e, r0, r1, out, ld)
+}
+
 /// A vector of f32 lanes. Implementations are thin wrappers over one ISA's registers; every
 /// method must be `#[inline(always)]` so that generic kernels compile to straight intrinsics.
 pub trait VF32: Copy {
@@ -329,6 +391,28 @@ pub trait VF32: Copy {
     fn q_dot(acc: Self::Q, codes: Self::Q, q4: u32) -> Self::Q;
     /// The i32 lanes as floats.
     fn q_f32(acc: Self::Q) -> Self;
+    /// [`VF32::q_dot`] for codes over the whole unsigned byte range (0..=255): exact where
+    /// `q_dot`'s pair sums could saturate (AVX2's `maddubs`) or its products read the codes
+    /// as signed (NEON).
+    #[inline(always)]
+    fn q_dot8(acc: Self::Q, codes: Self::Q, q4: u32) -> Self::Q {
+        Self::q_dot(acc, codes, q4)
+    }
+    /// The bytes `b[0..4 * LANES]` as they are (panics if `b` is shorter).
+    fn q_load(b: &[u8]) -> Self::Q;
+    /// `LANES` i32 lanes from `s[0..LANES]` (panics if `s` is shorter).
+    fn q_load_i32(s: &[i32]) -> Self::Q;
+    /// Stores the i32 lanes into `d[0..LANES]` (panics if `d` is shorter).
+    fn q_store_i32(v: Self::Q, d: &mut [i32]);
+    /// Every i32 lane `v`.
+    fn q_splat(v: i32) -> Self::Q;
+    /// Lane-wise `a + b` (wrapping).
+    fn q_add(a: Self::Q, b: Self::Q) -> Self::Q;
+    /// Lane-wise `acc + v * s` (wrapping).
+    fn q_mul_add(acc: Self::Q, v: Self::Q, s: i32) -> Self::Q;
+    /// Stores lanes holding integers in -128..=255 as bytes (each lane's low byte) into
+    /// `d[0..LANES]` (panics if `d` is shorter).
+    fn store_bytes(self, d: &mut [u8]);
 
     /// `self * 2^n` for lanes of `n` holding integers in [-252, 254] whose product is a
     /// normal float or an overflow (two exact power-of-two factors; AVX-512 has it as one
@@ -818,6 +902,27 @@ dispatch!(
 dispatch!(
     /// Whether this machine's SGEMM has a micro-kernel for A panels `panel` rows high.
     fn gemm_panel_ok / gemm_panel_ok_on(panel: usize) -> bool => gemm_panel_ok
+);
+
+dispatch!(
+    /// QuantizeLinear into int8/uint8: `out = round(x / s) + zp`, saturated (see [`Q8`]).
+    fn quantize_q8 / quantize_q8_on(x: &[f32], s: f32, q: Q8, out: &mut [u8]) => quantize_q8
+);
+
+dispatch!(
+    /// DequantizeLinear of int8 (`signed`) or uint8: `out = (x - z) * s`.
+    fn dequantize_q8 / dequantize_q8_on(x: &[u8], signed: bool, z: f32, s: f32, out: &mut [f32]) => dequantize_q8
+);
+
+dispatch!(
+    /// `out = round(acc * m) + zp`, saturated (see [`Q8`]).
+    fn requantize_q8 / requantize_q8_on(acc: &[f32], m: f32, q: Q8, out: &mut [u8]) => requantize_q8
+);
+
+dispatch!(
+    /// Quantized add or multiply of byte tensors (see [`QBin`]); `b` one per element,
+    /// repeating, or (`per_b` > 1) one per `per_b` elements.
+    fn qbinary_q8 / qbinary_q8_on(p: QBin, a: &[u8], b: &[u8], per_b: usize, signed: bool, q: Q8, out: &mut [u8]) => qbinary_q8
 );
 
 dispatch!(

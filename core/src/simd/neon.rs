@@ -171,6 +171,62 @@ impl VF32 for Neon {
         Neon(unsafe { vcvtq_f32_s32(acc) })
     }
     #[inline(always)]
+    fn q_dot8(acc: int32x4_t, codes: int32x4_t, q4: u32) -> int32x4_t {
+        // codes unsigned: widen both to i16 (products of 255 and -128 fit), then sum pairs
+        // and pairs of pairs into the i32 lanes
+        unsafe {
+            let c = vreinterpretq_u8_s32(codes);
+            let q = vreinterpretq_s8_u32(vdupq_n_u32(q4));
+            let lo = vmulq_s16(
+                vreinterpretq_s16_u16(vmovl_u8(vget_low_u8(c))),
+                vmovl_s8(vget_low_s8(q)),
+            );
+            let hi = vmulq_s16(vreinterpretq_s16_u16(vmovl_high_u8(c)), vmovl_high_s8(q));
+            vaddq_s32(acc, vpaddq_s32(vpaddlq_s16(lo), vpaddlq_s16(hi)))
+        }
+    }
+    #[inline(always)]
+    fn q_load(b: &[u8]) -> int32x4_t {
+        let b = &b[..16];
+        // SAFETY: `b` has 16 bytes; the load has no alignment requirement.
+        unsafe { vreinterpretq_s32_u8(vld1q_u8(b.as_ptr())) }
+    }
+    #[inline(always)]
+    fn q_load_i32(s: &[i32]) -> int32x4_t {
+        let s = &s[..4];
+        // SAFETY: `s` has 4 lanes.
+        unsafe { vld1q_s32(s.as_ptr()) }
+    }
+    #[inline(always)]
+    fn q_store_i32(v: int32x4_t, d: &mut [i32]) {
+        let d = &mut d[..4];
+        // SAFETY: `d` has 4 lanes.
+        unsafe { vst1q_s32(d.as_mut_ptr(), v) }
+    }
+    #[inline(always)]
+    fn q_splat(v: i32) -> int32x4_t {
+        unsafe { vdupq_n_s32(v) }
+    }
+    #[inline(always)]
+    fn q_add(a: int32x4_t, b: int32x4_t) -> int32x4_t {
+        unsafe { vaddq_s32(a, b) }
+    }
+    #[inline(always)]
+    fn q_mul_add(acc: int32x4_t, v: int32x4_t, s: i32) -> int32x4_t {
+        unsafe { vmlaq_n_s32(acc, v, s) }
+    }
+    #[inline(always)]
+    fn store_bytes(self, d: &mut [u8]) {
+        let d = &mut d[..4];
+        unsafe {
+            let i = vcvtq_s32_f32(self.0);
+            let n = vmovn_s32(i);
+            let b = vmovn_s16(vcombine_s16(n, n));
+            let w = vget_lane_u32::<0>(vreinterpret_u32_s8(b));
+            d.copy_from_slice(&w.to_le_bytes());
+        }
+    }
+    #[inline(always)]
     fn bytes(b: &[u8]) -> Self {
         // SAFETY: plain register arithmetic (NEON is always present)
         Neon(unsafe { vcvtq_f32_u32(widen(b)) })

@@ -151,6 +151,39 @@ impl VF32 for Portable {
         Portable(acc.map(|x| x as f32))
     }
     #[inline(always)]
+    fn q_load(b: &[u8]) -> [i32; 4] {
+        let b = &b[..16];
+        core::array::from_fn(|j| {
+            i32::from_le_bytes([b[4 * j], b[4 * j + 1], b[4 * j + 2], b[4 * j + 3]])
+        })
+    }
+    #[inline(always)]
+    fn q_load_i32(s: &[i32]) -> [i32; 4] {
+        [s[0], s[1], s[2], s[3]]
+    }
+    #[inline(always)]
+    fn q_store_i32(v: [i32; 4], d: &mut [i32]) {
+        d[..4].copy_from_slice(&v);
+    }
+    #[inline(always)]
+    fn q_splat(v: i32) -> [i32; 4] {
+        [v; 4]
+    }
+    #[inline(always)]
+    fn q_add(a: [i32; 4], b: [i32; 4]) -> [i32; 4] {
+        core::array::from_fn(|j| a[j].wrapping_add(b[j]))
+    }
+    #[inline(always)]
+    fn q_mul_add(acc: [i32; 4], v: [i32; 4], s: i32) -> [i32; 4] {
+        core::array::from_fn(|j| acc[j].wrapping_add(v[j].wrapping_mul(s)))
+    }
+    #[inline(always)]
+    fn store_bytes(self, d: &mut [u8]) {
+        for (o, &v) in d[..4].iter_mut().zip(&self.0) {
+            *o = v as i32 as u8;
+        }
+    }
+    #[inline(always)]
     fn bytes(b: &[u8]) -> Self {
         let b = &b[..4];
         Portable(core::array::from_fn(|i| b[i] as f32))

@@ -1331,3 +1331,132 @@ fn attention_rows_match_direct_sums_on_every_isa() {
         }
     }
 }
+
+/// Pseudo-random bytes.
+fn bytes_of(n: usize, seed: u32) -> Vec<u8> {
+    let mut s = seed.wrapping_mul(2_654_435_761).wrapping_add(1);
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 17;
+            s ^= s << 5;
+            (s >> 7) as u8
+        })
+        .collect()
+}
+
+#[test]
+fn integer_products_are_exact_with_zero_points_on_every_isa() {
+    // sum (a - za)(b - zb) over the full byte ranges (no saturation anywhere), K not a whole
+    // number of quads, N not a whole number of groups, row counts around the tile height
+    for &(m, k, n) in &[
+        (1, 1, 1),
+        (5, 7, 19),
+        (4, 64, 32),
+        (9, 130, 45),
+        (3, 300, 17),
+    ] {
+        let a = bytes_of(m * k, 1 + m as u32); // int8 bit patterns
+        let b = bytes_of(k * n, 7 + k as u32); // uint8
+        let za: Vec<i32> = (0..m).map(|i| (i as i32 * 37) % 255 - 127).collect();
+        let zb: Vec<i32> = (0..n).map(|j| (j as i32 * 53) % 256).collect();
+        let want: Vec<i64> = (0..m * n)
+            .map(|x| {
+                let (i, j) = (x / n, x % n);
+                (0..k)
+                    .map(|kk| {
+                        (a[i * k + kk] as i8 as i64 - za[i] as i64)
+                            * (b[kk * n + j] as i64 - zb[j] as i64)
+                    })
+                    .sum()
+            })
+            .collect();
+        for isa in available_isas() {
+            if !q4_runs_on(isa) {
+                continue;
+            }
+            let g = QGeom {
+                lanes: isa_lanes(isa),
+                k,
+                n,
+            };
+            let mut bp = alloc::vec![0u8; g.packed_len()];
+            let mut colsum = alloc::vec![0i32; g.np()];
+            qcols_pack(&g, &b, n, 0, &mut bp, Some(&mut colsum));
+            let mut ap = alloc::vec![0u8; m * g.kp()];
+            let mut rowsum = alloc::vec![0i32; m];
+            qrows_pack(&a, m, k, k, 0, g.kp(), &mut ap, &mut rowsum);
+            // -zb[j] * rowsum[i] - za[i] * colsum[j] + k * za[i] * zb[j]
+            let mut zbp: Vec<i32> = zb.iter().map(|z| -z).collect();
+            zbp.resize(g.np(), 0);
+            let mut colp = colsum.clone();
+            colp.resize(g.np(), 0);
+            let row_add: Vec<i32> = za.iter().map(|_| 0).collect();
+            let p = QGemm {
+                m,
+                g,
+                a: &ap,
+                b: &bp,
+            };
+            // two passes: cross term with the column zero points, then with the column sums
+            let e1 = QEpi {
+                row_add: Some(&row_add),
+                cross: Some((&zbp, &rowsum)),
+                ..Default::default()
+            };
+            let mut y1 = alloc::vec![0i32; m * n];
+            qgemm_rows_on(isa, &p, &e1, 0, m, QOut::I32(&mut y1), n);
+            let nza: Vec<i32> = za.iter().map(|z| -z).collect();
+            let kzz: Vec<i32> = zb
+                .iter()
+                .map(|z| k as i32 * z)
+                .chain(core::iter::repeat(0))
+                .take(g.np())
+                .collect();
+            let mut y = alloc::vec![0i64; m * n];
+            for i in 0..m {
+                for j in 0..n {
+                    y[i * n + j] = y1[i * n + j] as i64
+                        + (nza[i] as i64) * (colp[j] as i64)
+                        + (za[i] as i64) * (kzz[j] as i64);
+                }
+            }
+            assert_eq!(y, want, "{isa:?} {m}x{k}x{n}");
+            // a split into row ranges writes the same rows
+            if m > 2 {
+                let mut y2 = alloc::vec![0i32; m * n];
+                qgemm_rows_on(isa, &p, &e1, 0, 2, QOut::I32(&mut y2[..2 * n]), n);
+                qgemm_rows_on(isa, &p, &e1, 2, m, QOut::I32(&mut y2[2 * n..]), n);
+                assert_eq!(y1, y2, "{isa:?} split");
+            }
+            // requantized: round half to even of sum * scale + bias, plus zero point, clamped
+            let scale: Vec<f32> = (0..m).map(|i| 0.013 + i as f32 * 1e-3).collect();
+            let e2 = QEpi {
+                scale: Some(QVec::Row(&scale)),
+                ..Default::default()
+            };
+            let mut yi = alloc::vec![0i32; m * n];
+            qgemm_rows_on(isa, &p, &QEpi::default(), 0, m, QOut::I32(&mut yi), n);
+            let mut yq = alloc::vec![0u8; m * n];
+            qgemm_rows_on(
+                isa,
+                &p,
+                &e2,
+                0,
+                m,
+                QOut::Q8 {
+                    y: &mut yq,
+                    zp: -3.0,
+                    lo: -128.0,
+                    hi: 127.0,
+                },
+                n,
+            );
+            for (x, (&q, &s)) in yq.iter().zip(&yi).enumerate() {
+                let f = s as f32 * scale[x / n];
+                let r = (libm::rintf(f) - 3.0).clamp(-128.0, 127.0) as i32 as i8;
+                assert_eq!(q as i8, r, "{isa:?} requantized {x}");
+            }
+        }
+    }
+}

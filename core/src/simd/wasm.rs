@@ -146,6 +146,43 @@ impl VF32 for V128 {
         V128(f32x4_convert_i32x4(acc))
     }
     #[inline(always)]
+    fn q_load(b: &[u8]) -> v128 {
+        let b = &b[..16];
+        // SAFETY: `b` has 16 bytes; wasm loads need no alignment.
+        unsafe { v128_load(b.as_ptr() as *const v128) }
+    }
+    #[inline(always)]
+    fn q_load_i32(s: &[i32]) -> v128 {
+        let s = &s[..4];
+        // SAFETY: `s` has 4 lanes; wasm loads need no alignment.
+        unsafe { v128_load(s.as_ptr() as *const v128) }
+    }
+    #[inline(always)]
+    fn q_store_i32(v: v128, d: &mut [i32]) {
+        let d = &mut d[..4];
+        // SAFETY: `d` has 4 lanes; wasm stores need no alignment.
+        unsafe { v128_store(d.as_mut_ptr() as *mut v128, v) }
+    }
+    #[inline(always)]
+    fn q_splat(v: i32) -> v128 {
+        i32x4_splat(v)
+    }
+    #[inline(always)]
+    fn q_add(a: v128, b: v128) -> v128 {
+        i32x4_add(a, b)
+    }
+    #[inline(always)]
+    fn q_mul_add(acc: v128, v: v128, s: i32) -> v128 {
+        i32x4_add(acc, i32x4_mul(v, i32x4_splat(s)))
+    }
+    #[inline(always)]
+    fn store_bytes(self, d: &mut [u8]) {
+        let d = &mut d[..4];
+        let i = i32x4_trunc_sat_f32x4(self.0);
+        let p = i8x16_shuffle::<0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0>(i, i);
+        d.copy_from_slice(&u32x4_extract_lane::<0>(p).to_le_bytes());
+    }
+    #[inline(always)]
     fn bytes(b: &[u8]) -> Self {
         V128(f32x4_convert_i32x4(Self::widen(b)))
     }

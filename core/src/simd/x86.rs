@@ -185,6 +185,71 @@ impl VF32 for Avx2 {
         Avx2(unsafe { _mm256_cvtepi32_ps(acc) })
     }
     #[inline(always)]
+    fn q_dot8(acc: __m256i, codes: __m256i, q4: u32) -> __m256i {
+        // maddubs could saturate (2 * 255 * 128 > 2^15): widen to i16 instead, the even and
+        // the odd bytes apart, and let madd sum each pair into i32 lanes
+        unsafe {
+            let q = _mm256_set1_epi32(q4 as i32);
+            let m = _mm256_set1_epi16(0xff);
+            let c_even = _mm256_and_si256(codes, m);
+            let c_odd = _mm256_srli_epi16::<8>(codes);
+            let q_even = _mm256_srai_epi16::<8>(_mm256_slli_epi16::<8>(q));
+            let q_odd = _mm256_srai_epi16::<8>(q);
+            let s = _mm256_add_epi32(
+                _mm256_madd_epi16(c_even, q_even),
+                _mm256_madd_epi16(c_odd, q_odd),
+            );
+            _mm256_add_epi32(acc, s)
+        }
+    }
+    #[inline(always)]
+    fn q_load(b: &[u8]) -> __m256i {
+        let b = &b[..32];
+        // SAFETY: `b` has 32 bytes; the load has no alignment requirement.
+        unsafe { _mm256_loadu_si256(b.as_ptr() as *const __m256i) }
+    }
+    #[inline(always)]
+    fn q_load_i32(s: &[i32]) -> __m256i {
+        let s = &s[..8];
+        // SAFETY: `s` has 8 lanes; the load has no alignment requirement.
+        unsafe { _mm256_loadu_si256(s.as_ptr() as *const __m256i) }
+    }
+    #[inline(always)]
+    fn q_store_i32(v: __m256i, d: &mut [i32]) {
+        let d = &mut d[..8];
+        // SAFETY: `d` has 8 lanes; the store has no alignment requirement.
+        unsafe { _mm256_storeu_si256(d.as_mut_ptr() as *mut __m256i, v) }
+    }
+    #[inline(always)]
+    fn q_splat(v: i32) -> __m256i {
+        unsafe { _mm256_set1_epi32(v) }
+    }
+    #[inline(always)]
+    fn q_add(a: __m256i, b: __m256i) -> __m256i {
+        unsafe { _mm256_add_epi32(a, b) }
+    }
+    #[inline(always)]
+    fn q_mul_add(acc: __m256i, v: __m256i, s: i32) -> __m256i {
+        unsafe { _mm256_add_epi32(acc, _mm256_mullo_epi32(v, _mm256_set1_epi32(s))) }
+    }
+    #[inline(always)]
+    fn store_bytes(self, d: &mut [u8]) {
+        let d = &mut d[..8];
+        unsafe {
+            // byte 0 of each i32 to the front of its 128-bit half
+            let i = _mm256_cvttps_epi32(self.0);
+            let sel = _mm256_setr_epi8(
+                0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, 0, 4, 8, 12, -1, -1,
+                -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,
+            );
+            let p = _mm256_shuffle_epi8(i, sel);
+            let lo = _mm256_cvtsi256_si32(p) as u32;
+            let hi = _mm256_extract_epi32::<4>(p) as u32;
+            d[..4].copy_from_slice(&lo.to_le_bytes());
+            d[4..].copy_from_slice(&hi.to_le_bytes());
+        }
+    }
+    #[inline(always)]
     fn bytes(b: &[u8]) -> Self {
         let b = &b[..8];
         // SAFETY: `b` has 8 bytes; the load has no alignment requirement.

@@ -1,0 +1,395 @@
+//! QLinearConv and ConvInteger on integer kernels.
+//!
+//! Ungrouped convolutions are one integer product per image ([`simd::qgemm`]): the weights
+//! (packed at load when constant) are the signed rows, the input's patches the unsigned
+//! packed columns, and zero points, bias and requantization are the product's epilogue.
+//! Grouped ones (depthwise) run the float convolution on the centered integers: every
+//! product and partial sum is an integer below 2^24 for kernels of up to 258 taps, so the
+//! float kernels compute the same sums exactly, then the same requantization follows.
+
+use alloc::borrow::Cow;
+
+use super::*;
+use crate::simd::{qcols_pack, qrows_pack, QEpi, QGemm, QGeom, QOut, QVec};
+
+/// The bytes of an int8 or uint8 tensor (int8 as bit patterns), and whether it is int8.
+pub(crate) fn q8_bytes(t: &Tensor) -> Result<(Cow<'_, [u8]>, bool)> {
+    Ok(match t.dtype() {
+        DataType::Uint8 => (t.as_slice::<u8>()?, false),
+        DataType::Int8 => match t.as_slice::<i8>()? {
+            Cow::Borrowed(v) => (Cow::Borrowed(bytemuck::cast_slice(v)), true),
+            Cow::Owned(v) => (Cow::Owned(v.into_iter().map(|x| x as u8).collect()), true),
+        },
+        dt => return Err(bad_type("quantized convolution", dt)),
+    })
+}
+
+/// Address and length of a tensor's elements when they are borrowed storage (a constant).
+fn key_of(t: &Tensor) -> Option<(usize, usize)> {
+    match q8_bytes(t).ok()?.0 {
+        Cow::Borrowed(v) => Some((v.as_ptr() as usize, v.len())),
+        Cow::Owned(_) => None,
+    }
+}
+
+/// A zero point as one value per output channel (or one for all), int8 or uint8 like `t`.
+fn zero_points(zp: Option<&Tensor>, dt: DataType, m: usize) -> Result<Vec<i32>> {
+    let Some(z) = zp else {
+        return Ok(vec![0; m]);
+    };
+    if z.dtype() != dt {
+        bail!("zero point type {} differs from input type {dt}", z.dtype());
+    }
+    let v = z.to_i64_vec()?;
+    match v.len() {
+        1 => Ok(vec![v[0] as i32; m]),
+        n if n == m => Ok(v.iter().map(|&x| x as i32).collect()),
+        _ => unsupported!("zero point of shape {:?} is not supported here", z.shape()),
+    }
+}
+
+/// Weights ready for the products: the signed rows of the integer product (ungrouped), or
+/// the centered values as f32 (grouped).
+enum QWeights {
+    Rows {
+        /// `m` rows of `kp` bytes (int8; uint8 weights moved by -128).
+        rows: Vec<u8>,
+        /// Each row's sum.
+        sums: Vec<i32>,
+        /// Each row's zero point, moved like the weights.
+        zp: Vec<i32>,
+        k: usize,
+        kp: usize,
+    },
+    Centered(Vec<f32>),
+}
+
+impl QWeights {
+    fn new(w: &Tensor, wzp: Option<&Tensor>, group: usize, lanes: usize) -> Result<QWeights> {
+        let m = w.shape()[0];
+        let k = if m == 0 { 0 } else { w.len() / m };
+        let (wb, signed) = q8_bytes(w)?;
+        let zp = zero_points(wzp, w.dtype(), m)?;
+        if group == 1 {
+            let flip = if signed { 0 } else { 0x80 };
+            let kp = QGeom { lanes, k, n: 1 }.kp();
+            let mut rows = vec![0u8; m * kp];
+            let mut sums = vec![0i32; m];
+            qrows_pack(&wb, m, k, k, flip, kp, &mut rows, &mut sums);
+            let zp = zp
+                .iter()
+                .map(|&z| if signed { z } else { z - 128 })
+                .collect();
+            Ok(QWeights::Rows {
+                rows,
+                sums,
+                zp,
+                k,
+                kp,
+            })
+        } else {
+            let per = k;
+            Ok(QWeights::Centered(
+                wb.iter()
+                    .enumerate()
+                    .map(|(i, &b)| {
+                        let v = if signed { b as i8 as i32 } else { b as i32 };
+                        (v - zp[i / per.max(1)]) as f32
+                    })
+                    .collect(),
+            ))
+        }
+    }
+
+    fn bytes(&self) -> usize {
+        match self {
+            QWeights::Rows { rows, sums, zp, .. } => rows.len() + 4 * (sums.len() + zp.len()),
+            QWeights::Centered(v) => 4 * v.len(),
+        }
+    }
+}
+
+/// QLinearConv (`qlinear`) or ConvInteger.
+pub(super) struct QConv {
+    sp: Spatial,
+    group: usize,
+    qlinear: bool,
+    /// The output's lower bound is its zero point (a Relu fused after the convolution).
+    relu: bool,
+    /// Weights prepared at load: the keys of the weight and its zero point, the vector
+    /// lanes they were packed for, and the result.
+    packed: Option<((usize, usize), Option<(usize, usize)>, usize, QWeights)>,
+}
+
+pub(super) fn build_qconv(node: &Node, qlinear: bool) -> Result<Box<dyn Kernel>> {
+    let (sp, group) = conv_attrs(node)?;
+    Ok(Box::new(QConv {
+        sp,
+        group,
+        qlinear,
+        relu: node.get_i("nxrt_relu", 0)? != 0,
+        packed: None,
+    }))
+}
+
+impl QConv {
+    /// Input positions of the weight, its zero point.
+    fn w_inputs(&self) -> (usize, usize) {
+        if self.qlinear {
+            (3, 5)
+        } else {
+            (1, 3)
+        }
+    }
+}
+
+impl Kernel for QConv {
+    fn prepare(&mut self, consts: &[Option<&Tensor>]) -> usize {
+        let (wi, zi) = self.w_inputs();
+        let c = |i: usize| consts.get(i).copied().flatten();
+        let Some(w) = c(wi) else { return 0 };
+        if w.rank() < 3 || !matches!(w.dtype(), DataType::Int8 | DataType::Uint8) {
+            return 0;
+        }
+        let lanes = simd::q4_isa().1;
+        let Ok(qw) = QWeights::new(w, c(zi), self.group, lanes) else {
+            return 0;
+        };
+        let Some(wk) = key_of(w) else { return 0 };
+        let zk = match c(zi) {
+            Some(z) => match key_of(z) {
+                Some(k) => Some(k),
+                None => return 0,
+            },
+            None => None,
+        };
+        let bytes = qw.bytes();
+        self.packed = Some((wk, zk, lanes, qw));
+        bytes
+    }
+
+    fn compute(&self, cx: &KernelCx<'_>, inputs: &[Option<&Value>]) -> Result<Vec<Value>> {
+        let (wi, zi) = self.w_inputs();
+        let x = tensor_in(inputs, 0)?;
+        let w = tensor_in(inputs, wi)?;
+        let wzp = opt_tensor_in(inputs, zi)?;
+        let xzp = opt_tensor_in(inputs, if self.qlinear { 2 } else { 2 })?;
+        let bias = if self.qlinear {
+            opt_tensor_in(inputs, 8)?
+        } else {
+            None
+        };
+        let cs = conv_shape(&self.sp, self.group, x.shape(), w.shape(), bias)?;
+        let (q_isa, lanes) = simd::q4_isa();
+        let owned;
+        let qw = match &self.packed {
+            Some((wk, zk, l, qw))
+                if *l == lanes && key_of(w) == Some(*wk) && wzp.map(key_of) == zk.map(Some) =>
+            {
+                qw
+            }
+            _ => {
+                owned = QWeights::new(w, wzp, self.group, lanes)?;
+                &owned
+            }
+        };
+        let (xb, x_signed) = q8_bytes(x)?;
+        let xz = zero_points(xzp, x.dtype(), 1)?[0];
+        if xzp.is_some_and(|z| z.len() != 1) {
+            unsupported!("quantized convolution: x_zero_point must be a scalar");
+        }
+        let bias_v: Option<Vec<i32>> = match bias {
+            Some(b) if b.dtype() == DataType::Int32 => Some(b.as_slice::<i32>()?.into_owned()),
+            Some(b) => return Err(bad_type("QLinearConv bias", b.dtype())),
+            None => None,
+        };
+        let out_plane: usize = cs.g.out.iter().product();
+        let (n, m) = (cs.n, cs.m);
+        let mut shape = vec![n, m];
+        shape.extend_from_slice(&cs.g.out);
+        // requantization: multiplier per output channel, output zero point and range
+        let rq = if self.qlinear {
+            let x_scale = tensor_in(inputs, 1)?.to_f32_vec()?;
+            let w_scale = tensor_in(inputs, 4)?.to_f32_vec()?;
+            let y_scale = tensor_in(inputs, 6)?.to_f32_vec()?;
+            let y_zp = opt_tensor_in(inputs, 7)?;
+            if x_scale.len() != 1 || y_scale.len() != 1 {
+                unsupported!("QLinearConv: x_scale and y_scale must be scalars");
+            }
+            if w_scale.len() != 1 && w_scale.len() != m {
+                bail!(
+                    "QLinearConv: w_scale has {} values for {m} output channels",
+                    w_scale.len()
+                );
+            }
+            let out_dt = y_zp.map_or(x.dtype(), |z| z.dtype());
+            let zp = match y_zp {
+                Some(z) if z.len() == 1 => z.to_i64_vec()?[0] as f32,
+                Some(_) => unsupported!("QLinearConv: y_zero_point must be a scalar"),
+                None => 0.0,
+            };
+            let (lo, hi) = match out_dt {
+                DataType::Uint8 => (0.0, 255.0),
+                DataType::Int8 => (-128.0, 127.0),
+                dt => return Err(bad_type("QLinearConv", dt)),
+            };
+            let lo = if self.relu { zp.max(lo) } else { lo };
+            let mult: Vec<f32> = (0..m)
+                .map(|i| x_scale[0] * w_scale[if w_scale.len() == 1 { 0 } else { i }] / y_scale[0])
+                .collect();
+            Some((mult, zp, lo, hi, out_dt))
+        } else {
+            None
+        };
+        let mut y8 = vec![0u8; if rq.is_some() { n * m * out_plane } else { 0 }];
+        let mut y32 = vec![0i32; if rq.is_some() { 0 } else { n * m * out_plane }];
+        match qw {
+            QWeights::Rows {
+                rows,
+                sums,
+                zp: wz,
+                k,
+                kp,
+            } => {
+                let g = cs.g.simplified();
+                let k = *k;
+                debug_assert_eq!(k, cs.c * g.k.iter().product::<usize>());
+                let (flip, xzs) = if x_signed {
+                    (0x80u8, xz + 128)
+                } else {
+                    (0, xz)
+                };
+                let qg = QGeom {
+                    lanes,
+                    k,
+                    n: out_plane,
+                };
+                debug_assert_eq!(qg.kp(), *kp);
+                let direct = g.k.iter().all(|&v| v == 1)
+                    && g.s.iter().all(|&v| v == 1)
+                    && g.pb.iter().all(|&v| v == 0);
+                let in_plane: usize = g.inp.iter().product();
+                let mut col = if direct {
+                    Vec::new()
+                } else {
+                    vec![0u8; k * out_plane]
+                };
+                let mut packed = vec![0u8; qg.packed_len()];
+                let cross = wz.iter().any(|&z| z != 0);
+                let mut colsum = vec![0i32; if cross { qg.np() } else { 0 }];
+                // -zx * rowsum(w) + K * zw * zx + bias; and -zw * colsum(x) when zw != 0
+                let row_add: Vec<i32> = (0..m)
+                    .map(|i| {
+                        -xzs * sums[i]
+                            + k as i32 * wz[i] * xzs
+                            + bias_v.as_ref().map_or(0, |b| b[i])
+                    })
+                    .collect();
+                let nwz: Vec<i32> = wz.iter().map(|z| -z).collect();
+                for img in 0..n {
+                    let xi = &xb[img * cs.c * in_plane..(img + 1) * cs.c * in_plane];
+                    let src: &[u8] = if direct {
+                        xi
+                    } else {
+                        im2col(cx.cpu, xi, &g, 0, out_plane, &mut col, xz as u8);
+                        &col
+                    };
+                    qcols_pack(
+                        &qg,
+                        src,
+                        out_plane,
+                        flip,
+                        &mut packed,
+                        cross.then_some(&mut colsum[..]),
+                    );
+                    let p = QGemm {
+                        m,
+                        g: qg,
+                        a: rows,
+                        b: &packed,
+                    };
+                    let mut e = QEpi {
+                        row_add: Some(&row_add),
+                        cross: cross.then_some((&colsum[..], &nwz[..])),
+                        ..Default::default()
+                    };
+                    let work = k.div_ceil(16).max(1);
+                    let range = img * m * out_plane..(img + 1) * m * out_plane;
+                    let chunk = even_rows(cx.cpu, m) * out_plane;
+                    match &rq {
+                        Some((mult, zp, lo, hi, _)) => {
+                            e.scale = Some(QVec::Row(mult));
+                            par_chunks_mut(cx.cpu, &mut y8[range], chunk, work, &|ci, c| {
+                                let r0 = ci * chunk / out_plane;
+                                let r1 = r0 + c.len() / out_plane;
+                                let out = QOut::Q8 {
+                                    y: c,
+                                    zp: *zp,
+                                    lo: *lo,
+                                    hi: *hi,
+                                };
+                                simd::qgemm_rows_on(q_isa, &p, &e, r0, r1, out, out_plane);
+                            });
+                        }
+                        None => {
+                            par_chunks_mut(cx.cpu, &mut y32[range], chunk, work, &|ci, c| {
+                                let r0 = ci * chunk / out_plane;
+                                let r1 = r0 + c.len() / out_plane;
+                                simd::qgemm_rows_on(q_isa, &p, &e, r0, r1, QOut::I32(c), out_plane);
+                            });
+                        }
+                    }
+                }
+            }
+            QWeights::Centered(wf) => {
+                let mut xf = vec![0f32; xb.len()];
+                simd::dequantize_q8(&xb, x_signed, xz as f32, 1.0, &mut xf);
+                let bf: Option<Vec<f32>> = bias_v
+                    .as_ref()
+                    .map(|b| b.iter().map(|&v| v as f32).collect());
+                let acc = conv_compute(cx, &xf, wf, bf.as_deref(), &cs);
+                match &rq {
+                    Some((mult, zp, lo, hi, _)) => {
+                        for (i, (yc, ac)) in y8
+                            .chunks_mut(out_plane.max(1))
+                            .zip(acc.chunks(out_plane.max(1)))
+                            .enumerate()
+                        {
+                            let q = simd::Q8 {
+                                zp: *zp,
+                                lo: *lo,
+                                hi: *hi,
+                            };
+                            simd::requantize_q8(ac, mult[i % m], q, yc);
+                        }
+                    }
+                    None => {
+                        for (yv, &a) in y32.iter_mut().zip(&acc) {
+                            *yv = a as i32;
+                        }
+                    }
+                }
+            }
+        }
+        let t = match &rq {
+            Some((.., DataType::Int8)) => {
+                Tensor::from_vec(&shape, y8.into_iter().map(|v| v as i8).collect())?
+            }
+            Some(_) => Tensor::from_vec(&shape, y8)?,
+            None => Tensor::from_vec(&shape, y32)?,
+        };
+        out1(t)
+    }
+}
+
+/// Rows per task for splitting `m` output rows between the backend's threads (whole tiles of
+/// four rows where there are enough).
+fn even_rows(cpu: &dyn CpuBackend, m: usize) -> usize {
+    let t = cpu.threads().max(1);
+    let per = m.div_ceil(t);
+    if m >= 4 * t {
+        per.div_ceil(4) * 4
+    } else {
+        per.max(1)
+    }
+}

@@ -1,0 +1,353 @@
+//! The com.microsoft quantized element-wise and pooling ops of ONNX Runtime's QOperator
+//! format: QLinearAdd, QLinearMul, QLinearSigmoid, QLinearLeakyRelu, QLinearGlobalAveragePool,
+//! QLinearAveragePool and QLinearConcat (QGemm is with the products, in `qmatmul`).
+//!
+//! They compute as ONNX Runtime's kernels do: the integer values less their zero points,
+//! scaled in f32, rounded half to even, plus the output's zero point, saturated. One-input
+//! ops are a 256-entry table computed once per scale set (every input byte's answer).
+
+use alloc::boxed::Box;
+use alloc::vec;
+use alloc::vec::Vec;
+
+use crate::dtype::DataType;
+use crate::error::Result;
+use crate::ir::Node;
+use crate::kernels::nn::q8_bytes;
+use crate::kernels::{bad_type, def_in, opt_tensor_in, out1, tensor_in};
+use crate::provider::{Kernel, KernelCx, KernelDef};
+use crate::simd::{self, QBin, Q8};
+use crate::tensor::Tensor;
+use crate::value::Value;
+use crate::{bail, unsupported};
+
+const Q8: &[DataType] = &[DataType::Uint8, DataType::Int8];
+
+pub(crate) const KERNELS: &[KernelDef] = &[
+    def_in("com.microsoft", "QLinearAdd", 1, 1, build_add).types(Q8),
+    def_in("com.microsoft", "QLinearMul", 1, 1, build_mul).types(Q8),
+    def_in("com.microsoft", "QLinearSigmoid", 1, 1, build_sigmoid).types(Q8),
+    def_in("com.microsoft", "QLinearLeakyRelu", 1, 1, build_leaky_relu).types(Q8),
+    def_in("com.microsoft", "QLinearGlobalAveragePool", 1, 1, build_gap).types(Q8),
+    def_in("com.microsoft", "QLinearConcat", 1, 1, build_concat).types(Q8),
+];
+
+/// Rounds half to even (`|v| < 2^22`, which every requantized value below is before
+/// saturation... or saturates anyway), adds `zp` and saturates to `lo..=hi`, as a byte.
+#[inline(always)]
+pub(crate) fn requant(v: f32, zp: f32, lo: f32, hi: f32) -> u8 {
+    const MAGIC: f32 = 12_582_912.0; // 1.5 * 2^23: adding it leaves no fraction bits
+    let v = v.clamp(-4_194_304.0, 4_194_304.0);
+    let r = (v + MAGIC) - MAGIC;
+    (r + zp).clamp(lo, hi) as i32 as u8
+}
+
+/// A scalar quantization parameter pair: (scale, zero point) of a tensor whose elements have
+/// type `dt`.
+fn qparams(
+    inputs: &[Option<&Value>],
+    scale: usize,
+    zp: usize,
+    dt: DataType,
+    what: &str,
+) -> Result<(f32, f32)> {
+    let s = tensor_in(inputs, scale)?;
+    if s.len() != 1 {
+        unsupported!("{what}: only per-tensor scales are supported");
+    }
+    let s = s.to_f32_vec()?[0];
+    let z = match opt_tensor_in(inputs, zp)? {
+        Some(z) if z.len() != 1 => {
+            unsupported!("{what}: only per-tensor zero points are supported")
+        }
+        Some(z) if z.dtype() != dt => {
+            bail!("{what}: zero point type {} differs from {dt}", z.dtype())
+        }
+        Some(z) => z.to_i64_vec()?[0] as f32,
+        None => 0.0,
+    };
+    Ok((s, z))
+}
+
+/// The range of a quantized type.
+fn range(dt: DataType) -> Result<(f32, f32)> {
+    match dt {
+        DataType::Uint8 => Ok((0.0, 255.0)),
+        DataType::Int8 => Ok((-128.0, 127.0)),
+        dt => Err(bad_type("quantized op", dt)),
+    }
+}
+
+/// A byte's integer value for type `dt`.
+#[inline(always)]
+fn val(b: u8, signed: bool) -> f32 {
+    if signed {
+        b as i8 as f32
+    } else {
+        b as f32
+    }
+}
+
+/// Bytes as a tensor of `dt` (uint8 or int8).
+pub(crate) fn q8_tensor(dt: DataType, shape: &[usize], y: Vec<u8>) -> Result<Tensor> {
+    if dt == DataType::Int8 {
+        Tensor::from_vec(shape, y.into_iter().map(|v| v as i8).collect::<Vec<i8>>())
+    } else {
+        Tensor::from_vec(shape, y)
+    }
+}
+
+#[derive(Clone, Copy)]
+enum Bin {
+    Add,
+    Mul,
+}
+
+struct QBinary(Bin);
+
+fn build_add(_n: &Node) -> Result<Box<dyn Kernel>> {
+    Ok(Box::new(QBinary(Bin::Add)))
+}
+
+fn build_mul(_n: &Node) -> Result<Box<dyn Kernel>> {
+    Ok(Box::new(QBinary(Bin::Mul)))
+}
+
+impl Kernel for QBinary {
+    fn compute(&self, _cx: &KernelCx<'_>, inputs: &[Option<&Value>]) -> Result<Vec<Value>> {
+        let what = match self.0 {
+            Bin::Add => "QLinearAdd",
+            Bin::Mul => "QLinearMul",
+        };
+        let a = tensor_in(inputs, 0)?;
+        let b = tensor_in(inputs, 3)?;
+        let dt = a.dtype();
+        if b.dtype() != dt {
+            bail!("{what}: inputs of types {dt} and {}", b.dtype());
+        }
+        let (sa, za) = qparams(inputs, 1, 2, dt, what)?;
+        let (sb, zb) = qparams(inputs, 4, 5, dt, what)?;
+        let (sc, zc) = qparams(inputs, 6, 7, dt, what)?;
+        let (lo, hi) = range(dt)?;
+        let shape = crate::kernels::broadcast_shapes(a.shape(), b.shape())?;
+        let p = match self.0 {
+            Bin::Add => QBin {
+                mul: false,
+                za,
+                zb,
+                ra: sa / sc,
+                rb: sb / sc,
+            },
+            Bin::Mul => QBin {
+                mul: true,
+                za,
+                zb,
+                ra: sa * sb / sc,
+                rb: 0.0,
+            },
+        };
+        let q = Q8 { zp: zc, lo, hi };
+        let signed = dt == DataType::Int8;
+        // the operand of the output's shape first (both ops commute)
+        let (big, small, pb) = if a.shape() == shape.as_slice() {
+            (a, b, p)
+        } else {
+            (
+                b,
+                a,
+                QBin {
+                    za: zb,
+                    zb: za,
+                    ra: if p.mul { p.ra } else { p.rb },
+                    rb: p.ra,
+                    ..p
+                },
+            )
+        };
+        let n: usize = shape.iter().product();
+        let mut y = vec![0u8; n];
+        let (bb, _) = q8_bytes(big)?;
+        // the smaller one: the same shape, or a suffix repeated, or one value per channel of
+        // a [N, C, ...] output ([1, C, 1..] or [N, C, 1..]); else broadcast in full
+        let ss = small.shape();
+        let r = shape.len();
+        let pad: Vec<usize> = core::iter::repeat_n(1, r - ss.len())
+            .chain(ss.iter().copied())
+            .collect();
+        let lead = pad.iter().position(|&d| d != 1).unwrap_or(r);
+        let suffix = pad[lead..] == shape[lead..];
+        let channel = r >= 3
+            && pad[2..].iter().all(|&d| d == 1)
+            && pad[1] == shape[1]
+            && (pad[0] == 1 || pad[0] == shape[0]);
+        if small.len() == 1 {
+            let (sb, _) = q8_bytes(small)?;
+            simd::qbinary_q8(pb, &bb, &sb, n.max(2), signed, q, &mut y);
+        } else if suffix {
+            let (sb, _) = q8_bytes(small)?;
+            simd::qbinary_q8(pb, &bb, &sb, 1, signed, q, &mut y);
+        } else if channel {
+            let (sb, _) = q8_bytes(small)?;
+            let plane: usize = shape[2..].iter().product();
+            simd::qbinary_q8(pb, &bb, &sb, plane.max(1), signed, q, &mut y);
+        } else {
+            let full = small.broadcast_to(&shape)?.contiguous()?;
+            let (sb, _) = q8_bytes(&full)?;
+            simd::qbinary_q8(pb, &bb, &sb, 1, signed, q, &mut y);
+        }
+        out1(q8_tensor(dt, &shape, y)?)
+    }
+}
+
+/// A one-input op as a table of its 256 answers.
+struct QUnary {
+    what: &'static str,
+    f: fn(f32, f32) -> f32,
+    alpha: f32,
+}
+
+fn build_sigmoid(_n: &Node) -> Result<Box<dyn Kernel>> {
+    Ok(Box::new(QUnary {
+        what: "QLinearSigmoid",
+        f: |x, _| 1.0 / (1.0 + libm::expf(-x)),
+        alpha: 0.0,
+    }))
+}
+
+fn build_leaky_relu(n: &Node) -> Result<Box<dyn Kernel>> {
+    Ok(Box::new(QUnary {
+        what: "QLinearLeakyRelu",
+        f: |x, a| if x >= 0.0 { x } else { a * x },
+        alpha: n.get_f("alpha", 0.01)?,
+    }))
+}
+
+impl Kernel for QUnary {
+    fn compute(&self, _cx: &KernelCx<'_>, inputs: &[Option<&Value>]) -> Result<Vec<Value>> {
+        let x = tensor_in(inputs, 0)?;
+        let dt = x.dtype();
+        let (sx, zx) = qparams(inputs, 1, 2, dt, self.what)?;
+        let (sy, zy) = qparams(inputs, 3, 4, dt, self.what)?;
+        let (lo, hi) = range(dt)?;
+        let signed = dt == DataType::Int8;
+        let table: Vec<u8> = (0..=255u8)
+            .map(|b| {
+                let v = (self.f)((val(b, signed) - zx) * sx, self.alpha);
+                requant(v / sy, zy, lo, hi)
+            })
+            .collect();
+        let (xb, _) = q8_bytes(x)?;
+        let y: Vec<u8> = xb.iter().map(|&b| table[b as usize]).collect();
+        out1(q8_tensor(dt, x.shape(), y)?)
+    }
+}
+
+struct QGap {
+    channels_last: bool,
+}
+
+fn build_gap(n: &Node) -> Result<Box<dyn Kernel>> {
+    Ok(Box::new(QGap {
+        channels_last: n.get_i("channels_last", 0)? != 0,
+    }))
+}
+
+impl Kernel for QGap {
+    fn compute(&self, _cx: &KernelCx<'_>, inputs: &[Option<&Value>]) -> Result<Vec<Value>> {
+        let x = tensor_in(inputs, 0)?;
+        let dt = x.dtype();
+        let what = "QLinearGlobalAveragePool";
+        let (sx, zx) = qparams(inputs, 1, 2, dt, what)?;
+        let (sy, zy) = qparams(inputs, 3, 4, dt, what)?;
+        let (lo, hi) = range(dt)?;
+        let s = x.shape();
+        if s.len() < 3 {
+            bail!("{what}: input of rank {} (needs at least 3)", s.len());
+        }
+        let (n, c) = if self.channels_last {
+            (s[0], s[s.len() - 1])
+        } else {
+            (s[0], s[1])
+        };
+        let plane: usize = if self.channels_last {
+            s[1..s.len() - 1].iter().product()
+        } else {
+            s[2..].iter().product()
+        };
+        let (xb, signed) = q8_bytes(x)?;
+        let mut y = vec![0u8; n * c];
+        // the integer sum less the zero points, times sx / (sy * count)
+        let r = sx / (sy * plane.max(1) as f32);
+        for img in 0..n {
+            for ch in 0..c {
+                let sum: i32 = if self.channels_last {
+                    (0..plane)
+                        .map(|p| val(xb[(img * plane + p) * c + ch], signed) as i32)
+                        .sum()
+                } else {
+                    xb[(img * c + ch) * plane..(img * c + ch + 1) * plane]
+                        .iter()
+                        .map(|&b| val(b, signed) as i32)
+                        .sum()
+                };
+                let v = (sum as f32 - zx * plane as f32) * r;
+                y[img * c + ch] = requant(v, zy, lo, hi);
+            }
+        }
+        let mut shape = vec![n];
+        if self.channels_last {
+            shape.extend(core::iter::repeat_n(1, s.len() - 2));
+            shape.push(c);
+        } else {
+            shape.push(c);
+            shape.extend(core::iter::repeat_n(1, s.len() - 2));
+        }
+        out1(q8_tensor(dt, &shape, y)?)
+    }
+}
+
+struct QConcat {
+    axis: i64,
+}
+
+fn build_concat(n: &Node) -> Result<Box<dyn Kernel>> {
+    Ok(Box::new(QConcat {
+        axis: n.get_i("axis", 0)?,
+    }))
+}
+
+impl Kernel for QConcat {
+    fn compute(&self, _cx: &KernelCx<'_>, inputs: &[Option<&Value>]) -> Result<Vec<Value>> {
+        // Y_scale, Y_zero_point, then (X, X_scale, X_zero_point) per input
+        let what = "QLinearConcat";
+        if inputs.len() < 5 || (inputs.len() - 2) % 3 != 0 {
+            bail!("{what}: {} inputs (needs 2 + 3 per tensor)", inputs.len());
+        }
+        let x0 = tensor_in(inputs, 2)?;
+        let dt = x0.dtype();
+        let (sy, zy) = qparams(inputs, 0, 1, dt, what)?;
+        let (lo, hi) = range(dt)?;
+        let rank = x0.rank();
+        crate::kernels::norm_axis(self.axis, rank)?;
+        let mut parts = Vec::new();
+        for t in 0..(inputs.len() - 2) / 3 {
+            let x = tensor_in(inputs, 2 + 3 * t)?;
+            if x.dtype() != dt || x.rank() != rank {
+                bail!("{what}: input {t} is {} of rank {}", x.dtype(), x.rank());
+            }
+            let (sx, zx) = qparams(inputs, 3 + 3 * t, 4 + 3 * t, dt, what)?;
+            let (xb, signed) = q8_bytes(x)?;
+            let y: Vec<u8> = if sx == sy && zx == zy {
+                xb.into_owned()
+            } else {
+                let r = sx / sy;
+                xb.iter()
+                    .map(|&b| requant((val(b, signed) - zx) * r, zy, lo, hi))
+                    .collect()
+            };
+            parts.push(q8_tensor(dt, x.shape(), y)?);
+        }
+        let refs: Vec<&Tensor> = parts.iter().collect();
+        out1(crate::kernels::shape::concat(None, &refs, self.axis)?)
+    }
+}
