@@ -38,6 +38,7 @@ use crate::tensor::Tensor;
 use crate::value::{Dim, TypeInfo, Value};
 
 mod nchwc;
+pub mod quant;
 pub use nchwc::block_convolutions;
 
 /// Domain and op of the fused convolution.

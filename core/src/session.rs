@@ -393,6 +393,9 @@ impl Session {
                 .cloned();
             if let Some(cpu) = cpu {
                 optimize::fold_constants(&mut model.graph, &*cpu)?;
+                // block-quantized weights of MatMuls onto the block-quantized kernels (every
+                // provider has them)
+                crate::fuse::quant::block_matmuls(&mut model.graph)?;
                 infer::infer_graph(&mut model.graph, &[])?;
             }
             if matches!(opts.optimization, OptLevel::Extended | OptLevel::All)

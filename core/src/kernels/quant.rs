@@ -67,7 +67,7 @@ where
 
 /// Every element of a numeric, float8, 4- or 2-bit tensor as f64 (exact for all of them but
 /// 64-bit integers beyond 2^53).
-fn values_f64(t: &Tensor, what: &str) -> Result<Vec<f64>> {
+pub(crate) fn values_f64(t: &Tensor, what: &str) -> Result<Vec<f64>> {
     let dt = t.dtype();
     if is_raw(dt) {
         return values_f64(&decode_raw(&t.contiguous()?)?, what);

@@ -80,18 +80,25 @@ pub fn qcols_pack(
             let c0 = gi * lanes;
             let w = lanes.min(n - c0);
             let dst = &mut out[(gi * kq + q) * lanes * 4..][..lanes * 4];
-            if let [Some(r0), Some(r1), Some(r2), Some(r3)] = rows {
+            if let ([Some(r0), Some(r1), Some(r2), Some(r3)], true) = (rows, w <= 16) {
+                // whole words: vectorises (zero-extend, shift, or)
                 let (r0, r1, r2, r3) = (
                     &r0[c0..c0 + w],
                     &r1[c0..c0 + w],
                     &r2[c0..c0 + w],
                     &r3[c0..c0 + w],
                 );
-                for (j, d) in dst.chunks_exact_mut(4).take(w).enumerate() {
-                    d[0] = r0[j] ^ flip;
-                    d[1] = r1[j] ^ flip;
-                    d[2] = r2[j] ^ flip;
-                    d[3] = r3[j] ^ flip;
+                let mut t = [0u32; 16];
+                let f = u32::from_le_bytes([flip; 4]);
+                for j in 0..w {
+                    t[j] = (r0[j] as u32
+                        | (r1[j] as u32) << 8
+                        | (r2[j] as u32) << 16
+                        | (r3[j] as u32) << 24)
+                        ^ f;
+                }
+                for (d, v) in dst.chunks_exact_mut(4).zip(&t[..w]) {
+                    d.copy_from_slice(&v.to_le_bytes());
                 }
             } else {
                 for (j, d) in dst.chunks_exact_mut(4).take(w).enumerate() {
@@ -211,7 +218,7 @@ fn tile<V: VF32, const R: usize, const G: usize>(
         }
         for (r, acc_r) in acc.iter_mut().enumerate() {
             let o = r * kp + 4 * q;
-            let w = u32::from_le_bytes([a[o], a[o + 1], a[o + 2], a[o + 3]]);
+            let w = u32::from_le_bytes(a[o..o + 4].try_into().unwrap_or([0; 4]));
             for (g, acc_rg) in acc_r.iter_mut().enumerate() {
                 *acc_rg = V::q_dot8(*acc_rg, bv[g], w);
             }

@@ -269,12 +269,8 @@ impl Kernel for QConv {
                     && g.s.iter().all(|&v| v == 1)
                     && g.pb.iter().all(|&v| v == 0);
                 let in_plane: usize = g.inp.iter().product();
-                let mut col = if direct {
-                    Vec::new()
-                } else {
-                    vec![0u8; k * out_plane]
-                };
-                let mut packed = vec![0u8; qg.packed_len()];
+                let mut col = simd::scratch::<u8>(if direct { 0 } else { k * out_plane });
+                let mut packed = simd::scratch::<u8>(qg.packed_len());
                 let cross = wz.iter().any(|&z| z != 0);
                 let mut colsum = vec![0i32; if cross { qg.np() } else { 0 }];
                 // -zx * rowsum(w) + K * zw * zx + bias; and -zw * colsum(x) when zw != 0
