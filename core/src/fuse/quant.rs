@@ -9,6 +9,11 @@
 //! block-quantized kernels (GEMV for one row, dequantize-and-SGEMM for many; WebGPU's too)
 //! from 1 byte a weight instead of dequantizing K x N floats on every call. Answers differ
 //! from the float product only by the order of f32 additions.
+//!
+//! **Mixture of experts**: `MatMul(X, Gather(DequantizeLinear(W[E, K, N]), experts))`, the
+//! expert-gather pattern of a router (TopK) in standard ops, becomes `nxrt:GatherMatMulNBits`
+//! over every expert's 8-bit codes: each product reads only the selected expert's weights,
+//! where the graph as written dequantizes all E experts and copies the selected ones.
 
 use alloc::string::String;
 use alloc::vec;
@@ -29,9 +34,17 @@ fn nbits_of(
     zp: Option<&Tensor>,
     bs: usize,
 ) -> Option<(Vec<u8>, Vec<f32>, Vec<u8>)> {
-    let (k, n) = (x.shape()[0], x.shape()[1]);
+    // [K, N], or [E, K, N]: E experts' weights one after another
+    let r = x.rank();
+    let (e, k, n) = match x.shape() {
+        [k, n] => (1, *k, *n),
+        [e, k, n] => (*e, *k, *n),
+        _ => return None,
+    };
     let blocks = k.div_ceil(bs);
-    if scale.shape() != [blocks, n] || zp.is_some_and(|z| z.shape() != [blocks, n]) {
+    let mut sshape = x.shape()[..r - 2].to_vec();
+    sshape.extend([blocks, n]);
+    if scale.shape() != sshape.as_slice() || zp.is_some_and(|z| z.shape() != sshape.as_slice()) {
         return None;
     }
     // integer value of each code and the factor turning it into the dequantized value's unit
@@ -75,28 +88,31 @@ fn nbits_of(
             };
             t.to_i64_vec().ok()?.iter().map(|&v| v as i32).collect()
         }
-        None => vec![0; blocks * n],
+        None => vec![0; e * blocks * n],
     };
-    let mut codes = vec![0u8; n * blocks * bs];
-    let mut scales = vec![0f32; n * blocks];
-    let mut zps = vec![0u8; n * blocks];
-    for j in 0..n {
-        for b in 0..blocks {
-            let z = zv[b * n + j] + off;
-            if !(0..=255).contains(&z) {
-                return None;
-            }
-            let s = sv[b * n + j];
-            scales[j * blocks + b] = if half { (s * 0.5) as f32 } else { s as f32 };
-            zps[j * blocks + b] = z as u8;
-            let col = &mut codes[(j * blocks + b) * bs..(j * blocks + b + 1) * bs];
-            for (i, c) in col.iter_mut().enumerate() {
-                let kk = b * bs + i;
-                *c = if kk < k {
-                    (ints[kk * n + j] + off) as u8
-                } else {
-                    z as u8
-                };
+    let mut codes = vec![0u8; e * n * blocks * bs];
+    let mut scales = vec![0f32; e * n * blocks];
+    let mut zps = vec![0u8; e * n * blocks];
+    for ei in 0..e {
+        let (sb, cb, wb) = (ei * blocks * n, ei * n * blocks * bs, ei * k * n);
+        for j in 0..n {
+            for b in 0..blocks {
+                let z = zv[sb + b * n + j] + off;
+                if !(0..=255).contains(&z) {
+                    return None;
+                }
+                let s = sv[sb + b * n + j];
+                scales[sb + j * blocks + b] = if half { (s * 0.5) as f32 } else { s as f32 };
+                zps[sb + j * blocks + b] = z as u8;
+                let at = cb + (j * blocks + b) * bs;
+                for (i, c) in codes[at..at + bs].iter_mut().enumerate() {
+                    let kk = b * bs + i;
+                    *c = if kk < k {
+                        (ints[wb + kk * n + j] + off) as u8
+                    } else {
+                        z as u8
+                    };
+                }
             }
         }
     }
@@ -117,13 +133,41 @@ pub fn block_matmuls(g: &mut Graph) -> Result<usize> {
         let (Some(a), Some(bv)) = (mm.inputs[0], mm.inputs[1]) else {
             continue;
         };
-        let Some(di) = g.nodes.iter().position(|n| n.outputs.first() == Some(&Some(bv))) else {
+        let Some(mut di) = g
+            .nodes
+            .iter()
+            .position(|n| n.outputs.first() == Some(&Some(bv)))
+        else {
             continue;
         };
+        // MatMul(X, Gather(DQ(W[E, K, N]), experts)): only the selected experts' products
+        let mut gather: Option<(usize, ValueId)> = None;
+        {
+            let gn = &g.nodes[di];
+            if gn.op_type == "Gather" && gn.domain.is_empty() && gn.get_i("axis", 0)? == 0 {
+                if let (Some(Some(data)), Some(Some(idx))) = (gn.inputs.first(), gn.inputs.get(1)) {
+                    if sole_reader(g, &readers, bv) == Some(mi) {
+                        if let Some(d2) = g
+                            .nodes
+                            .iter()
+                            .position(|n| n.outputs.first() == Some(&Some(*data)))
+                        {
+                            gather = Some((di, *idx));
+                            di = d2;
+                        }
+                    }
+                }
+            }
+        }
+        let dq_out = match gather {
+            Some((gi, _)) => g.nodes[gi].inputs[0].unwrap_or(bv),
+            None => bv,
+        };
+        let reader = gather.map_or(mi, |(gi, _)| gi);
         let dq = &g.nodes[di];
         if dq.op_type != "DequantizeLinear"
             || !dq.domain.is_empty()
-            || sole_reader(g, &readers, bv) != Some(mi)
+            || sole_reader(g, &readers, dq_out) != Some(reader)
             || drop[di]
         {
             continue;
@@ -131,20 +175,32 @@ pub fn block_matmuls(g: &mut Graph) -> Result<usize> {
         let bs = dq.get_i("block_size", 0)?;
         let axis = dq.get_i("axis", 1)?;
         let out_dt = dq.get_i("output_dtype", 0)?;
-        if bs < 16 || (bs & (bs - 1)) != 0 || !(axis == 0 || axis == -2) || out_dt > 1 {
+        // blocks along K: axis 0 of [K, N], axis 1 of [E, K, N]
+        let k_axis = if gather.is_some() { 1 } else { 0 };
+        if bs < 16 || (bs & (bs - 1)) != 0 || !(axis == k_axis || axis == -2) || out_dt > 1 {
             continue;
         }
-        let c = |i: usize| dq.inputs.get(i).copied().flatten().and_then(|v| const_of(g, v));
+        let c = |i: usize| {
+            dq.inputs
+                .get(i)
+                .copied()
+                .flatten()
+                .and_then(|v| const_of(g, v))
+        };
         let (Some(x), Some(scale)) = (c(0), c(1)) else {
             continue;
         };
-        if x.rank() != 2 || dq.inputs.get(2).copied().flatten().is_some() && c(2).is_none() {
+        if x.rank() != 2 + gather.is_some() as usize
+            || dq.inputs.get(2).copied().flatten().is_some() && c(2).is_none()
+        {
             continue;
         }
         let Some((codes, scales, zps)) = nbits_of(x, scale, c(2), bs as usize) else {
             continue;
         };
-        let (k, n) = (x.shape()[0], x.shape()[1]);
+        let r = x.rank();
+        let (k, n) = (x.shape()[r - 2], x.shape()[r - 1]);
+        let lead = x.shape()[..r - 2].to_vec();
         let blocks = k.div_ceil(bs as usize);
         let name = g.nodes[mi].name.clone();
         let add = |g: &mut Graph, suffix: &str, t: Tensor| -> ValueId {
@@ -152,16 +208,44 @@ pub fn block_matmuls(g: &mut Graph) -> Result<usize> {
             set_init(g, v, t);
             v
         };
-        let b_new = add(g, "B_q8", Tensor::from_vec(&[n, blocks, bs as usize], codes)?);
-        let s_new = add(g, "scales", Tensor::from_vec(&[n, blocks], scales)?);
-        let z_new = add(g, "zero_points", Tensor::from_vec(&[n * blocks], zps)?);
+        let with = |v: &[usize]| {
+            lead.iter()
+                .copied()
+                .chain(v.iter().copied())
+                .collect::<Vec<_>>()
+        };
+        let b_new = add(
+            g,
+            "B_q8",
+            Tensor::from_vec(&with(&[n, blocks, bs as usize]), codes)?,
+        );
+        let s_new = add(g, "scales", Tensor::from_vec(&with(&[n, blocks]), scales)?);
+        let z_new = add(
+            g,
+            "zero_points",
+            Tensor::from_vec(&with(&[n * blocks]), zps)?,
+        );
         let out = g.nodes[mi].outputs.clone();
+        let (op, domain, mut inputs) = match gather {
+            // the selected experts' indices ride along as the last input
+            Some(_) => (
+                "GatherMatMulNBits",
+                crate::kernels::nn::nchwc::DOMAIN,
+                vec![Some(a)],
+            ),
+            None => ("MatMulNBits", "com.microsoft", vec![Some(a)]),
+        };
+        inputs.extend([Some(b_new), Some(s_new), Some(z_new)]);
+        if let Some((gi, idx)) = gather {
+            inputs.push(Some(idx));
+            drop[gi] = true;
+        }
         g.nodes[mi] = Node {
             name: String::from(name.as_str()),
-            op_type: "MatMulNBits".into(),
-            domain: "com.microsoft".into(),
+            op_type: op.into(),
+            domain: domain.into(),
             opset: 1,
-            inputs: vec![Some(a), Some(b_new), Some(s_new), Some(z_new)],
+            inputs,
             outputs: out,
             attrs: vec![
                 ("K".into(), AttrValue::Int(k as i64)),

@@ -32,8 +32,108 @@ use crate::tensor::Tensor;
 use crate::value::Value;
 use crate::{bail, unsupported};
 
-pub(crate) const KERNELS: &[KernelDef] =
-    &[def_in("com.microsoft", "MatMulNBits", 1, 1, build).types(&[DataType::Float])];
+pub(crate) const KERNELS: &[KernelDef] = &[
+    def_in("com.microsoft", "MatMulNBits", 1, 1, build).types(&[DataType::Float]),
+    def_in(
+        crate::kernels::nn::nchwc::DOMAIN,
+        "GatherMatMulNBits",
+        1,
+        1,
+        build_gather,
+    )
+    .types(&[DataType::Float]),
+];
+
+/// `nxrt:GatherMatMulNBits(X, B, scales, zero_points, experts)`: `MatMul(X, W[experts])` where
+/// `W` is `E` MatMulNBits weights stacked along a leading axis (B `[E, N, blocks, blob]`,
+/// scales `[E, N, blocks]`, zero points `[E, N * blocks]`) and `experts` indexes them (what
+/// `fuse::quant` makes of a mixture of experts' gathered weights). Batch axes broadcast as
+/// MatMul's: `X [..., M, K]` against `experts`' shape; each product reads one expert's codes.
+struct GatherNBits {
+    inner: Box<dyn Kernel>,
+    k: usize,
+    n: usize,
+}
+
+fn build_gather(node: &Node) -> Result<Box<dyn Kernel>> {
+    let inner = build(node)?;
+    Ok(Box::new(GatherNBits {
+        inner,
+        k: node.get_i("K", 0)? as usize,
+        n: node.get_i("N", 0)? as usize,
+    }))
+}
+
+impl Kernel for GatherNBits {
+    fn compute(&self, cx: &KernelCx<'_>, inputs: &[Option<&Value>]) -> Result<Vec<Value>> {
+        let (k, n) = (self.k, self.n);
+        let x = tensor_in(inputs, 0)?;
+        let (b, s, z) = (
+            tensor_in(inputs, 1)?,
+            tensor_in(inputs, 2)?,
+            tensor_in(inputs, 3)?,
+        );
+        let idx = tensor_in(inputs, 4)?;
+        let e = b.shape().first().copied().unwrap_or(0);
+        if x.rank() < 2 || x.shape()[x.rank() - 1] != k || s.shape().first() != Some(&e) {
+            bail!(
+                "GatherMatMulNBits: X {:?}, B {:?} and scales {:?} do not fit K {k}",
+                x.shape(),
+                b.shape(),
+                s.shape()
+            );
+        }
+        let m = x.shape()[x.rank() - 2];
+        let xb = &x.shape()[..x.rank() - 2];
+        let batch = crate::kernels::broadcast_shapes(xb, idx.shape())?;
+        let experts = idx.to_i64_vec()?;
+        let xv = x.as_slice::<f32>()?;
+        let nb: usize = batch.iter().product();
+        // the flat index into a [.., d, ..] operand broadcast to `batch`
+        let flat = |shape: &[usize], bi: usize| -> usize {
+            let mut rem = bi;
+            let mut at = 0;
+            let mut stride = 1;
+            let off = batch.len() - shape.len();
+            for ax in (0..batch.len()).rev() {
+                let c = rem % batch[ax];
+                rem /= batch[ax];
+                if ax >= off {
+                    let d = shape[ax - off];
+                    if d != 1 {
+                        at += c * stride;
+                    }
+                    stride *= d;
+                }
+            }
+            at
+        };
+        let mut y = vec![0f32; nb * m * n];
+        for bi in 0..nb {
+            let ei = experts[flat(idx.shape(), bi)];
+            let ei = if ei < 0 { ei + e as i64 } else { ei };
+            if !(0..e as i64).contains(&ei) {
+                bail!("GatherMatMulNBits: expert index {ei} outside 0..{e}");
+            }
+            let ei = ei as usize;
+            let xi = flat(xb, bi);
+            let a = Tensor::from_vec(&[m, k], xv[xi * m * k..(xi + 1) * m * k].to_vec())?;
+            let be = b.slice_axis(0, ei, 1, 1)?;
+            let se = s.slice_axis(0, ei, 1, 1)?;
+            let ze = z.slice_axis(0, ei, 1, 1)?;
+            let args = [a, be, se, ze].map(Value::Tensor);
+            let refs: Vec<Option<&Value>> = args.iter().map(Some).collect();
+            let out = self.inner.compute(cx, &refs)?;
+            let Some(Value::Tensor(t)) = out.first() else {
+                bail!("GatherMatMulNBits: no product");
+            };
+            y[bi * m * n..(bi + 1) * m * n].copy_from_slice(&t.as_slice::<f32>()?);
+        }
+        let mut shape = batch;
+        shape.extend([m, n]);
+        out1(Tensor::from_vec(&shape, y)?)
+    }
+}
 
 /// Rows of A up to which the direct kernel runs (more take the dequantize + SGEMM path).
 const DIRECT_ROWS: usize = 8;
