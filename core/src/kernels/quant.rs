@@ -640,37 +640,24 @@ fn build_dynamic_quantize(_node: &Node) -> Result<Box<dyn Kernel>> {
                 x.dtype()
             );
         }
-        let xv = x.to_f32_vec()?;
+        let xv = x.as_slice::<f32>()?;
         let (qmin, qmax) = (0.0f32, 255.0f32);
         // the range always includes 0; NaN propagates like numpy's max/min
-        let mut hi = 0.0f32;
-        let mut lo = 0.0f32;
-        for &v in &xv {
-            if v.is_nan() || hi.is_nan() {
-                hi = f32::NAN;
-            } else if v > hi {
-                hi = v;
-            }
-            if v.is_nan() || lo.is_nan() {
-                lo = f32::NAN;
-            } else if v < lo {
-                lo = v;
-            }
-        }
+        let (lo, hi) = crate::simd::range_with_zero(&xv);
         let scale = if hi == lo { 1.0 } else { hi - lo } / (qmax - qmin);
         let zp0 = qmin - lo / scale;
         let zp = libm::rintf(zp0.clamp(qmin, qmax));
-        let y: Vec<u8> = xv
-            .iter()
-            .map(|&v| {
-                let r = libm::rintf(v / scale) + zp;
-                if r.is_nan() {
-                    0
-                } else {
-                    r.clamp(qmin, qmax) as u8
-                }
-            })
-            .collect();
+        let mut y = vec![0u8; xv.len()];
+        if zp.is_nan() || scale.is_nan() {
+            // NaN everywhere: the general path's rule (NaN quantizes to 0)
+        } else {
+            let q = crate::simd::Q8 {
+                zp,
+                lo: qmin,
+                hi: qmax,
+            };
+            crate::simd::quantize_q8(&xv, scale, q, &mut y);
+        }
         Ok(vec![
             Value::Tensor(Tensor::from_vec(x.shape(), y)?),
             Value::Tensor(Tensor::scalar(scale)),

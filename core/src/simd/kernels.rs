@@ -2660,3 +2660,28 @@ pub fn qbinary_q8<V: VF32>(
         });
     }
 }
+
+/// `(min, max)` of `x` and 0 (DynamicQuantizeLinear's range, which always holds zero); both
+/// NaN where `x` holds a NaN.
+#[inline(always)]
+pub fn range_with_zero<V: VF32>(x: &[f32]) -> (f32, f32) {
+    // a fold, not `any`: no early exit, so it compiles to vector compares
+    if x.iter().fold(false, |n, v| n | v.is_nan()) {
+        return (f32::NAN, f32::NAN);
+    }
+    let l = V::LANES;
+    let (mut lo, mut hi) = (V::splat(0.0), V::splat(0.0));
+    let mut i = 0;
+    while i + l <= x.len() {
+        let v = V::load(&x[i..]);
+        lo = lo.min(v);
+        hi = hi.max(v);
+        i += l;
+    }
+    let (mut a, mut b) = (-(V::splat(0.0).sub(lo)).hmax(), hi.hmax());
+    for &v in &x[i..] {
+        a = a.min(v);
+        b = b.max(v);
+    }
+    (a, b)
+}

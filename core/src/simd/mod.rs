@@ -905,6 +905,11 @@ dispatch!(
 );
 
 dispatch!(
+    /// `(min, max)` of `x` and 0; NaN, NaN where `x` holds a NaN.
+    fn range_with_zero / range_with_zero_on(x: &[f32]) -> (f32, f32) => range_with_zero
+);
+
+dispatch!(
     /// QuantizeLinear into int8/uint8: `out = round(x / s) + zp`, saturated (see [`Q8`]).
     fn quantize_q8 / quantize_q8_on(x: &[f32], s: f32, q: Q8, out: &mut [u8]) => quantize_q8
 );
