@@ -2,7 +2,7 @@
 # The full test run (the README's second command; CI's .ci/run calls it). On a fresh Debian
 # machine it installs what it needs (toolchain targets, Chromium, lavapipe, wasm-bindgen-cli via
 # ../shared/toolchain/setup.sh), fetches the real-model corpus and the ONNX node tests into
-# $NXRT_CACHE (default ~/.cache/nxrt, never the repo) with the generation references, then checks formatting and lints, builds
+# $NXRT_CACHE (default ~/.cache/nxrt, never the repo) with the generation references and the quantized set, then checks formatting and lints, builds
 # core for wasm32v1-none (proof that core has no std), runs core's SIMD tests on wasm SIMD128 (Node's WASI) and on aarch64 (NEON,
 # under qemu-user), runs every test, and runs the node-test
 # conformance suite against the committed baseline (a case that passed and now fails is an error),
@@ -27,6 +27,8 @@ if [ "${SKIP_SETUP:-0}" != 1 ]; then
   bash "$SHARED/toolchain/setup.sh"
   step "real-model corpus -> $NXRT_CACHE/corpus"
   BENCH=0 bash "$SHARED/corpus/fetch_corpus.sh"
+  step "quantized set -> $NXRT_CACHE/quant (int8 QDQ/QOperator, dynamic int8, MatMulNBits, MXFP4, MoE; ORT references)"
+  BENCH=0 bash "$SHARED/quant/fetch_quant.sh"
   step "generation references -> $NXRT_CACHE/genai (tokenizers, decode models, onnxruntime-genai tokens)"
   BENCH=0 bash "$SHARED/genai/fetch_genai.sh"
   step "ONNX node tests -> $NXRT_CACHE/conformance"

@@ -137,7 +137,7 @@ fn check(bin: &Path, provider: &str, dir: &Path, out: &Path) -> Result<String, S
         for i in 0..g.len() {
             let (a, b) = (g[i] as f64, w[i] as f64);
             let d = (a - b).abs();
-            if !(d <= atol + 1e-3 * b.abs()) {
+            if d.is_nan() || d > atol + 1e-3 * b.abs() {
                 return Err(format!(
                     "{name}[{i}]: {a} where the reference is {b} (|diff| {d:.3e} > {atol:.3e} + 1e-3 |ref|; step {step:?})"
                 ));

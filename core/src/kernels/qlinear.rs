@@ -320,7 +320,7 @@ impl Kernel for QConcat {
     fn compute(&self, _cx: &KernelCx<'_>, inputs: &[Option<&Value>]) -> Result<Vec<Value>> {
         // Y_scale, Y_zero_point, then (X, X_scale, X_zero_point) per input
         let what = "QLinearConcat";
-        if inputs.len() < 5 || (inputs.len() - 2) % 3 != 0 {
+        if inputs.len() < 5 || !(inputs.len() - 2).is_multiple_of(3) {
             bail!("{what}: {} inputs (needs 2 + 3 per tensor)", inputs.len());
         }
         let x0 = tensor_in(inputs, 2)?;

@@ -102,11 +102,13 @@ struct GemmAttrs {
 }
 
 /// MatMulInteger (`qlinear` false), QLinearMatMul, or QGemm (`gemm`).
+#[allow(clippy::type_complexity)]
 pub(crate) struct QMatMul {
     qlinear: bool,
     gemm: Option<GemmAttrs>,
     /// What takes the shapes the integer product does not (QGemm has none).
     general: Option<Box<dyn Kernel>>,
+    /// `B` packed at load: the keys of B and its zero point, the lanes, the packing.
     packed: Option<([(usize, usize); 2], usize, PackedB)>,
 }
 

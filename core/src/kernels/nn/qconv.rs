@@ -67,7 +67,7 @@ enum QWeights {
 impl QWeights {
     fn new(w: &Tensor, wzp: Option<&Tensor>, group: usize, lanes: usize) -> Result<QWeights> {
         let m = w.shape()[0];
-        let k = if m == 0 { 0 } else { w.len() / m };
+        let k = w.len().checked_div(m).unwrap_or(0);
         let (wb, signed) = q8_bytes(w)?;
         let zp = zero_points(wzp, w.dtype(), m)?;
         if group == 1 {
@@ -109,16 +109,18 @@ impl QWeights {
     }
 }
 
+/// Weights prepared at load: the keys of the weight and of its zero point, the vector lanes
+/// they were packed for, and the result.
+type Prepared = ((usize, usize), Option<(usize, usize)>, usize, QWeights);
+
 /// QLinearConv (`qlinear`) or ConvInteger.
 pub(super) struct QConv {
     sp: Spatial,
     group: usize,
     qlinear: bool,
-    /// The output's lower bound is its zero point (a Relu fused after the convolution).
-    relu: bool,
     /// Weights prepared at load: the keys of the weight and its zero point, the vector
     /// lanes they were packed for, and the result.
-    packed: Option<((usize, usize), Option<(usize, usize)>, usize, QWeights)>,
+    packed: Option<Prepared>,
 }
 
 pub(super) fn build_qconv(node: &Node, qlinear: bool) -> Result<Box<dyn Kernel>> {
@@ -127,7 +129,6 @@ pub(super) fn build_qconv(node: &Node, qlinear: bool) -> Result<Box<dyn Kernel>>
         sp,
         group,
         qlinear,
-        relu: node.get_i("nxrt_relu", 0)? != 0,
         packed: None,
     }))
 }
@@ -173,7 +174,7 @@ impl Kernel for QConv {
         let x = tensor_in(inputs, 0)?;
         let w = tensor_in(inputs, wi)?;
         let wzp = opt_tensor_in(inputs, zi)?;
-        let xzp = opt_tensor_in(inputs, if self.qlinear { 2 } else { 2 })?;
+        let xzp = opt_tensor_in(inputs, 2)?; // x_zero_point in both ops
         let bias = if self.qlinear {
             opt_tensor_in(inputs, 8)?
         } else {
@@ -233,7 +234,6 @@ impl Kernel for QConv {
                 DataType::Int8 => (-128.0, 127.0),
                 dt => return Err(bad_type("QLinearConv", dt)),
             };
-            let lo = if self.relu { zp.max(lo) } else { lo };
             let mult: Vec<f32> = (0..m)
                 .map(|i| x_scale[0] * w_scale[if w_scale.len() == 1 { 0 } else { i }] / y_scale[0])
                 .collect();
