@@ -391,6 +391,12 @@ impl Session {
                 .iter()
                 .find(|p| p.location() == Location::Host)
                 .cloned();
+            let host_only = providers.iter().all(|p| p.location() == Location::Host);
+            if host_only && matches!(opts.optimization, OptLevel::Extended | OptLevel::All) {
+                // QDQ patterns onto the integer kernels, before folding turns the weights'
+                // DequantizeLinear into float constants
+                crate::fuse::quant::qdq_ops(&mut model.graph)?;
+            }
             if let Some(cpu) = cpu {
                 optimize::fold_constants(&mut model.graph, &*cpu)?;
                 // block-quantized weights of MatMuls onto the block-quantized kernels (every

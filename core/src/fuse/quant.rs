@@ -10,6 +10,12 @@
 //! from 1 byte a weight instead of dequantizing K x N floats on every call. Answers differ
 //! from the float product only by the order of f32 additions.
 //!
+//! **QDQ onto the integer kernels** (`qdq_ops`, a CPU fusion: WebGPU has no int8 kernels yet):
+//! `DequantizeLinear -> op -> QuantizeLinear` with constant scales and zero points becomes
+//! the op's integer form (QLinearConv, QLinearMatMul, com.microsoft QGemm, QLinearAdd,
+//! QLinearMul, QLinearGlobalAveragePool, a 256-entry table for one-input activations, and
+//! MaxPool/Reshape/Flatten on the codes where both sides share their scale and zero point).
+//!
 //! **Mixture of experts**: `MatMul(X, Gather(DequantizeLinear(W[E, K, N]), experts))`, the
 //! expert-gather pattern of a router (TopK) in standard ops, becomes `nxrt:GatherMatMulNBits`
 //! over every expert's 8-bit codes: each product reads only the selected expert's weights,
@@ -19,12 +25,13 @@ use alloc::string::String;
 use alloc::vec;
 use alloc::vec::Vec;
 
-use super::{const_of, new_value, reader_counts, set_init, sole_reader};
+use super::{const_of, is_op, new_value, out0, reader_counts, scalar_const, set_init, sole_reader};
 use crate::dtype::DataType;
 use crate::error::Result;
 use crate::ir::{AttrValue, Graph, Node, ValueId};
 use crate::kernels::elementwise::decode_raw;
 use crate::tensor::Tensor;
+use crate::value::TypeInfo;
 
 /// The 8-bit codes (column-major blocks, as MatMulNBits reads them), scales and zero points of
 /// a blocked DequantizeLinear of `[K, N]`, or `None` where the pattern does not hold.
@@ -272,5 +279,358 @@ pub fn block_matmuls(g: &mut Graph) -> Result<usize> {
         }
         g.initializers.retain(|(id, _)| live[*id]);
     }
+    Ok(count)
+}
+
+/// A DequantizeLinear of `v`'s producer with one scale and zero point (constants): `(x, scale,
+/// zero point)`.
+fn dq_scalar(g: &Graph, producer: &[Option<usize>], v: ValueId) -> Option<(ValueId, ValueId, Option<ValueId>)> {
+    let n = &g.nodes[producer[v]?];
+    if !is_op(n, "DequantizeLinear") || n.get_i("block_size", 0).ok()? != 0 {
+        return None;
+    }
+    let x = n.inputs.first().copied().flatten()?;
+    let s = n.inputs.get(1).copied().flatten()?;
+    let z = n.inputs.get(2).copied().flatten();
+    let st = const_of(g, s)?;
+    if st.dtype() != DataType::Float || st.len() != 1 {
+        return None;
+    }
+    if let Some(z) = z {
+        let zt = const_of(g, z)?;
+        if zt.len() != 1 || !matches!(zt.dtype(), DataType::Uint8 | DataType::Int8) {
+            return None;
+        }
+    }
+    if !q8_value(g, x) {
+        return None;
+    }
+    Some((x, s, z))
+}
+
+/// `v`'s element type, where inference knows it.
+fn dtype_of(g: &Graph, v: ValueId) -> Option<DataType> {
+    match &g.values[v].ty {
+        TypeInfo::Tensor { dtype, .. } => *dtype,
+        _ => None,
+    }
+}
+
+/// Removes DequantizeLinear nodes whose outputs nothing reads, and initializers nothing reads.
+fn remove_dead(g: &mut Graph) {
+    let readers = reader_counts(g);
+    g.nodes.retain(|n| {
+        !(is_op(n, "DequantizeLinear") && n.outputs.iter().flatten().all(|&o| readers[o] == 0))
+    });
+    let readers = reader_counts(g);
+    g.initializers.retain(|(id, _)| readers[*id] > 0);
+}
+
+/// Whether `v` is known to be an int8 or uint8 tensor.
+fn q8_value(g: &Graph, v: ValueId) -> bool {
+    matches!(
+        &g.values[v].ty,
+        TypeInfo::Tensor {
+            dtype: Some(DataType::Uint8 | DataType::Int8),
+            ..
+        }
+    )
+}
+
+/// A DequantizeLinear of a constant weight (int8/uint8) with scales per tensor or along
+/// `axis`: `(w, scale, zero point)`, and the scales.
+fn dq_weight(
+    g: &Graph,
+    producer: &[Option<usize>],
+    v: ValueId,
+    axis: usize,
+) -> Option<(ValueId, ValueId, Option<ValueId>, Vec<f32>)> {
+    let n = &g.nodes[producer[v]?];
+    if !is_op(n, "DequantizeLinear") || n.get_i("block_size", 0).ok()? != 0 {
+        return None;
+    }
+    let w = n.inputs.first().copied().flatten()?;
+    let s = n.inputs.get(1).copied().flatten()?;
+    let z = n.inputs.get(2).copied().flatten();
+    let wt = const_of(g, w)?;
+    if !matches!(wt.dtype(), DataType::Uint8 | DataType::Int8) {
+        return None;
+    }
+    let st = const_of(g, s)?;
+    let rank = wt.rank() as i64;
+    let a = n.get_i("axis", 1).ok()?;
+    let a = if a < 0 { a + rank } else { a };
+    if st.dtype() != DataType::Float
+        || !(st.len() == 1 || (st.rank() == 1 && a == axis as i64 && st.len() == wt.shape()[axis]))
+    {
+        return None;
+    }
+    if let Some(z) = z {
+        let zt = const_of(g, z)?;
+        if zt.dtype() != wt.dtype() || zt.len() != st.len() {
+            return None;
+        }
+    }
+    Some((w, s, z, st.as_slice::<f32>().ok()?.into_owned()))
+}
+
+/// A QuantizeLinear with one constant scale and a constant int8/uint8 zero point: `(scale,
+/// zero point, output)`.
+fn q_scalar(g: &Graph, n: &Node) -> Option<(ValueId, ValueId, ValueId)> {
+    if !is_op(n, "QuantizeLinear") || n.get_i("block_size", 0).ok()? != 0 {
+        return None;
+    }
+    let s = n.inputs.get(1).copied().flatten()?;
+    let z = n.inputs.get(2).copied().flatten()?;
+    scalar_const(g, Some(s))?;
+    let zt = const_of(g, z)?;
+    if zt.len() != 1 || !matches!(zt.dtype(), DataType::Uint8 | DataType::Int8) {
+        return None;
+    }
+    Some((s, z, out0(n)?))
+}
+
+/// An int8/uint8 scalar constant's value.
+fn zp_value(g: &Graph, z: Option<ValueId>) -> Option<f32> {
+    match z {
+        None => Some(0.0),
+        Some(z) => const_of(g, z)?.to_i64_vec().ok().map(|v| v[0] as f32),
+    }
+}
+
+/// The table of a one-input float op between a DequantizeLinear and a QuantizeLinear: each of
+/// the 256 input codes' answer, or `None` for ops it does not know.
+fn lookup_table(
+    n: &Node,
+    (sx, zx, signed): (f32, f32, bool),
+    (sy, zy, out_signed): (f32, f32, bool),
+) -> Option<Vec<u8>> {
+    let f: alloc::boxed::Box<dyn Fn(f32) -> f32> = match n.op_type.as_str() {
+        "Relu" => alloc::boxed::Box::new(|x: f32| x.max(0.0)),
+        "Sigmoid" => alloc::boxed::Box::new(|x: f32| 1.0 / (1.0 + libm::expf(-x))),
+        "Tanh" => alloc::boxed::Box::new(libm::tanhf),
+        "LeakyRelu" => {
+            let a = n.get_f("alpha", 0.01).ok()?;
+            alloc::boxed::Box::new(move |x: f32| if x >= 0.0 { x } else { a * x })
+        }
+        "HardSigmoid" => {
+            let (a, b) = (n.get_f("alpha", 0.2).ok()?, n.get_f("beta", 0.5).ok()?);
+            alloc::boxed::Box::new(move |x: f32| (a * x + b).clamp(0.0, 1.0))
+        }
+        "HardSwish" => alloc::boxed::Box::new(|x: f32| x * (x / 6.0 + 0.5).clamp(0.0, 1.0)),
+        _ => return None,
+    };
+    let (lo, hi) = if out_signed { (-128.0, 127.0) } else { (0.0, 255.0) };
+    Some(
+        (0..=255u8)
+            .map(|b| {
+                let v = if signed { b as i8 as f32 } else { b as f32 };
+                let y = f((v - zx) * sx) / sy;
+                if y.is_nan() {
+                    lo as i32 as u8
+                } else {
+                    crate::kernels::qlinear::requant(y, zy, lo, hi)
+                }
+            })
+            .collect(),
+    )
+}
+
+/// QDQ patterns onto the integer kernels (CPU fusions): `DequantizeLinear -> op ->
+/// QuantizeLinear`, every scale and zero point a constant, becomes the op's integer form:
+/// Conv -> QLinearConv (weights per tensor or per output channel, an int32 bias whose scale
+/// is `x_scale * w_scale`), MatMul -> QLinearMatMul, Gemm -> com.microsoft QGemm,
+/// Add/Mul -> com.microsoft QLinearAdd/QLinearMul, GlobalAveragePool ->
+/// com.microsoft QLinearGlobalAveragePool, a one-input activation -> a 256-entry table
+/// (`nxrt:QLookup`), and MaxPool/Reshape/Flatten with the same scale and zero point on both
+/// sides run on the codes directly. The DequantizeLinear nodes nothing reads any more go.
+pub fn qdq_ops(g: &mut Graph) -> Result<usize> {
+    let readers = reader_counts(g);
+    let mut producer = vec![None; g.values.len()];
+    for (i, n) in g.nodes.iter().enumerate() {
+        for &o in n.outputs.iter().flatten() {
+            producer[o] = Some(i);
+        }
+    }
+    let mut replace: Vec<(usize, Node)> = Vec::new();
+    let mut drop = vec![false; g.nodes.len()];
+    let mut tables: Vec<(usize, Vec<u8>, bool)> = Vec::new();
+    for ni in 0..g.nodes.len() {
+        let n = &g.nodes[ni];
+        if !n.domain.is_empty() || drop[ni] {
+            continue;
+        }
+        let Some(y) = out0(n) else { continue };
+        if n.outputs.len() != 1 {
+            continue;
+        }
+        let Some(qi) = sole_reader(g, &readers, y) else {
+            continue;
+        };
+        let Some((sy, zy, out)) = q_scalar(g, &g.nodes[qi]) else {
+            continue;
+        };
+        let inp = |k: usize| n.inputs.get(k).copied().flatten();
+        let mk = |op: &str, domain: &str, inputs: Vec<Option<ValueId>>, attrs: Vec<(String, AttrValue)>| Node {
+            name: n.name.clone(),
+            op_type: op.into(),
+            domain: domain.into(),
+            opset: if domain.is_empty() { n.opset } else { 1 },
+            inputs,
+            outputs: vec![Some(out)],
+            attrs,
+            implicit_inputs: vec![],
+        };
+        let new = match n.op_type.as_str() {
+            "Conv" | "Gemm" | "MatMul" => {
+                let Some((x, sx, zx)) = inp(0).and_then(|v| dq_scalar(g, &producer, v)) else {
+                    continue;
+                };
+                let gemm = n.op_type == "Gemm";
+                let trans_b = gemm && n.get_i("transB", 0)? != 0;
+                let axis = match n.op_type.as_str() {
+                    "Conv" => 0,
+                    _ if trans_b => 0,
+                    _ => 1,
+                };
+                let Some((w, sw, zw, swv)) = inp(1).and_then(|v| dq_weight(g, &producer, v, axis)) else {
+                    continue;
+                };
+                if readers[inp(1).unwrap_or(0)] != 1 {
+                    continue;
+                }
+                // the bias: an int32 DequantizeLinear whose scales are x_scale * w_scale
+                let bias = match inp(2) {
+                    None => None,
+                    Some(b) => {
+                        let Some(bn) = producer[b].map(|i| &g.nodes[i]) else {
+                            continue;
+                        };
+                        let (Some(bq), Some(bs)) = (bn.inputs.first().copied().flatten(), bn.inputs.get(1).copied().flatten()) else {
+                            continue;
+                        };
+                        let (Some(bt), Some(bst), Some(sxv)) = (const_of(g, bq), const_of(g, bs), scalar_const(g, Some(sx))) else {
+                            continue;
+                        };
+                        let zero_zp = match bn.inputs.get(2).copied().flatten() {
+                            None => true,
+                            Some(z) => const_of(g, z).and_then(|t| t.to_i64_vec().ok()).is_some_and(|v| v.iter().all(|&x| x == 0)),
+                        };
+                        let Ok(bsv) = bst.to_f32_vec() else { continue };
+                        let m = bt.len();
+                        let fits = is_op(bn, "DequantizeLinear")
+                            && bt.dtype() == DataType::Int32
+                            && zero_zp
+                            && (bsv.len() == 1 || bsv.len() == m)
+                            && (0..m).all(|i| {
+                                let s = bsv[if bsv.len() == 1 { 0 } else { i }];
+                                let w = swv[if swv.len() == 1 { 0 } else { i.min(swv.len() - 1) }];
+                                s == sxv * w
+                            });
+                        if !fits {
+                            continue;
+                        }
+                        Some(bq)
+                    }
+                };
+                match n.op_type.as_str() {
+                    "Conv" => {
+                        let mut ins = vec![Some(x), Some(sx), zx, Some(w), Some(sw), zw, Some(sy), Some(zy)];
+                        if bias.is_some() {
+                            ins.push(bias);
+                        }
+                        mk("QLinearConv", "", ins, n.attrs.clone())
+                    }
+                    "MatMul" => mk(
+                        "QLinearMatMul",
+                        "",
+                        vec![Some(x), Some(sx), zx, Some(w), Some(sw), zw, Some(sy), Some(zy)],
+                        vec![],
+                    ),
+                    _ => {
+                        if n.get_f("alpha", 1.0)? != 1.0 || n.get_f("beta", 1.0)? != 1.0 || n.get_i("transA", 0)? != 0 {
+                            continue;
+                        }
+                        mk(
+                            "QGemm",
+                            "com.microsoft",
+                            vec![Some(x), Some(sx), zx, Some(w), Some(sw), zw, bias, Some(sy), Some(zy)],
+                            vec![("transB".into(), AttrValue::Int(trans_b as i64))],
+                        )
+                    }
+                }
+            }
+            "Add" | "Mul" => {
+                let (Some(a), Some(b)) = (inp(0).and_then(|v| dq_scalar(g, &producer, v)), inp(1).and_then(|v| dq_scalar(g, &producer, v))) else {
+                    continue;
+                };
+                if dtype_of(g, a.0) != dtype_of(g, b.0) {
+                    continue;
+                }
+                let op = if n.op_type == "Add" { "QLinearAdd" } else { "QLinearMul" };
+                mk(op, "com.microsoft", vec![Some(a.0), Some(a.1), a.2, Some(b.0), Some(b.1), b.2, Some(sy), Some(zy)], vec![])
+            }
+            "GlobalAveragePool" => {
+                let Some((x, sx, zx)) = inp(0).and_then(|v| dq_scalar(g, &producer, v)) else {
+                    continue;
+                };
+                mk("QLinearGlobalAveragePool", "com.microsoft", vec![Some(x), Some(sx), zx, Some(sy), Some(zy)], vec![("channels_last".into(), AttrValue::Int(0))])
+            }
+            "MaxPool" | "Reshape" | "Flatten" => {
+                let Some((x, sx, zx)) = inp(0).and_then(|v| dq_scalar(g, &producer, v)) else {
+                    continue;
+                };
+                let same = scalar_const(g, Some(sx)) == scalar_const(g, Some(sy))
+                    && zp_value(g, zx) == zp_value(g, Some(zy))
+                    && zx.map(|z| const_of(g, z).map(|t| t.dtype())) == Some(const_of(g, zy).map(|t| t.dtype()));
+                if !same || (n.op_type == "MaxPool" && n.outputs.len() > 1) {
+                    continue;
+                }
+                let mut ins = n.inputs.clone();
+                ins[0] = Some(x);
+                mk(&n.op_type.clone(), "", ins, n.attrs.clone())
+            }
+            _ => {
+                if n.inputs.len() != 1 {
+                    continue;
+                }
+                let Some((x, sx, zx)) = inp(0).and_then(|v| dq_scalar(g, &producer, v)) else {
+                    continue;
+                };
+                let (Some(sxv), Some(zxv), Some(syv), Some(zyv)) = (scalar_const(g, Some(sx)), zp_value(g, zx), scalar_const(g, Some(sy)), zp_value(g, Some(zy))) else {
+                    continue;
+                };
+                let x_signed = dtype_of(g, x) == Some(DataType::Int8);
+                let y_signed = const_of(g, zy).is_some_and(|t| t.dtype() == DataType::Int8);
+                let Some(table) = lookup_table(n, (sxv, zxv, x_signed), (syv, zyv, y_signed)) else {
+                    continue;
+                };
+                tables.push((replace.len(), table, y_signed));
+                mk("QLookup", crate::kernels::nn::nchwc::DOMAIN, vec![Some(x)], vec![])
+            }
+        };
+        replace.push((ni, new));
+        drop[qi] = true;
+    }
+    let count = replace.len();
+    if count == 0 {
+        return Ok(0);
+    }
+    for (ri, table, signed) in tables {
+        let name = alloc::format!("{}/table", replace[ri].1.name);
+        let v = new_value(g, name);
+        let t = if signed {
+            Tensor::from_vec(&[256], table.into_iter().map(|b| b as i8).collect::<Vec<i8>>())?
+        } else {
+            Tensor::from_vec(&[256], table)?
+        };
+        set_init(g, v, t);
+        replace[ri].1.inputs.push(Some(v));
+    }
+    for (ni, node) in replace {
+        g.nodes[ni] = node;
+    }
+    super::remove_nodes(g, &drop);
+    remove_dead(g);
     Ok(count)
 }

@@ -30,7 +30,27 @@ pub(crate) const KERNELS: &[KernelDef] = &[
     def_in("com.microsoft", "QLinearLeakyRelu", 1, 1, build_leaky_relu).types(Q8),
     def_in("com.microsoft", "QLinearGlobalAveragePool", 1, 1, build_gap).types(Q8),
     def_in("com.microsoft", "QLinearConcat", 1, 1, build_concat).types(Q8),
+    def_in(crate::kernels::nn::nchwc::DOMAIN, "QLookup", 1, 1, build_lookup).types(Q8),
 ];
+
+/// `nxrt:QLookup(x, table)`: `y[i] = table[x[i]]`, `table` 256 codes of the output's type
+/// (int8 or uint8), indexed by `x`'s bytes: a one-input op between a DequantizeLinear and a
+/// QuantizeLinear, tabulated at load (`fuse::quant::qdq_ops`).
+fn build_lookup(_n: &Node) -> Result<Box<dyn Kernel>> {
+    Ok(Box::new(
+        |_cx: &KernelCx<'_>, inputs: &[Option<&Value>]| -> Result<Vec<Value>> {
+            let x = tensor_in(inputs, 0)?;
+            let t = tensor_in(inputs, 1)?;
+            if t.len() != 256 {
+                bail!("QLookup: a table of {} entries (needs 256)", t.len());
+            }
+            let (tb, _) = q8_bytes(t)?;
+            let (xb, _) = q8_bytes(x)?;
+            let y: Vec<u8> = xb.iter().map(|&b| tb[b as usize]).collect();
+            out1(q8_tensor(t.dtype(), x.shape(), y)?)
+        },
+    ))
+}
 
 /// Rounds half to even (`|v| < 2^22`, which every requantized value below is before
 /// saturation... or saturates anyway), adds `zp` and saturates to `lo..=hi`, as a byte.
@@ -285,10 +305,13 @@ impl Kernel for QGap {
                         .map(|p| val(xb[(img * plane + p) * c + ch], signed) as i32)
                         .sum()
                 } else {
-                    xb[(img * c + ch) * plane..(img * c + ch + 1) * plane]
-                        .iter()
-                        .map(|&b| val(b, signed) as i32)
-                        .sum()
+                    // separate loops per signedness: each vectorises
+                    let row = &xb[(img * c + ch) * plane..(img * c + ch + 1) * plane];
+                    if signed {
+                        row.iter().map(|&b| b as i8 as i32).sum()
+                    } else {
+                        row.iter().map(|&b| b as i32).sum()
+                    }
                 };
                 let v = (sum as f32 - zx * plane as f32) * r;
                 y[img * c + ch] = requant(v, zy, lo, hi);

@@ -1,0 +1,182 @@
+//! QDQ graphs onto the integer kernels (`nxrt_core::fuse::quant::qdq_ops`, a CPU fusion at
+//! `OptLevel::Extended` and `All`): `DequantizeLinear -> op -> QuantizeLinear` becomes the
+//! op's integer form. Each model runs fused and at `OptLevel::Basic` (float ops between the
+//! Q/DQ pairs, as written); the fused graph must hold the integer ops and give the same codes
+//! but for an occasional one-step difference where a float sum lands near a rounding tie.
+
+use nxrt::{OptLevel, Session, Tensor};
+use nxrt_core::proto::{AttributeProto, GraphProto, TensorProto};
+
+mod common;
+use common::{f32s, node, vi, xorshift_data};
+
+fn u8s(name: &str, v: &[u8]) -> TensorProto {
+    TensorProto {
+        name: name.into(),
+        dims: vec![],
+        data_type: 2,
+        raw_data: v.to_vec().into(),
+        ..Default::default()
+    }
+}
+
+fn i8s(name: &str, dims: &[i64], v: &[i8]) -> TensorProto {
+    TensorProto {
+        name: name.into(),
+        dims: dims.to_vec(),
+        data_type: 3,
+        raw_data: v.iter().map(|&b| b as u8).collect::<Vec<u8>>().into(),
+        ..Default::default()
+    }
+}
+
+fn i32s(name: &str, dims: &[i64], v: &[i32]) -> TensorProto {
+    TensorProto {
+        name: name.into(),
+        dims: dims.to_vec(),
+        data_type: 6,
+        int32_data: v.to_vec(),
+        ..Default::default()
+    }
+}
+
+fn scalar(name: &str, v: f32) -> TensorProto {
+    f32s(name, &[], &[v])
+}
+
+/// `x -> Q -> DQ -> Conv(DQ(w), DQ(b)) -> Q -> DQ -> {HardSigmoid -> Q -> DQ} -> Mul -> Q ->
+/// DQ -> GlobalAveragePool -> Q -> DQ -> Add(DQ(Q(.)) of itself) -> Q -> DQ -> y`: every
+/// pattern of the fusion once, MobileNetV3's hard-swish and squeeze parts among them.
+fn qdq_model(c: usize, m: usize, k: usize) -> Vec<u8> {
+    let kk = (c * k * k) as i64;
+    let w: Vec<i8> = xorshift_data(m * c * k * k, 3)
+        .iter()
+        .map(|v| (v * 127.0) as i8)
+        .collect();
+    let sw: Vec<f32> = (0..m).map(|i| 0.004 + 0.0005 * i as f32).collect();
+    let sx = 0.0078f32;
+    let sb: Vec<f32> = sw.iter().map(|s| sx * s).collect();
+    let b: Vec<i32> = (0..m).map(|i| (i as i32 * 37) % 200 - 100).collect();
+    let mut conv = node("Conv", &["xd", "wd", "bd"], &["c"]);
+    conv.attribute = vec![
+        AttributeProto::ints("kernel_shape", &[k as i64, k as i64]),
+        AttributeProto::ints("pads", &[(k / 2) as i64; 4]),
+    ];
+    let mut wdq = node("DequantizeLinear", &["w", "sw"], &["wd"]);
+    wdq.attribute = vec![AttributeProto::int("axis", 0)];
+    let mut bdq = node("DequantizeLinear", &["b", "sb"], &["bd"]);
+    bdq.attribute = vec![AttributeProto::int("axis", 0)];
+    let mut hs = node("HardSigmoid", &["cd"], &["h"]);
+    hs.attribute = vec![
+        AttributeProto::float("alpha", 1.0 / 6.0),
+        AttributeProto::float("beta", 0.5),
+    ];
+    let _ = kk;
+    let nodes = vec![
+        node("QuantizeLinear", &["x", "sx", "zx"], &["xq"]),
+        node("DequantizeLinear", &["xq", "sx", "zx"], &["xd"]),
+        wdq,
+        bdq,
+        conv,
+        node("QuantizeLinear", &["c", "sc", "zc"], &["cq"]),
+        node("DequantizeLinear", &["cq", "sc", "zc"], &["cd"]),
+        hs,
+        node("QuantizeLinear", &["h", "sh", "zh"], &["hq"]),
+        node("DequantizeLinear", &["hq", "sh", "zh"], &["hd"]),
+        node("Mul", &["cd", "hd"], &["mu"]),
+        node("QuantizeLinear", &["mu", "sm", "zm"], &["mq"]),
+        node("DequantizeLinear", &["mq", "sm", "zm"], &["md"]),
+        node("GlobalAveragePool", &["md"], &["gp"]),
+        node("QuantizeLinear", &["gp", "sg", "zg"], &["gq"]),
+        node("DequantizeLinear", &["gq", "sg", "zg"], &["gd"]),
+        node("Add", &["gd", "gd"], &["ad"]),
+        node("QuantizeLinear", &["ad", "sa", "za"], &["aq"]),
+        node("DequantizeLinear", &["aq", "sa", "za"], &["y"]),
+    ];
+    let init = vec![
+        scalar("sx", sx),
+        u8s("zx", &[128]),
+        i8s("w", &[m as i64, c as i64, k as i64, k as i64], &w),
+        f32s("sw", &[m as i64], &sw),
+        i32s("b", &[m as i64], &b),
+        f32s("sb", &[m as i64], &sb),
+        scalar("sc", 0.021),
+        u8s("zc", &[100]),
+        scalar("sh", 1.0 / 255.0),
+        u8s("zh", &[0]),
+        scalar("sm", 0.017),
+        u8s("zm", &[20]),
+        scalar("sg", 0.006),
+        u8s("zg", &[30]),
+        scalar("sa", 0.011),
+        u8s("za", &[10]),
+    ];
+    common::opset17_model(GraphProto {
+        node: nodes,
+        initializer: init,
+        input: vec![vi("x", 1, &["1", &c.to_string(), "9", "9"])],
+        output: vec![vi("y", 1, &["1", &m.to_string(), "1", "1"])],
+        ..Default::default()
+    })
+}
+
+fn run(bytes: &[u8], level: OptLevel, c: usize) -> (Vec<f32>, Vec<String>) {
+    let s = Session::builder()
+        .optimization(level)
+        .load_bytes(bytes)
+        .unwrap();
+    let x = Tensor::from_vec(&[1, c, 9, 9], xorshift_data(c * 81, 11)).unwrap();
+    let out = s.run(vec![("x", x)]).unwrap();
+    let y = out["y"].as_tensor().unwrap().as_slice::<f32>().unwrap().to_vec();
+    let ops = s.core().graph().nodes.iter().map(|n| n.op_type.clone()).collect();
+    (y, ops)
+}
+
+#[test]
+fn qdq_patterns_run_on_the_integer_kernels_with_the_same_codes() {
+    for &(c, m, k) in &[(3, 8, 3), (16, 24, 1), (5, 7, 3)] {
+        let bytes = qdq_model(c, m, k);
+        let (want, plain) = run(&bytes, OptLevel::Basic, c);
+        let (got, ops) = run(&bytes, OptLevel::Extended, c);
+        assert!(plain.iter().any(|o| o == "Conv"), "{plain:?}");
+        for op in [
+            "QLinearConv",
+            "QLookup",
+            "QLinearMul",
+            "QLinearGlobalAveragePool",
+            "QLinearAdd",
+        ] {
+            assert!(ops.iter().any(|o| o == op), "{op} missing from {ops:?}");
+        }
+        // only the input's quantization and the output's dequantization stay
+        assert_eq!(
+            ops.iter().filter(|o| o.ends_with("uantizeLinear") || *o == "Conv").count(),
+            2,
+            "float ops left: {ops:?}"
+        );
+        let step = 0.011f32;
+        let mut off = 0;
+        for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+            let d = ((a - b) / step).abs().round() as i32;
+            assert!(d <= 1, "{c}x{m}x{k} at {i}: {a} vs {b}");
+            off += (d != 0) as usize;
+        }
+        assert!(off * 4 <= got.len(), "{off} of {} codes differ", got.len());
+    }
+}
+
+#[test]
+fn a_bias_at_another_scale_keeps_the_float_convolution() {
+    // the bias's scale is not x_scale * w_scale: the integer kernel cannot add it exactly
+    let mut bytes = qdq_model(3, 8, 3);
+    let mut m = <nxrt_core::proto::ModelProto as prost::Message>::decode(bytes.as_slice()).unwrap();
+    let g = m.graph.as_mut().unwrap();
+    let sb = g.initializer.iter_mut().find(|t| t.name == "sb").unwrap();
+    for v in sb.float_data.iter_mut() {
+        *v *= 1.5;
+    }
+    bytes = prost::Message::encode_to_vec(&m);
+    let (_, ops) = run(&bytes, OptLevel::Extended, 3);
+    assert!(ops.iter().any(|o| o == "Conv"), "{ops:?}");
+    assert!(!ops.iter().any(|o| o == "QLinearConv"), "{ops:?}");
+}
