@@ -276,13 +276,21 @@ pub fn infer_node(node: &Node, ins: &[TypeInfo], cin: &[Option<&Tensor>]) -> Vec
         "Cast" => vec![t(node.get_i("to", 0).ok().and_then(to_dtype), s0)],
         // the zero point's type (else output_dtype, else uint8), the input's shape
         "QuantizeLinear" => {
-            let out = node.attr_i("output_dtype").ok().flatten().and_then(to_dtype);
+            let out = node
+                .attr_i("output_dtype")
+                .ok()
+                .flatten()
+                .and_then(to_dtype);
             let zp = ins.get(2).and_then(dt);
             vec![t(zp.or(out).or(Some(DataType::Uint8)), s0)]
         }
         // output_dtype, else the scale's type; the input's shape
         "DequantizeLinear" => {
-            let out = node.attr_i("output_dtype").ok().flatten().filter(|&v| v != 0);
+            let out = node
+                .attr_i("output_dtype")
+                .ok()
+                .flatten()
+                .filter(|&v| v != 0);
             let scale = ins.get(1).and_then(dt);
             let d = match out {
                 Some(v) => to_dtype(v),

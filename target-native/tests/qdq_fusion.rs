@@ -127,8 +127,19 @@ fn run(bytes: &[u8], level: OptLevel, c: usize) -> (Vec<f32>, Vec<String>) {
         .unwrap();
     let x = Tensor::from_vec(&[1, c, 9, 9], xorshift_data(c * 81, 11)).unwrap();
     let out = s.run(vec![("x", x)]).unwrap();
-    let y = out["y"].as_tensor().unwrap().as_slice::<f32>().unwrap().to_vec();
-    let ops = s.core().graph().nodes.iter().map(|n| n.op_type.clone()).collect();
+    let y = out["y"]
+        .as_tensor()
+        .unwrap()
+        .as_slice::<f32>()
+        .unwrap()
+        .to_vec();
+    let ops = s
+        .core()
+        .graph()
+        .nodes
+        .iter()
+        .map(|n| n.op_type.clone())
+        .collect();
     (y, ops)
 }
 
@@ -150,7 +161,9 @@ fn qdq_patterns_run_on_the_integer_kernels_with_the_same_codes() {
         }
         // only the input's quantization and the output's dequantization stay
         assert_eq!(
-            ops.iter().filter(|o| o.ends_with("uantizeLinear") || *o == "Conv").count(),
+            ops.iter()
+                .filter(|o| o.ends_with("uantizeLinear") || *o == "Conv")
+                .count(),
             2,
             "float ops left: {ops:?}"
         );

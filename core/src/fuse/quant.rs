@@ -284,7 +284,11 @@ pub fn block_matmuls(g: &mut Graph) -> Result<usize> {
 
 /// A DequantizeLinear of `v`'s producer with one scale and zero point (constants): `(x, scale,
 /// zero point)`.
-fn dq_scalar(g: &Graph, producer: &[Option<usize>], v: ValueId) -> Option<(ValueId, ValueId, Option<ValueId>)> {
+fn dq_scalar(
+    g: &Graph,
+    producer: &[Option<usize>],
+    v: ValueId,
+) -> Option<(ValueId, ValueId, Option<ValueId>)> {
     let n = &g.nodes[producer[v]?];
     if !is_op(n, "DequantizeLinear") || n.get_i("block_size", 0).ok()? != 0 {
         return None;
@@ -420,7 +424,11 @@ fn lookup_table(
         "HardSwish" => alloc::boxed::Box::new(|x: f32| x * (x / 6.0 + 0.5).clamp(0.0, 1.0)),
         _ => return None,
     };
-    let (lo, hi) = if out_signed { (-128.0, 127.0) } else { (0.0, 255.0) };
+    let (lo, hi) = if out_signed {
+        (-128.0, 127.0)
+    } else {
+        (0.0, 255.0)
+    };
     Some(
         (0..=255u8)
             .map(|b| {
@@ -471,7 +479,10 @@ pub fn qdq_ops(g: &mut Graph) -> Result<usize> {
             continue;
         };
         let inp = |k: usize| n.inputs.get(k).copied().flatten();
-        let mk = |op: &str, domain: &str, inputs: Vec<Option<ValueId>>, attrs: Vec<(String, AttrValue)>| Node {
+        let mk = |op: &str,
+                  domain: &str,
+                  inputs: Vec<Option<ValueId>>,
+                  attrs: Vec<(String, AttrValue)>| Node {
             name: n.name.clone(),
             op_type: op.into(),
             domain: domain.into(),
@@ -493,7 +504,8 @@ pub fn qdq_ops(g: &mut Graph) -> Result<usize> {
                     _ if trans_b => 0,
                     _ => 1,
                 };
-                let Some((w, sw, zw, swv)) = inp(1).and_then(|v| dq_weight(g, &producer, v, axis)) else {
+                let Some((w, sw, zw, swv)) = inp(1).and_then(|v| dq_weight(g, &producer, v, axis))
+                else {
                     continue;
                 };
                 if readers[inp(1).unwrap_or(0)] != 1 {
@@ -506,15 +518,22 @@ pub fn qdq_ops(g: &mut Graph) -> Result<usize> {
                         let Some(bn) = producer[b].map(|i| &g.nodes[i]) else {
                             continue;
                         };
-                        let (Some(bq), Some(bs)) = (bn.inputs.first().copied().flatten(), bn.inputs.get(1).copied().flatten()) else {
+                        let (Some(bq), Some(bs)) = (
+                            bn.inputs.first().copied().flatten(),
+                            bn.inputs.get(1).copied().flatten(),
+                        ) else {
                             continue;
                         };
-                        let (Some(bt), Some(bst), Some(sxv)) = (const_of(g, bq), const_of(g, bs), scalar_const(g, Some(sx))) else {
+                        let (Some(bt), Some(bst), Some(sxv)) =
+                            (const_of(g, bq), const_of(g, bs), scalar_const(g, Some(sx)))
+                        else {
                             continue;
                         };
                         let zero_zp = match bn.inputs.get(2).copied().flatten() {
                             None => true,
-                            Some(z) => const_of(g, z).and_then(|t| t.to_i64_vec().ok()).is_some_and(|v| v.iter().all(|&x| x == 0)),
+                            Some(z) => const_of(g, z)
+                                .and_then(|t| t.to_i64_vec().ok())
+                                .is_some_and(|v| v.iter().all(|&x| x == 0)),
                         };
                         let Ok(bsv) = bst.to_f32_vec() else { continue };
                         let m = bt.len();
@@ -524,7 +543,11 @@ pub fn qdq_ops(g: &mut Graph) -> Result<usize> {
                             && (bsv.len() == 1 || bsv.len() == m)
                             && (0..m).all(|i| {
                                 let s = bsv[if bsv.len() == 1 { 0 } else { i }];
-                                let w = swv[if swv.len() == 1 { 0 } else { i.min(swv.len() - 1) }];
+                                let w = swv[if swv.len() == 1 {
+                                    0
+                                } else {
+                                    i.min(swv.len() - 1)
+                                }];
                                 s == sxv * w
                             });
                         if !fits {
@@ -535,7 +558,16 @@ pub fn qdq_ops(g: &mut Graph) -> Result<usize> {
                 };
                 match n.op_type.as_str() {
                     "Conv" => {
-                        let mut ins = vec![Some(x), Some(sx), zx, Some(w), Some(sw), zw, Some(sy), Some(zy)];
+                        let mut ins = vec![
+                            Some(x),
+                            Some(sx),
+                            zx,
+                            Some(w),
+                            Some(sw),
+                            zw,
+                            Some(sy),
+                            Some(zy),
+                        ];
                         if bias.is_some() {
                             ins.push(bias);
                         }
@@ -544,37 +576,85 @@ pub fn qdq_ops(g: &mut Graph) -> Result<usize> {
                     "MatMul" => mk(
                         "QLinearMatMul",
                         "",
-                        vec![Some(x), Some(sx), zx, Some(w), Some(sw), zw, Some(sy), Some(zy)],
+                        vec![
+                            Some(x),
+                            Some(sx),
+                            zx,
+                            Some(w),
+                            Some(sw),
+                            zw,
+                            Some(sy),
+                            Some(zy),
+                        ],
                         vec![],
                     ),
                     _ => {
-                        if n.get_f("alpha", 1.0)? != 1.0 || n.get_f("beta", 1.0)? != 1.0 || n.get_i("transA", 0)? != 0 {
+                        if n.get_f("alpha", 1.0)? != 1.0
+                            || n.get_f("beta", 1.0)? != 1.0
+                            || n.get_i("transA", 0)? != 0
+                        {
                             continue;
                         }
                         mk(
                             "QGemm",
                             "com.microsoft",
-                            vec![Some(x), Some(sx), zx, Some(w), Some(sw), zw, bias, Some(sy), Some(zy)],
+                            vec![
+                                Some(x),
+                                Some(sx),
+                                zx,
+                                Some(w),
+                                Some(sw),
+                                zw,
+                                bias,
+                                Some(sy),
+                                Some(zy),
+                            ],
                             vec![("transB".into(), AttrValue::Int(trans_b as i64))],
                         )
                     }
                 }
             }
             "Add" | "Mul" => {
-                let (Some(a), Some(b)) = (inp(0).and_then(|v| dq_scalar(g, &producer, v)), inp(1).and_then(|v| dq_scalar(g, &producer, v))) else {
+                let (Some(a), Some(b)) = (
+                    inp(0).and_then(|v| dq_scalar(g, &producer, v)),
+                    inp(1).and_then(|v| dq_scalar(g, &producer, v)),
+                ) else {
                     continue;
                 };
                 if dtype_of(g, a.0) != dtype_of(g, b.0) {
                     continue;
                 }
-                let op = if n.op_type == "Add" { "QLinearAdd" } else { "QLinearMul" };
-                mk(op, "com.microsoft", vec![Some(a.0), Some(a.1), a.2, Some(b.0), Some(b.1), b.2, Some(sy), Some(zy)], vec![])
+                let op = if n.op_type == "Add" {
+                    "QLinearAdd"
+                } else {
+                    "QLinearMul"
+                };
+                mk(
+                    op,
+                    "com.microsoft",
+                    vec![
+                        Some(a.0),
+                        Some(a.1),
+                        a.2,
+                        Some(b.0),
+                        Some(b.1),
+                        b.2,
+                        Some(sy),
+                        Some(zy),
+                    ],
+                    vec![],
+                )
             }
             "GlobalAveragePool" => {
                 let Some((x, sx, zx)) = inp(0).and_then(|v| dq_scalar(g, &producer, v)) else {
                     continue;
                 };
-                mk("QLinearGlobalAveragePool", "com.microsoft", vec![Some(x), Some(sx), zx, Some(sy), Some(zy)], vec![("channels_last".into(), AttrValue::Int(0))])
+                mk(
+                    "QLinearGlobalAveragePool",
+                    "com.microsoft",
+                    vec![Some(x), Some(sx), zx, Some(sy), Some(zy)],
+                    vec![("channels_last".into(), AttrValue::Int(0))],
+                )
             }
             "MaxPool" | "Reshape" | "Flatten" => {
                 let Some((x, sx, zx)) = inp(0).and_then(|v| dq_scalar(g, &producer, v)) else {
@@ -582,7 +662,8 @@ pub fn qdq_ops(g: &mut Graph) -> Result<usize> {
                 };
                 let same = scalar_const(g, Some(sx)) == scalar_const(g, Some(sy))
                     && zp_value(g, zx) == zp_value(g, Some(zy))
-                    && zx.map(|z| const_of(g, z).map(|t| t.dtype())) == Some(const_of(g, zy).map(|t| t.dtype()));
+                    && zx.map(|z| const_of(g, z).map(|t| t.dtype()))
+                        == Some(const_of(g, zy).map(|t| t.dtype()));
                 if !same || (n.op_type == "MaxPool" && n.outputs.len() > 1) {
                     continue;
                 }
@@ -597,16 +678,27 @@ pub fn qdq_ops(g: &mut Graph) -> Result<usize> {
                 let Some((x, sx, zx)) = inp(0).and_then(|v| dq_scalar(g, &producer, v)) else {
                     continue;
                 };
-                let (Some(sxv), Some(zxv), Some(syv), Some(zyv)) = (scalar_const(g, Some(sx)), zp_value(g, zx), scalar_const(g, Some(sy)), zp_value(g, Some(zy))) else {
+                let (Some(sxv), Some(zxv), Some(syv), Some(zyv)) = (
+                    scalar_const(g, Some(sx)),
+                    zp_value(g, zx),
+                    scalar_const(g, Some(sy)),
+                    zp_value(g, Some(zy)),
+                ) else {
                     continue;
                 };
                 let x_signed = dtype_of(g, x) == Some(DataType::Int8);
                 let y_signed = const_of(g, zy).is_some_and(|t| t.dtype() == DataType::Int8);
-                let Some(table) = lookup_table(n, (sxv, zxv, x_signed), (syv, zyv, y_signed)) else {
+                let Some(table) = lookup_table(n, (sxv, zxv, x_signed), (syv, zyv, y_signed))
+                else {
                     continue;
                 };
                 tables.push((replace.len(), table, y_signed));
-                mk("QLookup", crate::kernels::nn::nchwc::DOMAIN, vec![Some(x)], vec![])
+                mk(
+                    "QLookup",
+                    crate::kernels::nn::nchwc::DOMAIN,
+                    vec![Some(x)],
+                    vec![],
+                )
             }
         };
         replace.push((ni, new));
@@ -620,7 +712,10 @@ pub fn qdq_ops(g: &mut Graph) -> Result<usize> {
         let name = alloc::format!("{}/table", replace[ri].1.name);
         let v = new_value(g, name);
         let t = if signed {
-            Tensor::from_vec(&[256], table.into_iter().map(|b| b as i8).collect::<Vec<i8>>())?
+            Tensor::from_vec(
+                &[256],
+                table.into_iter().map(|b| b as i8).collect::<Vec<i8>>(),
+            )?
         } else {
             Tensor::from_vec(&[256], table)?
         };

@@ -30,7 +30,14 @@ pub(crate) const KERNELS: &[KernelDef] = &[
     def_in("com.microsoft", "QLinearLeakyRelu", 1, 1, build_leaky_relu).types(Q8),
     def_in("com.microsoft", "QLinearGlobalAveragePool", 1, 1, build_gap).types(Q8),
     def_in("com.microsoft", "QLinearConcat", 1, 1, build_concat).types(Q8),
-    def_in(crate::kernels::nn::nchwc::DOMAIN, "QLookup", 1, 1, build_lookup).types(Q8),
+    def_in(
+        crate::kernels::nn::nchwc::DOMAIN,
+        "QLookup",
+        1,
+        1,
+        build_lookup,
+    )
+    .types(Q8),
 ];
 
 /// `nxrt:QLookup(x, table)`: `y[i] = table[x[i]]`, `table` 256 codes of the output's type
