@@ -283,19 +283,28 @@ pub fn block_matmuls(g: &mut Graph) -> Result<usize> {
 }
 
 /// A DequantizeLinear of `v`'s producer with one scale and zero point (constants): `(x, scale,
-/// zero point)`.
-fn dq_scalar(
-    g: &Graph,
+/// The unblocked DequantizeLinear producing `v`: the node, its input, scale and zero point.
+fn dq_parts<'g>(
+    g: &'g Graph,
     producer: &[Option<usize>],
     v: ValueId,
-) -> Option<(ValueId, ValueId, Option<ValueId>)> {
+) -> Option<(&'g Node, ValueId, ValueId, Option<ValueId>)> {
     let n = &g.nodes[producer[v]?];
     if !is_op(n, "DequantizeLinear") || n.get_i("block_size", 0).ok()? != 0 {
         return None;
     }
     let x = n.inputs.first().copied().flatten()?;
     let s = n.inputs.get(1).copied().flatten()?;
-    let z = n.inputs.get(2).copied().flatten();
+    Some((n, x, s, n.inputs.get(2).copied().flatten()))
+}
+
+/// zero point)`.
+fn dq_scalar(
+    g: &Graph,
+    producer: &[Option<usize>],
+    v: ValueId,
+) -> Option<(ValueId, ValueId, Option<ValueId>)> {
+    let (_, x, s, z) = dq_parts(g, producer, v)?;
     let st = const_of(g, s)?;
     if st.dtype() != DataType::Float || st.len() != 1 {
         return None;
@@ -349,13 +358,7 @@ fn dq_weight(
     v: ValueId,
     axis: usize,
 ) -> Option<(ValueId, ValueId, Option<ValueId>, Vec<f32>)> {
-    let n = &g.nodes[producer[v]?];
-    if !is_op(n, "DequantizeLinear") || n.get_i("block_size", 0).ok()? != 0 {
-        return None;
-    }
-    let w = n.inputs.first().copied().flatten()?;
-    let s = n.inputs.get(1).copied().flatten()?;
-    let z = n.inputs.get(2).copied().flatten();
+    let (n, w, s, z) = dq_parts(g, producer, v)?;
     let wt = const_of(g, w)?;
     if !matches!(wt.dtype(), DataType::Uint8 | DataType::Int8) {
         return None;

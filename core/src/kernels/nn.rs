@@ -21,7 +21,7 @@ use crate::{bail, unsupported};
 
 pub(crate) mod nchwc;
 mod qconv;
-pub(crate) use qconv::q8_bytes;
+pub(crate) use qconv::{q8_bytes, q8_key};
 
 /// MaxPool's typed paths: the floats (f16/bf16 through f32), int8, uint8 and int32.
 const MAX_POOL_TYPES: &[DataType] = &[

@@ -59,8 +59,9 @@ fn build_lookup(_n: &Node) -> Result<Box<dyn Kernel>> {
     ))
 }
 
-/// Rounds half to even (`|v| < 2^22`, which every requantized value below is before
-/// saturation... or saturates anyway), adds `zp` and saturates to `lo..=hi`, as a byte.
+/// Rounds half to even, adds `zp` and saturates to `lo..=hi`, as a byte. (Values beyond
+/// 2^22 in magnitude, where the rounding trick would not hold, are clamped there first: they
+/// saturate either way.)
 #[inline(always)]
 pub(crate) fn requant(v: f32, zp: f32, lo: f32, hi: f32) -> u8 {
     const MAGIC: f32 = 12_582_912.0; // 1.5 * 2^23: adding it leaves no fraction bits
@@ -118,7 +119,7 @@ fn val(b: u8, signed: bool) -> f32 {
 /// Bytes as a tensor of `dt` (uint8 or int8).
 pub(crate) fn q8_tensor(dt: DataType, shape: &[usize], y: Vec<u8>) -> Result<Tensor> {
     if dt == DataType::Int8 {
-        Tensor::from_vec(shape, y.into_iter().map(|v| v as i8).collect::<Vec<i8>>())
+        Tensor::from_vec(shape, bytemuck::cast_vec::<u8, i8>(y))
     } else {
         Tensor::from_vec(shape, y)
     }

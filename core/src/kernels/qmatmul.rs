@@ -6,7 +6,6 @@
 //! `A`'s rows are the signed operand (uint8 moved by -128 with its zero point), `B`'s columns
 //! the unsigned one (int8 moved by +128), so every sum is exact; see [`simd::qgemm`].
 
-use alloc::borrow::Cow;
 use alloc::boxed::Box;
 use alloc::vec;
 use alloc::vec::Vec;
@@ -14,7 +13,7 @@ use alloc::vec::Vec;
 use crate::dtype::DataType;
 use crate::error::Result;
 use crate::ir::Node;
-use crate::kernels::nn::q8_bytes;
+use crate::kernels::nn::{q8_bytes, q8_key};
 use crate::kernels::par::par_chunks_mut;
 use crate::kernels::{opt_tensor_in, out1, tensor_in};
 use crate::provider::{Kernel, KernelCx};
@@ -85,12 +84,9 @@ fn transposed(v: &[u8], rows: usize, cols: usize) -> Vec<u8> {
     t
 }
 
+/// [`q8_key`] of an optional input (`(0, 0)` for none).
 fn key_of(t: Option<&Tensor>) -> Option<(usize, usize)> {
-    let Some(t) = t else { return Some((0, 0)) };
-    match q8_bytes(t).ok()?.0 {
-        Cow::Borrowed(v) => Some((v.as_ptr() as usize, v.len())),
-        Cow::Owned(_) => None,
-    }
+    t.map_or(Some((0, 0)), q8_key)
 }
 
 /// com.microsoft QGemm's attributes.
@@ -299,11 +295,7 @@ impl QMatMul {
                     let out = QOut::Q8 { y: c, zp, lo, hi };
                     simd::qgemm_rows_on(q_isa, &p, &e, r0, r1, out, n);
                 });
-                if out_dt == DataType::Int8 {
-                    Tensor::from_vec(&shape, y.into_iter().map(|v| v as i8).collect())?
-                } else {
-                    Tensor::from_vec(&shape, y)?
-                }
+                crate::kernels::qlinear::q8_tensor(out_dt, &shape, y)?
             }
             None if col_scale.is_some() => {
                 // QGemm without an output scale: float

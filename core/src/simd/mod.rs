@@ -211,6 +211,44 @@ pub fn isa_lanes(isa: Isa) -> usize {
     }
 }
 
+/// Runs the generic integer kernel `$f::<V>` on `$isa` (which [`q4_runs_on`] accepted): the
+/// vector type of the build's ISA in wasm and on aarch64, AVX-512 with VNNI or AVX2 inside
+/// `#[target_feature]` wrappers on x86-64, the portable type otherwise.
+macro_rules! q_dispatch {
+    ($isa:expr, $($f:ident)::+($($a:ident: $t:ty = $v:expr),*)) => {{
+        #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+        {
+            let _ = $isa;
+            return $($f)::+::<wasm::V128>($($v),*);
+        }
+        #[cfg(target_arch = "aarch64")]
+        if $isa == Isa::Neon {
+            return $($f)::+::<neon::Neon>($($v),*);
+        }
+        #[cfg(target_arch = "x86_64")]
+        {
+            if $isa == Isa::Avx512 {
+                #[target_feature(enable = "avx512f,avx512vnni,avx2,fma")]
+                unsafe fn wide($($a: $t),*) {
+                    $($f)::+::<avx512::Avx512>($($a),*)
+                }
+                // SAFETY: q4_runs_on checked AVX-512F and VNNI (and the OS's ZMM state).
+                return unsafe { wide($($v),*) };
+            }
+            if $isa == Isa::Avx2 {
+                #[target_feature(enable = "avx2,fma")]
+                unsafe fn wide($($a: $t),*) {
+                    $($f)::+::<x86::Avx2>($($a),*)
+                }
+                // SAFETY: q4_runs_on checked AVX2 and FMA.
+                return unsafe { wide($($v),*) };
+            }
+        }
+        #[allow(unreachable_code)]
+        $($f)::+::<Portable>($($v),*)
+    }};
+}
+
 /// Int8 x 4-bit products of quantized rows with packed weights (see [`nbits::q4_rows`]),
 /// on `isa`, which must satisfy [`q4_runs_on`] and be what `p` was packed for.
 pub fn q4_rows_on(
@@ -226,49 +264,7 @@ pub fn q4_rows_on(
         q4_runs_on(isa) && p.lanes == isa_lanes(isa),
         "q4_rows_on: {isa:?}"
     );
-    #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
-    {
-        return nbits::q4_rows::<wasm::V128>(p, a, groups, y, ldy, bias);
-    }
-    #[cfg(target_arch = "aarch64")]
-    if isa == Isa::Neon {
-        return nbits::q4_rows::<neon::Neon>(p, a, groups, y, ldy, bias);
-    }
-    #[cfg(target_arch = "x86_64")]
-    {
-        if isa == Isa::Avx512 {
-            #[target_feature(enable = "avx512f,avx512vnni,avx2,fma")]
-            unsafe fn wide(
-                p: &Q4Packed,
-                a: &Q8Rows,
-                g: (usize, usize),
-                y: &mut [f32],
-                l: usize,
-                b: Option<&[f32]>,
-            ) {
-                nbits::q4_rows::<avx512::Avx512>(p, a, g, y, l, b)
-            }
-            // SAFETY: q4_runs_on checked AVX-512F and VNNI (and the OS's ZMM state).
-            return unsafe { wide(p, a, groups, y, ldy, bias) };
-        }
-        if isa == Isa::Avx2 {
-            #[target_feature(enable = "avx2,fma")]
-            unsafe fn wide(
-                p: &Q4Packed,
-                a: &Q8Rows,
-                g: (usize, usize),
-                y: &mut [f32],
-                l: usize,
-                b: Option<&[f32]>,
-            ) {
-                nbits::q4_rows::<x86::Avx2>(p, a, g, y, l, b)
-            }
-            // SAFETY: q4_runs_on checked AVX2 and FMA.
-            return unsafe { wide(p, a, groups, y, ldy, bias) };
-        }
-    }
-    #[allow(unreachable_code)]
-    nbits::q4_rows::<Portable>(p, a, groups, y, ldy, bias)
+    q_dispatch!(isa, nbits::q4_rows(p: &Q4Packed = p, a: &Q8Rows = a, g: (usize, usize) = groups, y: &mut [f32] = y, l: usize = ldy, b: Option<&[f32]> = bias));
 }
 
 /// The integer products of [`qgemm::qgemm_rows`] on `isa` (which must satisfy
@@ -286,49 +282,7 @@ pub fn qgemm_rows_on(
         q4_runs_on(isa) && p.g.lanes == isa_lanes(isa),
         "qgemm_rows_on: {isa:?}"
     );
-    #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
-    {
-        return qgemm::qgemm_rows::<wasm::V128>(p, e, r0, r1, out, ld);
-    }
-    #[cfg(target_arch = "aarch64")]
-    if isa == Isa::Neon {
-        return qgemm::qgemm_rows::<neon::Neon>(p, e, r0, r1, out, ld);
-    }
-    #[cfg(target_arch = "x86_64")]
-    {
-        if isa == Isa::Avx512 {
-            #[target_feature(enable = "avx512f,avx512vnni,avx2,fma")]
-            unsafe fn wide(
-                p: &QGemm<'_>,
-                e: &QEpi<'_>,
-                r0: usize,
-                r1: usize,
-                out: QOut<'_>,
-                ld: usize,
-            ) {
-                qgemm::qgemm_rows::<avx512::Avx512>(p, e, r0, r1, out, ld)
-            }
-            // SAFETY: q4_runs_on checked AVX-512F and VNNI (and the OS's ZMM state).
-            return unsafe { wide(p, e, r0, r1, out, ld) };
-        }
-        if isa == Isa::Avx2 {
-            #[target_feature(enable = "avx2,fma")]
-            unsafe fn wide(
-                p: &QGemm<'_>,
-                e: &QEpi<'_>,
-                r0: usize,
-                r1: usize,
-                out: QOut<'_>,
-                ld: usize,
-            ) {
-                qgemm::qgemm_rows::<x86::Avx2>(p, e, r0, r1, out, ld)
-            }
-            // SAFETY: q4_runs_on checked AVX2 and FMA.
-            return unsafe { wide(p, e, r0, r1, out, ld) };
-        }
-    }
-    #[allow(unreachable_code)]
-    qgemm::qgemm_rows::<Portable>(p, e, r0, r1, out, ld)
+    q_dispatch!(isa, qgemm::qgemm_rows(p: &QGemm<'_> = p, e: &QEpi<'_> = e, r0: usize = r0, r1: usize = r1, out: QOut<'_> = out, ld: usize = ld));
 }
 
 /// A vector of f32 lanes. Implementations are thin wrappers over one ISA's registers; every

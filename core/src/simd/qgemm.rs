@@ -19,7 +19,7 @@
 //! quantized outputs) rounds half to even, adds the output's zero point and saturates, the
 //! requantization ONNX Runtime's QLinear kernels do.
 
-use super::{scratch, VF32};
+use super::VF32;
 
 /// A packed `B`: `n` columns of `k` values in groups of `lanes` columns.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -371,8 +371,3 @@ pub fn qgemm_rows<V: VF32>(
 
 /// Packed bytes of `B` per column block of [`qgemm_rows`].
 const QGEMM_BLOCK_BYTES: usize = 96 << 10;
-
-/// Scratch-backed [`qcols_pack`] for callers that pack per call (convolution inputs).
-pub fn qcols_scratch(g: &QGeom) -> super::Scratch<u8> {
-    scratch::<u8>(g.packed_len())
-}

@@ -1358,19 +1358,26 @@ fn integer_products_are_exact_with_zero_points_on_every_isa() {
     ] {
         let a = bytes_of(m * k, 1 + m as u32); // int8 bit patterns
         let b = bytes_of(k * n, 7 + k as u32); // uint8
-        let za: Vec<i32> = (0..m).map(|i| (i as i32 * 37) % 255 - 127).collect();
-        let zb: Vec<i32> = (0..n).map(|j| (j as i32 * 53) % 256).collect();
-        let want: Vec<i64> = (0..m * n)
-            .map(|x| {
-                let (i, j) = (x / n, x % n);
-                (0..k)
-                    .map(|kk| {
-                        (a[i * k + kk] as i8 as i64 - za[i] as i64)
-                            * (b[kk * n + j] as i64 - zb[j] as i64)
-                    })
-                    .sum()
-            })
-            .collect();
+                                               // zero points per row of A with one for B (a convolution's weights and input), and one
+                                               // for A with one per column of B (a matrix product's activations and weights)
+        let za_rows: Vec<i32> = (0..m).map(|i| (i as i32 * 37) % 255 - 127).collect();
+        let zb_cols: Vec<i32> = (0..n).map(|j| (j as i32 * 53) % 256).collect();
+        let (za1, zb1) = (-77i32, 201i32);
+        let exact = |za: &dyn Fn(usize) -> i32, zb: &dyn Fn(usize) -> i32| -> Vec<i32> {
+            (0..m * n)
+                .map(|x| {
+                    let (i, j) = (x / n, x % n);
+                    (0..k)
+                        .map(|kk| {
+                            (a[i * k + kk] as i8 as i64 - za(i) as i64)
+                                * (b[kk * n + j] as i64 - zb(j) as i64)
+                        })
+                        .sum::<i64>() as i32
+                })
+                .collect()
+        };
+        let want_rows = exact(&|i| za_rows[i], &|_| zb1);
+        let want_cols = exact(&|_| za1, &|j| zb_cols[j]);
         for isa in available_isas() {
             if !q4_runs_on(isa) {
                 continue;
@@ -1386,42 +1393,43 @@ fn integer_products_are_exact_with_zero_points_on_every_isa() {
             let mut ap = alloc::vec![0u8; m * g.kp()];
             let mut rowsum = alloc::vec![0i32; m];
             qrows_pack(&a, m, k, k, 0, g.kp(), &mut ap, &mut rowsum);
-            // -zb[j] * rowsum[i] - za[i] * colsum[j] + k * za[i] * zb[j]
-            let mut zbp: Vec<i32> = zb.iter().map(|z| -z).collect();
-            zbp.resize(g.np(), 0);
-            let mut colp = colsum.clone();
-            colp.resize(g.np(), 0);
-            let row_add: Vec<i32> = za.iter().map(|_| 0).collect();
             let p = QGemm {
                 m,
                 g,
                 a: &ap,
                 b: &bp,
             };
-            // two passes: cross term with the column zero points, then with the column sums
-            let e1 = QEpi {
+            let kk = k as i32;
+            // per-row za, one zb: -zb rowsum[i] + K za[i] zb as the row term, -za[i] colsum[j]
+            // as the cross term
+            let row_add: Vec<i32> = (0..m)
+                .map(|i| -zb1 * rowsum[i] + kk * za_rows[i] * zb1)
+                .collect();
+            let nza: Vec<i32> = za_rows.iter().map(|z| -z).collect();
+            let e_rows = QEpi {
                 row_add: Some(&row_add),
-                cross: Some((&zbp, &rowsum)),
+                cross: Some((&colsum, &nza)),
+                ..Default::default()
+            };
+            let mut y = alloc::vec![0i32; m * n];
+            qgemm_rows_on(isa, &p, &e_rows, 0, m, QOut::I32(&mut y), n);
+            assert_eq!(y, want_rows, "{isa:?} {m}x{k}x{n}, zero points per row");
+            // one za, per-column zb: -za colsum[j] + K za zb[j] as the column term,
+            // -zb[j] rowsum[i] as the cross term
+            let mut col_add: Vec<i32> = (0..n)
+                .map(|j| -za1 * colsum[j] + kk * za1 * zb_cols[j])
+                .collect();
+            col_add.resize(g.np(), 0);
+            let mut nzb: Vec<i32> = zb_cols.iter().map(|z| -z).collect();
+            nzb.resize(g.np(), 0);
+            let e1 = QEpi {
+                col_add: Some(&col_add),
+                cross: Some((&nzb, &rowsum)),
                 ..Default::default()
             };
             let mut y1 = alloc::vec![0i32; m * n];
             qgemm_rows_on(isa, &p, &e1, 0, m, QOut::I32(&mut y1), n);
-            let nza: Vec<i32> = za.iter().map(|z| -z).collect();
-            let kzz: Vec<i32> = zb
-                .iter()
-                .map(|z| k as i32 * z)
-                .chain(core::iter::repeat(0))
-                .take(g.np())
-                .collect();
-            let mut y = alloc::vec![0i64; m * n];
-            for i in 0..m {
-                for j in 0..n {
-                    y[i * n + j] = y1[i * n + j] as i64
-                        + (nza[i] as i64) * (colp[j] as i64)
-                        + (za[i] as i64) * (kzz[j] as i64);
-                }
-            }
-            assert_eq!(y, want, "{isa:?} {m}x{k}x{n}");
+            assert_eq!(y1, want_cols, "{isa:?} {m}x{k}x{n}, zero points per column");
             // a split into row ranges writes the same rows
             if m > 2 {
                 let mut y2 = alloc::vec![0i32; m * n];

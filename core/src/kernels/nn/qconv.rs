@@ -18,14 +18,15 @@ pub(crate) fn q8_bytes(t: &Tensor) -> Result<(Cow<'_, [u8]>, bool)> {
         DataType::Uint8 => (t.as_slice::<u8>()?, false),
         DataType::Int8 => match t.as_slice::<i8>()? {
             Cow::Borrowed(v) => (Cow::Borrowed(bytemuck::cast_slice(v)), true),
-            Cow::Owned(v) => (Cow::Owned(v.into_iter().map(|x| x as u8).collect()), true),
+            Cow::Owned(v) => (Cow::Owned(bytemuck::cast_vec(v)), true),
         },
         dt => return Err(bad_type("quantized convolution", dt)),
     })
 }
 
-/// Address and length of a tensor's elements when they are borrowed storage (a constant).
-fn key_of(t: &Tensor) -> Option<(usize, usize)> {
+/// Address and length of an int8/uint8 tensor's elements when they are borrowed storage (a
+/// constant), to recognise the tensor a kernel prepared from.
+pub(crate) fn q8_key(t: &Tensor) -> Option<(usize, usize)> {
     match q8_bytes(t).ok()?.0 {
         Cow::Borrowed(v) => Some((v.as_ptr() as usize, v.len())),
         Cow::Owned(_) => None,
@@ -156,9 +157,9 @@ impl Kernel for QConv {
         let Ok(qw) = QWeights::new(w, c(zi), self.group, lanes) else {
             return 0;
         };
-        let Some(wk) = key_of(w) else { return 0 };
+        let Some(wk) = q8_key(w) else { return 0 };
         let zk = match c(zi) {
-            Some(z) => match key_of(z) {
+            Some(z) => match q8_key(z) {
                 Some(k) => Some(k),
                 None => return 0,
             },
@@ -185,7 +186,7 @@ impl Kernel for QConv {
         let owned;
         let qw = match &self.packed {
             Some((wk, zk, l, qw))
-                if *l == lanes && key_of(w) == Some(*wk) && wzp.map(key_of) == zk.map(Some) =>
+                if *l == lanes && q8_key(w) == Some(*wk) && wzp.map(q8_key) == zk.map(Some) =>
             {
                 qw
             }
@@ -195,10 +196,8 @@ impl Kernel for QConv {
             }
         };
         let (xb, x_signed) = q8_bytes(x)?;
+        // one value (zero_points refuses any other length for one channel)
         let xz = zero_points(xzp, x.dtype(), 1)?[0];
-        if xzp.is_some_and(|z| z.len() != 1) {
-            unsupported!("quantized convolution: x_zero_point must be a scalar");
-        }
         let bias_v: Option<Vec<i32>> = match bias {
             Some(b) if b.dtype() == DataType::Int32 => Some(b.as_slice::<i32>()?.into_owned()),
             Some(b) => return Err(bad_type("QLinearConv bias", b.dtype())),
@@ -368,10 +367,7 @@ impl Kernel for QConv {
             }
         }
         let t = match &rq {
-            Some((.., DataType::Int8)) => {
-                Tensor::from_vec(&shape, y8.into_iter().map(|v| v as i8).collect())?
-            }
-            Some(_) => Tensor::from_vec(&shape, y8)?,
+            Some((.., out_dt)) => crate::kernels::qlinear::q8_tensor(*out_dt, &shape, y8)?,
             None => Tensor::from_vec(&shape, y32)?,
         };
         out1(t)
