@@ -27,7 +27,7 @@ use crate::dtype::DataType;
 use crate::error::Result;
 use crate::ir::Node;
 use crate::provider::{Kernel, KernelCx, KernelDef};
-use crate::simd::{Gemm, NBits, Operand, Q4Packed};
+use crate::simd::{Gemm, NBits, Operand, Q4Packed, W8Packed};
 use crate::tensor::Tensor;
 use crate::value::Value;
 use crate::{bail, unsupported};
@@ -53,7 +53,16 @@ struct GatherNBits {
     inner: Box<dyn Kernel>,
     k: usize,
     n: usize,
+    bits: usize,
+    bs: usize,
+    accuracy: i64,
+    /// Each expert's weights packed at load (see [`W8Packed`]), with the stacked tensors'
+    /// keys.
+    w8: Option<(Vec<W8Weights>, Keys)>,
 }
+
+/// The data address and length of B, the scales and the zero points (see [`key_of`]).
+type Keys = [(usize, usize); 3];
 
 fn build_gather(node: &Node) -> Result<Box<dyn Kernel>> {
     let inner = build(node)?;
@@ -61,10 +70,64 @@ fn build_gather(node: &Node) -> Result<Box<dyn Kernel>> {
         inner,
         k: node.get_i("K", 0)? as usize,
         n: node.get_i("N", 0)? as usize,
+        bits: node.get_i("bits", 4)? as usize,
+        bs: node.get_i("block_size", 0)? as usize,
+        accuracy: node.get_i("accuracy_level", 0)?,
+        w8: None,
     }))
 }
 
+impl GatherNBits {
+    /// Packs every expert's constant weights, or nothing where one does not fit.
+    fn pack(&self, (b, s, z): (&Tensor, &Tensor, &Tensor)) -> Option<Vec<W8Weights>> {
+        if self.accuracy == 4 && z.dtype() == DataType::Uint8 {
+            return None;
+        }
+        let e = *b.shape().first()?;
+        if s.shape().first() != Some(&e) || z.shape().first() != Some(&e) {
+            return None;
+        }
+        let g = NBits {
+            k: self.k,
+            bs: self.bs,
+            bits: self.bits,
+            int8_a: false,
+            zp0: (1u32 << (self.bits - 1)) as f32,
+        };
+        (0..e)
+            .map(|ei| {
+                let be = b.slice_axis(0, ei, 1, 1).ok()?;
+                let se = s.slice_axis(0, ei, 1, 1).ok()?;
+                let ze = z.slice_axis(0, ei, 1, 1).ok()?;
+                let mut w = w8_prepare(&g, self.n, (&be, &se, Some(&ze)))?;
+                w.keys = [(0, 0); 3];
+                Some(w)
+            })
+            .collect()
+    }
+}
+
 impl Kernel for GatherNBits {
+    fn prepare(&mut self, consts: &[Option<&Tensor>]) -> usize {
+        let c = |i: usize| consts.get(i).copied().flatten();
+        let (Some(b), Some(s), Some(z)) = (c(1), c(2), c(3)) else {
+            return 0;
+        };
+        let Some(keys) = [key_of(Some(b)), key_of(Some(s)), key_of(Some(z))]
+            .into_iter()
+            .collect::<Option<Vec<_>>>()
+            .and_then(|v| <[(usize, usize); 3]>::try_from(v).ok())
+        else {
+            return 0;
+        };
+        let Some(packs) = self.pack((b, s, z)) else {
+            return 0;
+        };
+        let bytes = packs.iter().map(|w| w.packed.bytes()).sum();
+        self.w8 = Some((packs, keys));
+        bytes
+    }
+
     fn compute(&self, cx: &KernelCx<'_>, inputs: &[Option<&Value>]) -> Result<Vec<Value>> {
         let (k, n) = (self.k, self.n);
         let x = tensor_in(inputs, 0)?;
@@ -108,6 +171,10 @@ impl Kernel for GatherNBits {
             }
             at
         };
+        let packs = self.w8.as_ref().and_then(|(p, keys)| {
+            let now = [key_of(Some(b)), key_of(Some(s)), key_of(Some(z))];
+            (now == keys.map(Some) && p.len() == e).then_some(p)
+        });
         let mut y = vec![0f32; nb * m * n];
         for bi in 0..nb {
             let ei = experts[flat(idx.shape(), bi)];
@@ -117,6 +184,15 @@ impl Kernel for GatherNBits {
             }
             let ei = ei as usize;
             let xi = flat(xb, bi);
+            if let Some(p) = packs {
+                let (xr, yr) = (
+                    &xv[xi * m * k..(xi + 1) * m * k],
+                    &mut y[bi * m * n..(bi + 1) * m * n],
+                );
+                if m == 0 || w8_product(cx, &p[ei], (xr, m, k), yr) {
+                    continue;
+                }
+            }
             let a = Tensor::from_vec(&[m, k], xv[xi * m * k..(xi + 1) * m * k].to_vec())?;
             let be = b.slice_axis(0, ei, 1, 1)?;
             let se = s.slice_axis(0, ei, 1, 1)?;
@@ -152,6 +228,80 @@ struct MatMulNBits {
     isa: crate::simd::Isa,
     /// Constant 4-bit weights repacked at load for the int8 path (`accuracy_level` 4).
     q4: Option<Q4Weights>,
+    /// Constant weights repacked at load as int8 for float activations (see `W8Packed`).
+    w8: Option<W8Weights>,
+}
+
+/// [`W8Packed`] weights, the vector type they were packed for and the tensors they came from
+/// (as [`Q4Weights`]).
+struct W8Weights {
+    isa: crate::simd::Isa,
+    packed: W8Packed,
+    keys: [(usize, usize); 3],
+}
+
+/// Packs constant weights for [`w8_product`], or `None` where they do not fit int8.
+fn w8_prepare(
+    g: &NBits,
+    n: usize,
+    (b, scales, zp): (&Tensor, &Tensor, Option<&Tensor>),
+) -> Option<W8Weights> {
+    let keys = [key_of(Some(b)), key_of(Some(scales)), key_of(zp)]
+        .into_iter()
+        .collect::<Option<Vec<_>>>()
+        .and_then(|v| <[(usize, usize); 3]>::try_from(v).ok())?;
+    let blocks = g.blocks();
+    let (bv, sv) = (b.as_slice::<u8>().ok()?, scales.as_slice::<f32>().ok()?);
+    if bv.len() != n * blocks * g.blob() || sv.len() != n * blocks {
+        return None;
+    }
+    let zps = zero_points(zp, n, blocks, g.bits).ok()?;
+    let (isa, lanes) = crate::simd::q4_isa();
+    let packed = crate::simd::w8_pack(lanes, g, &bv, &sv, zps.as_ref().map(|z| z.0.as_slice()), n)?;
+    Some(W8Weights { isa, packed, keys })
+}
+
+/// `Y = A · Bᵀ` for `m` rows of A through the int8 weights (activations split into int16
+/// parts), column groups in parallel; false (nothing written) where A holds values the split
+/// does not take (NaN, infinities, tiny maxima), which the float paths then compute.
+fn w8_product(
+    cx: &KernelCx<'_>,
+    w: &W8Weights,
+    (a, m, k): (&[f32], usize, usize),
+    y: &mut [f32],
+) -> bool {
+    let p = &w.packed;
+    let x = crate::simd::x16_rows(a, m, k, p.kp, p.sub);
+    if !x.exact {
+        return false;
+    }
+    let n = p.n;
+    let per_task = (PANEL_COLS / p.lanes).max(1);
+    let tasks = p.groups().div_ceil(per_task);
+    let yp = SyncPtr(y.as_mut_ptr());
+    cx.cpu.parallel_for_work(tasks, m * n * k * 2, &|t| {
+        let (g0, g1) = (t * per_task, ((t + 1) * per_task).min(p.groups()));
+        let (j0, j1) = (g0 * p.lanes, (g1 * p.lanes).min(n));
+        if m == 1 || tasks == 1 {
+            // SAFETY: columns j0..j1 of the one row (or every column) belong to this task
+            // alone, and `y` stays borrowed until `parallel_for_work` returns.
+            let ld = if m == 1 { j1 - j0 } else { n };
+            let dst = unsafe {
+                core::slice::from_raw_parts_mut(yp.get().add(j0), (m - 1) * ld + j1 - j0)
+            };
+            crate::simd::w8_rows_on(w.isa, p, &x, (g0, g1), dst, ld);
+            return;
+        }
+        let ld = (g1 - g0) * p.lanes;
+        let mut buf = crate::simd::scratch::<f32>(m * ld);
+        crate::simd::w8_rows_on(w.isa, p, &x, (g0, g1), &mut buf, ld);
+        for r in 0..m {
+            // SAFETY: as in `q4_product`: disjoint column groups per task.
+            let dst = unsafe { core::slice::from_raw_parts_mut(yp.get().add(r * n + j0), j1 - j0) };
+            dst.copy_from_slice(&buf[r * ld..r * ld + j1 - j0]);
+        }
+    });
+    true
 }
 
 /// [`Q4Packed`] weights, the vector type they were packed for, and which tensors they came
@@ -208,6 +358,7 @@ fn build(node: &Node) -> Result<Box<dyn Kernel>> {
             zp0: 0.0,
         }),
         q4: None,
+        w8: None,
     }))
 }
 
@@ -317,8 +468,23 @@ impl Kernel for MatMulNBits {
         // the int8 path: 4 bits at accuracy level 4, integer zero points, no g_idx (an input
         // present at run time that is not what was packed sends the call to the other paths)
         let zp = c(3);
-        if self.bits != 4 || self.accuracy != 4 || zp.is_some_and(|z| z.dtype() != DataType::Uint8)
-        {
+        let float_zp = zp.is_some_and(|z| z.dtype() != DataType::Uint8);
+        if self.accuracy != 4 || float_zp || self.bits == 8 {
+            // float activations (int8 at accuracy level 4 with integer zero points)
+            if (self.accuracy == 4 && !float_zp) || c(4).is_some() {
+                return 0;
+            }
+            let g = NBits {
+                k: self.k,
+                bs: self.bs,
+                bits: self.bits,
+                int8_a: false,
+                zp0: (1u32 << (self.bits - 1)) as f32,
+            };
+            self.w8 = w8_prepare(&g, self.n, (b, scales, zp));
+            return self.w8.as_ref().map_or(0, |w| w.packed.bytes());
+        }
+        if self.bits != 4 {
             return 0;
         }
         let (k, n, bs) = (self.k, self.n, self.bs);
@@ -395,6 +561,26 @@ impl Kernel for MatMulNBits {
             g_idx.is_none()
                 && [key_of(Some(b)), key_of(Some(scales)), key_of(zp)] == q.keys.map(Some)
         });
+        let m = a.len() / k;
+        let w8 = self.w8.as_ref().filter(|w| {
+            m > 0
+                && g_idx.is_none()
+                && [key_of(Some(b)), key_of(Some(scales)), key_of(zp)] == w.keys.map(Some)
+        });
+        if let Some(w) = w8 {
+            let mut shape = a.shape().to_vec();
+            *shape.last_mut().expect("rank >= 1") = n;
+            let mut y = cx.output::<f32>(0, &shape)?;
+            if w8_product(cx, w, (&a.as_slice::<f32>()?, m, k), &mut y) {
+                if let Some(bias) = bias {
+                    let bias = bias.as_slice::<f32>()?;
+                    for row in y.chunks_exact_mut(n) {
+                        row.iter_mut().zip(bias.iter()).for_each(|(y, b)| *y += b);
+                    }
+                }
+                return out1(y.into_tensor());
+            }
+        }
         let (zps, gidx) = match q4 {
             Some(_) => (None, None),
             None => (
@@ -409,7 +595,6 @@ impl Kernel for MatMulNBits {
         let av = a.as_slice::<f32>()?;
         let bv = b.as_slice::<u8>()?;
         let sv = scales.as_slice::<f32>()?;
-        let m = a.len() / k;
         let mut shape = a.shape().to_vec();
         *shape.last_mut().expect("rank >= 1") = n;
         let mut y = cx.output::<f32>(0, &shape)?;
@@ -966,6 +1151,56 @@ mod tests {
                 _ => panic!("not a tensor"),
             };
             close(&y, &other.reference(true), 2e-5);
+        }
+    }
+
+    #[test]
+    fn packed_float_path_matches_the_definition() {
+        // constant 4- and 8-bit weights with float activations are repacked at load as int8
+        // (code - zero point); every row count goes through the split-activation kernel,
+        // with default, packed and float zero points, partial blocks and a bias
+        for (m, k, n, bits, bs, zp) in [
+            (1, 96, 21, 4, 32, 0),
+            (3, 100, 37, 4, 32, 1),
+            (6, 128, 16, 8, 64, 0),
+            (13, 64, 40, 4, 16, 2),
+            (1, 700, 70, 8, 512, 0),
+            (33, 64, 19, 8, 32, 0),
+        ] {
+            let mut c = Case::new(m, k, n, bits, bs, 71 + m as u64);
+            let mut r = Lcg(9);
+            match zp {
+                1 => c.zp = Some((0..n * c.blocks()).map(|_| (r.next() % 16) as u8).collect()),
+                2 => {
+                    c.fzp = Some(
+                        (0..n * c.blocks())
+                            .map(|_| (r.next() % 16) as f32)
+                            .collect(),
+                    )
+                }
+                _ => {}
+            }
+            c.bias = Some((0..n).map(|i| i as f32 * 0.5 - 3.0).collect());
+            let (out, bytes) = run_prepared(&c.node(), &c.inputs(), &[1, 2, 3]).unwrap();
+            assert!(
+                bytes >= n * k * bits / 8,
+                "m {m}: nothing prepared ({bytes} bytes)"
+            );
+            // within float rounding of the largest output (sums of about 2^7 terms)
+            let near = |got: &[f32], want: &[f32]| {
+                let big = want.iter().fold(0f32, |m, w| m.max(w.abs()));
+                for (i, (g, w)) in got.iter().zip(want).enumerate() {
+                    assert!((g - w).abs() <= 1e-6 * big, "m {m} y[{i}]: {g} vs {w}");
+                }
+            };
+            near(&out[0].to_f32_vec().unwrap(), &c.reference(false));
+            // a NaN in A reaches its row's outputs (through the float path) and no other
+            let mut nan = c.clone();
+            nan.a[k / 2] = f32::NAN;
+            let (out, _) = run_prepared(&nan.node(), &nan.inputs(), &[1, 2, 3]).unwrap();
+            let y = out[0].to_f32_vec().unwrap();
+            assert!(y[..n].iter().all(|v| v.is_nan()), "m {m}: NaN lost");
+            near(&y[n..], &nan.reference(false)[n..]);
         }
     }
 

@@ -141,7 +141,9 @@ pub fn run_prepared(
     for (a, b) in seq.iter().zip(&par) {
         assert_eq!(a.shape(), b.shape());
         if let (Ok(x), Ok(y)) = (a.to_f32_vec(), b.to_f32_vec()) {
-            assert_eq!(x, y, "threaded result differs");
+            // bit for bit (a NaN equals itself here)
+            let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&x), bits(&y), "threaded result differs");
         }
     }
     Ok((seq, prepared))

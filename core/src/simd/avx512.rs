@@ -20,10 +20,15 @@ pub fn detect() -> bool {
     }
 }
 
-/// Whether the CPU has AVX-512 VNNI (`vpdpbusd`), beside what [`detect`] checks.
+/// Whether the CPU has AVX-512 VNNI (`vpdpbusd`, `vpdpwssd`) and BW, beside what [`detect`]
+/// checks.
 pub fn has_vnni() -> bool {
     // SAFETY: as in `detect`, which runs first
-    detect() && __cpuid_count(7, 0).ecx & (1 << 11) != 0
+    // VNNI (ECX bit 11) and BW (EBX bit 30: the byte and word widenings of `q_wide`)
+    detect() && {
+        let r = __cpuid_count(7, 0);
+        r.ecx & (1 << 11) != 0 && r.ebx & (1 << 30) != 0
+    }
 }
 
 /// Sixteen f32 lanes in one ZMM register. Only constructed inside `avx512f` code.
@@ -214,6 +219,18 @@ impl VF32 for Avx512 {
     #[inline(always)]
     fn q_mul_add(acc: __m512i, v: __m512i, s: i32) -> __m512i {
         unsafe { _mm512_add_epi32(acc, _mm512_mullo_epi32(v, _mm512_set1_epi32(s))) }
+    }
+    #[inline(always)]
+    fn q_wide(b: &[u8]) -> __m512i {
+        let b = &b[..32];
+        // SAFETY: `b` has 32 bytes; the load has no alignment requirement.
+        unsafe { _mm512_cvtepi8_epi16(_mm256_loadu_si256(b.as_ptr() as *const __m256i)) }
+    }
+    #[inline(always)]
+    fn q_dot16(acc: __m512i, w: __m512i, x2: u32) -> __m512i {
+        // SAFETY: only instantiated under the integer kernels' wrapper, which enables AVX-512
+        // VNNI after the CPU reported it.
+        unsafe { _mm512_dpwssd_epi32(acc, w, _mm512_set1_epi32(x2 as i32)) }
     }
     #[inline(always)]
     fn store_bytes(self, d: &mut [u8]) {

@@ -5,7 +5,7 @@ use super::gemm::{scale_c, Gemm, GemmEpi, Operand};
 use super::VF32;
 use alloc::vec::Vec;
 
-pub use super::nbits::{nbits_dequant, nbits_fits, nbits_permute, nbits_rows};
+pub use super::nbits::{nbits_dequant, nbits_fits, nbits_permute, nbits_rows, x16_rows};
 pub use super::nchwc::{nchwc_conv_seg, nchwc_dw_seg};
 
 /// An element-wise binary f32 operation.

@@ -34,7 +34,7 @@ mod x86;
 
 pub use gemm::{Gemm, GemmEpi, Operand};
 pub use kernels::{Act, BinOp, Clamp, DwPlane, QBin, DW_BLOCK, Q8};
-pub use nbits::{q4_pack, q8_rows, NBits, Q4Packed, Q8Rows};
+pub use nbits::{q4_pack, q8_rows, w8_pack, w8_sub, NBits, Q4Packed, Q8Rows, W8Packed, X16Rows};
 pub use nchwc::{NcGeom, NCHWC};
 pub use portable::Portable;
 pub use qgemm::{qcols_pack, qrows_pack, QEpi, QGemm, QGeom, QOut, QVec};
@@ -178,7 +178,7 @@ pub fn q4_runs_on(isa: Isa) -> bool {
     }
 }
 
-/// AVX-512 VNNI, detected once (CPUID is slow under a hypervisor).
+/// AVX-512 VNNI and BW, detected once (CPUID is slow under a hypervisor).
 #[cfg(target_arch = "x86_64")]
 fn vnni() -> bool {
     static VNNI: AtomicU8 = AtomicU8::new(0);
@@ -228,11 +228,11 @@ macro_rules! q_dispatch {
         #[cfg(target_arch = "x86_64")]
         {
             if $isa == Isa::Avx512 {
-                #[target_feature(enable = "avx512f,avx512vnni,avx2,fma")]
+                #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma")]
                 unsafe fn wide($($a: $t),*) {
                     $($f)::+::<avx512::Avx512>($($a),*)
                 }
-                // SAFETY: q4_runs_on checked AVX-512F and VNNI (and the OS's ZMM state).
+                // SAFETY: q4_runs_on checked AVX-512F, BW and VNNI (and the OS's ZMM state).
                 return unsafe { wide($($v),*) };
             }
             if $isa == Isa::Avx2 {
@@ -265,6 +265,24 @@ pub fn q4_rows_on(
         "q4_rows_on: {isa:?}"
     );
     q_dispatch!(isa, nbits::q4_rows(p: &Q4Packed = p, a: &Q8Rows = a, g: (usize, usize) = groups, y: &mut [f32] = y, l: usize = ldy, b: Option<&[f32]> = bias));
+}
+
+/// Float rows (split by [`x16_rows`]) times int8 weights packed by [`w8_pack`] (see
+/// [`nbits::w8_rows`]), on `isa`, which must satisfy [`q4_runs_on`] and be what `p` was
+/// packed for (its lanes: [`q4_isa`]).
+pub fn w8_rows_on(
+    isa: Isa,
+    p: &W8Packed,
+    a: &X16Rows,
+    groups: (usize, usize),
+    y: &mut [f32],
+    ldy: usize,
+) {
+    assert!(
+        q4_runs_on(isa) && p.lanes == isa_lanes(isa),
+        "w8_rows_on: {isa:?}"
+    );
+    q_dispatch!(isa, nbits::w8_rows(p: &W8Packed = p, a: &X16Rows = a, g: (usize, usize) = groups, y: &mut [f32] = y, l: usize = ldy));
 }
 
 /// The integer products of [`qgemm::qgemm_rows`] on `isa` (which must satisfy
@@ -364,6 +382,13 @@ pub trait VF32: Copy {
     fn q_add(a: Self::Q, b: Self::Q) -> Self::Q;
     /// Lane-wise `acc + v * s` (wrapping).
     fn q_mul_add(acc: Self::Q, v: Self::Q, s: i32) -> Self::Q;
+    /// The int8 values `b[0..2 * LANES]` widened to i16, two to an i32 lane (lane `j` holds
+    /// `b[2j]` in its low half and `b[2j + 1]` in its high half; panics if `b` is shorter).
+    fn q_wide(b: &[u8]) -> Self::Q;
+    /// Lane `j` of `acc` plus `w.lo(j) * x.lo + w.hi(j) * x.hi` over i16 halves ([`VF32::q_wide`]'s
+    /// pairs against `x2`'s two i16, low first), exact in i32 (AVX-512 VNNI `vpdpwssd`, AVX2
+    /// `pmaddwd`, SIMD128 `i32x4.dot_i16x8_s`, NEON widening products).
+    fn q_dot16(acc: Self::Q, w: Self::Q, x2: u32) -> Self::Q;
     /// Stores lanes holding integers in -128..=255 as bytes (each lane's low byte) into
     /// `d[0..LANES]` (panics if `d` is shorter).
     fn store_bytes(self, d: &mut [u8]);
@@ -957,6 +982,12 @@ dispatch!(
     /// Rows of f32 activations times block-quantized weight columns (MatMulNBits; see
     /// [`NBits`]); the geometry must satisfy [`nbits_fits`] on the same `isa`.
     fn nbits_rows / nbits_rows_on(g: &NBits, a: &[f32], rows: usize, b: &[u8], scales: &[f32], zp: Option<&[f32]>, cols: usize, y: &mut [f32], ldy: usize) => nbits_rows
+);
+
+dispatch!(
+    /// Splits float activation rows into two int16 parts per sub-block for [`w8_rows_on`]
+    /// (see [`X16Rows`]).
+    fn x16_rows / x16_rows_on(a: &[f32], rows: usize, k: usize, kp: usize, sub: usize) -> X16Rows => x16_rows
 );
 
 dispatch!(

@@ -683,3 +683,323 @@ pub fn q4_rows<V: VF32>(
         }
     }
 }
+
+/// Weights of a MatMulNBits product as int8 `code - zero point` (every such difference in
+/// -128..=127: 4-bit codes, 8-bit codes around 128, the MXFP4 values `2v`), for float
+/// activations split into two int16 parts (see [`x16_rows`]): the float product to within
+/// float rounding, from integer dot products.
+///
+/// Columns come in groups of `lanes`; a group holds, for each pair of rows `2i, 2i + 1` of
+/// K (padded with zeros to `kp`), each column's two weights side by side, so that
+/// [`VF32::q_wide`] gives one column a lane; `scales` hold each group's weight-block scales
+/// once per activation sub-block (`sub` rows of K, at most 256, within one weight block).
+#[derive(Clone, Debug)]
+pub struct W8Packed {
+    pub lanes: usize,
+    /// Columns (N).
+    pub n: usize,
+    /// K padded to whole weight blocks.
+    pub kp: usize,
+    /// Rows of K per activation scale.
+    pub sub: usize,
+    pub codes: Vec<u8>,
+    pub scales: Vec<f32>,
+}
+
+impl W8Packed {
+    /// Groups of `lanes` columns.
+    pub fn groups(&self) -> usize {
+        self.n.div_ceil(self.lanes)
+    }
+    /// Activation sub-blocks per row.
+    pub fn subs(&self) -> usize {
+        self.kp / self.sub
+    }
+    /// Bytes held.
+    pub fn bytes(&self) -> usize {
+        self.codes.len() + 4 * self.scales.len()
+    }
+}
+
+/// The activation sub-block for weight blocks of `bs` rows: the block, at most 256 rows (so
+/// that an int16 x int8 sum over it stays below 2^31).
+pub fn w8_sub(bs: usize) -> usize {
+    bs.min(256)
+}
+
+/// Repacks 4- or 8-bit weights laid out as for [`nbits_rows`] for a vector type of `lanes`
+/// lanes, or `None` where a weight's `code - zero point` is not an int8 (or a zero point not
+/// an integer).
+pub fn w8_pack(
+    lanes: usize,
+    g: &NBits,
+    b: &[u8],
+    scales: &[f32],
+    zp: Option<&[f32]>,
+    n: usize,
+) -> Option<W8Packed> {
+    if !matches!(g.bits, 4 | 8) {
+        return None;
+    }
+    let (bs, blocks, blob) = (g.bs, g.blocks(), g.blob());
+    let kp = blocks * bs;
+    let sub = w8_sub(bs);
+    let subs = kp / sub;
+    let groups = n.div_ceil(lanes);
+    if b.len() < n * blocks * blob || scales.len() < n * blocks {
+        return None;
+    }
+    let mut codes = alloc::vec![0u8; groups * kp * lanes];
+    let mut sc = alloc::vec![0f32; groups * subs * lanes];
+    for c in 0..n {
+        let (gi, j) = (c / lanes, c % lanes);
+        let col = &b[c * blocks * blob..(c + 1) * blocks * blob];
+        for bi in 0..blocks {
+            let z = zp.map_or(g.zp0, |z| z[c * blocks + bi]);
+            if !(0.0..=255.0).contains(&z) || z as i32 as f32 != z {
+                return None;
+            }
+            let z = z as i32;
+            for s in 0..bs / sub {
+                sc[(gi * subs + bi * bs / sub + s) * lanes + j] = scales[c * blocks + bi];
+            }
+            for e in 0..bs {
+                let code = if g.bits == 8 {
+                    col[bi * blob + e] as i32
+                } else {
+                    ((col[bi * blob + e / 2] >> (4 * (e % 2))) & 15) as i32
+                };
+                let kk = bi * bs + e;
+                let w = if kk < g.k { code - z } else { 0 };
+                if !(-128..=127).contains(&w) {
+                    return None;
+                }
+                codes[((gi * kp / 2 + kk / 2) * lanes + j) * 2 + kk % 2] = w as i8 as u8;
+            }
+        }
+    }
+    Some(W8Packed {
+        lanes,
+        n,
+        kp,
+        sub,
+        codes,
+        scales: sc,
+    })
+}
+
+/// Activation rows, each sub-block of `sub` values split as `x = s1 * q1 + s2 * q2 + e`
+/// with int16 `q1` (`s1 = max|x| / 32767`), `q2` the rounded remainder in steps of
+/// `s2 = s1 / 16384` and `|e| <= s1 / 32768`, below half a float step of `max|x|`: the
+/// integer products of `q1` and `q2` rebuild the float product. `hi` and `lo` hold `q1`
+/// and `q2` two to a word (rows `2i`, `2i + 1` of K, the first in the low half); `s` holds
+/// `s1, s2` per row and sub-block.
+#[derive(Clone, Debug, Default)]
+pub struct X16Rows {
+    pub rows: usize,
+    pub kp: usize,
+    pub sub: usize,
+    pub hi: Vec<u32>,
+    pub lo: Vec<u32>,
+    pub s: Vec<f32>,
+    /// False where a sub-block held a NaN, an infinity or a maximum below 2^-100 (whose
+    /// scales overflow): the split does not hold, and the caller computes in float.
+    pub exact: bool,
+}
+
+/// Splits `rows` rows of `k` activations (padded to `kp` with zeros) in sub-blocks of `sub`
+/// (see [`X16Rows`]).
+#[inline(always)]
+pub fn x16_rows<V: VF32>(a: &[f32], rows: usize, k: usize, kp: usize, sub: usize) -> X16Rows {
+    const BIG: f32 = 12_582_912.0;
+    let l = V::LANES;
+    let subs = kp / sub;
+    let mut out = X16Rows {
+        rows,
+        kp,
+        sub,
+        hi: alloc::vec![0u32; rows * kp / 2],
+        lo: alloc::vec![0u32; rows * kp / 2],
+        s: alloc::vec![0f32; rows * subs * 2],
+        exact: true,
+    };
+    let mut x = scratch::<f32>(sub);
+    let (mut t1, mut t2) = (scratch::<f32>(sub), scratch::<f32>(sub));
+    for r in 0..rows {
+        let row = &a[r * k..(r + 1) * k];
+        for sb in 0..subs {
+            let k0 = sb * sub;
+            let have = k.saturating_sub(k0).min(sub);
+            if have > 0 {
+                x[..have].copy_from_slice(&row[k0..k0 + have]);
+            }
+            x[have..].fill(0.0);
+            // the maximum, and `v - v` summed: NaN from a NaN or an infinity (a horizontal
+            // maximum need not keep NaN)
+            let (mut m, mut bad) = (V::splat(0.0), V::splat(0.0));
+            for c in x.chunks_exact(l) {
+                let v = V::load(c);
+                m = v.abs().max(m);
+                bad = bad.add(v.sub(v));
+            }
+            let amax = m.hmax();
+            if bad.hsum() != 0.0 || (amax != 0.0 && !(amax.is_finite() && amax >= 7.9e-31)) {
+                out.exact = false;
+                return out;
+            }
+            let (s1, inv) = if amax == 0.0 {
+                (0.0, 0.0)
+            } else {
+                (amax / 32767.0, 32767.0 / amax)
+            };
+            let (vinv, vinv2, vneg) = (V::splat(inv), V::splat(inv * 16384.0), V::splat(-s1));
+            let big = V::splat(BIG);
+            for ((c, d1), d2) in x
+                .chunks_exact(l)
+                .zip(t1.chunks_exact_mut(l))
+                .zip(t2.chunks_exact_mut(l))
+            {
+                let v = V::load(c);
+                // BIG + q: q rounded to nearest (ties to even) in the low mantissa bits
+                let b1 = v.fma(vinv, big);
+                let q1 = b1.sub(big);
+                let rem = q1.fma(vneg, v);
+                let b2 = rem.fma(vinv2, big);
+                b1.store(d1);
+                b2.store(d2);
+            }
+            let at = (r * kp + k0) / 2;
+            for (i, (p1, p2)) in t1.chunks_exact(2).zip(t2.chunks_exact(2)).enumerate() {
+                let pair = |p: &[f32]| (p[0].to_bits() & 0xffff) | (p[1].to_bits() << 16);
+                out.hi[at + i] = pair(p1);
+                out.lo[at + i] = pair(p2);
+            }
+            out.s[(r * subs + sb) * 2] = s1;
+            out.s[(r * subs + sb) * 2 + 1] = s1 / 16384.0;
+        }
+    }
+    out
+}
+
+/// Rows `r0..r0 + R` of `a` times column groups `gi..gi + C` of `p`.
+#[inline(always)]
+fn w8_tile<V: VF32, const R: usize, const C: usize>(
+    p: &W8Packed,
+    a: &X16Rows,
+    r0: usize,
+    gi: usize,
+) -> [[V; C]; R] {
+    let (l, half, sub, subs) = (V::LANES, p.kp / 2, p.sub, p.subs());
+    let mut acc = [[V::splat(0.0); C]; R];
+    for sb in 0..subs {
+        let mut s1 = [[V::q_zero(); C]; R];
+        let mut s2 = [[V::q_zero(); C]; R];
+        for i in sb * sub / 2..(sb + 1) * sub / 2 {
+            let mut w = [V::q_zero(); C];
+            for (c, wc) in w.iter_mut().enumerate() {
+                let at = ((gi + c) * half + i) * 2 * l;
+                *wc = V::q_wide(&p.codes[at..at + 2 * l]);
+            }
+            for r in 0..R {
+                let (x1, x2) = (a.hi[(r0 + r) * half + i], a.lo[(r0 + r) * half + i]);
+                for c in 0..C {
+                    s1[r][c] = V::q_dot16(s1[r][c], w[c], x1);
+                    s2[r][c] = V::q_dot16(s2[r][c], w[c], x2);
+                }
+            }
+        }
+        for c in 0..C {
+            let at = ((gi + c) * subs + sb) * l;
+            let sw = V::load(&p.scales[at..at + l]);
+            for r in 0..R {
+                let at = ((r0 + r) * subs + sb) * 2;
+                let f = V::q_f32(s2[r][c]).mul(V::splat(a.s[at + 1]));
+                let f = V::q_f32(s1[r][c]).fma(V::splat(a.s[at]), f);
+                acc[r][c] = f.fma(sw, acc[r][c]);
+            }
+        }
+    }
+    acc
+}
+
+/// Stores a tile of rows `r0..` and groups `gi..` at group slot `slot` of `y` (columns past
+/// N left out).
+#[inline(always)]
+fn w8_put<V: VF32, const R: usize, const C: usize>(
+    p: &W8Packed,
+    tile: [[V; C]; R],
+    (r0, slot, gi): (usize, usize, usize),
+    y: &mut [f32],
+    ldy: usize,
+) {
+    let l = V::LANES;
+    for (i, row) in tile.iter().enumerate() {
+        for (c, v) in row.iter().enumerate() {
+            let cols = l.min(p.n - (gi + c) * l);
+            let o = (r0 + i) * ldy + (slot + c) * l;
+            if cols == l {
+                v.store(&mut y[o..o + l]);
+            } else {
+                let mut tmp = [0f32; 16];
+                v.store(&mut tmp[..l]);
+                y[o..o + cols].copy_from_slice(&tmp[..cols]);
+            }
+        }
+    }
+}
+
+/// `y[r * ldy + c]` for every row of `a` and the columns of groups `g0..g1` of `p` (`c`
+/// counted from group `g0`'s first column; columns past N are not written). `p` must have
+/// been packed for this vector type's lanes and `a` split for its geometry.
+#[inline(always)]
+pub fn w8_rows<V: VF32>(
+    p: &W8Packed,
+    a: &X16Rows,
+    (g0, g1): (usize, usize),
+    y: &mut [f32],
+    ldy: usize,
+) {
+    assert!(
+        p.lanes == V::LANES && a.kp == p.kp && a.sub == p.sub && a.exact,
+        "w8_rows: packing"
+    );
+    let mut gi = g0;
+    while gi < g1 {
+        let gc = (g1 - gi).min(4);
+        let mut r0 = 0;
+        while r0 < a.rows {
+            let rr = a.rows - r0;
+            if rr >= 4 {
+                for c in 0..gc {
+                    let t = w8_tile::<V, 4, 1>(p, a, r0, gi + c);
+                    w8_put(p, t, (r0, gi + c - g0, gi + c), y, ldy);
+                }
+                r0 += 4;
+            } else if rr >= 2 {
+                let mut c = 0;
+                while c + 2 <= gc {
+                    let t = w8_tile::<V, 2, 2>(p, a, r0, gi + c);
+                    w8_put(p, t, (r0, gi + c - g0, gi + c), y, ldy);
+                    c += 2;
+                }
+                if c < gc {
+                    let t = w8_tile::<V, 2, 1>(p, a, r0, gi + c);
+                    w8_put(p, t, (r0, gi + c - g0, gi + c), y, ldy);
+                }
+                r0 += 2;
+            } else {
+                if gc == 4 {
+                    let t = w8_tile::<V, 1, 4>(p, a, r0, gi);
+                    w8_put(p, t, (r0, gi - g0, gi), y, ldy);
+                } else {
+                    for c in 0..gc {
+                        let t = w8_tile::<V, 1, 1>(p, a, r0, gi + c);
+                        w8_put(p, t, (r0, gi + c - g0, gi + c), y, ldy);
+                    }
+                }
+                r0 += 1;
+            }
+        }
+        gi += gc;
+    }
+}

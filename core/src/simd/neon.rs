@@ -216,6 +216,23 @@ impl VF32 for Neon {
         unsafe { vmlaq_n_s32(acc, v, s) }
     }
     #[inline(always)]
+    fn q_wide(b: &[u8]) -> int32x4_t {
+        let b = &b[..8];
+        // SAFETY: `b` has 8 bytes.
+        unsafe { vreinterpretq_s32_s16(vmovl_s8(vld1_s8(b.as_ptr() as *const i8))) }
+    }
+    #[inline(always)]
+    fn q_dot16(acc: int32x4_t, w: int32x4_t, x2: u32) -> int32x4_t {
+        // the eight products widened to i32, then each lane's pair summed
+        unsafe {
+            let w = vreinterpretq_s16_s32(w);
+            let x = vreinterpretq_s16_u32(vdupq_n_u32(x2));
+            let lo = vmull_s16(vget_low_s16(w), vget_low_s16(x));
+            let hi = vmull_high_s16(w, x);
+            vaddq_s32(acc, vpaddq_s32(lo, hi))
+        }
+    }
+    #[inline(always)]
     fn store_bytes(self, d: &mut [u8]) {
         let d = &mut d[..4];
         unsafe {

@@ -178,6 +178,29 @@ impl VF32 for Portable {
         core::array::from_fn(|j| acc[j].wrapping_add(v[j].wrapping_mul(s)))
     }
     #[inline(always)]
+    fn q_wide(b: &[u8]) -> [i32; 4] {
+        let b = &b[..8];
+        let mut out = [0i32; 4];
+        for (j, o) in out.iter_mut().enumerate() {
+            let (lo, hi) = (b[2 * j] as i8 as i16, b[2 * j + 1] as i8 as i16);
+            *o = (lo as u16 as u32 | ((hi as u16 as u32) << 16)) as i32;
+        }
+        out
+    }
+    #[inline(always)]
+    fn q_dot16(acc: [i32; 4], w: [i32; 4], x2: u32) -> [i32; 4] {
+        let (xl, xh) = (x2 as u16 as i16 as i32, (x2 >> 16) as u16 as i16 as i32);
+        let mut out = acc;
+        for (o, &w) in out.iter_mut().zip(&w) {
+            let (wl, wh) = (
+                w as u32 as u16 as i16 as i32,
+                (w as u32 >> 16) as u16 as i16 as i32,
+            );
+            *o = o.wrapping_add(wl * xl + wh * xh);
+        }
+        out
+    }
+    #[inline(always)]
     fn store_bytes(self, d: &mut [u8]) {
         for (o, &v) in d[..4].iter_mut().zip(&self.0) {
             *o = v as i32 as u8;

@@ -1468,3 +1468,182 @@ fn integer_products_are_exact_with_zero_points_on_every_isa() {
         }
     }
 }
+
+#[test]
+fn int16_pair_products_are_exact_on_every_isa() {
+    // every int8 weight against i16 pairs at the ends of the range and in between
+    let w: Vec<u8> = (0..32u32).map(|i| (i * 37 + 128) as u8).collect();
+    let pairs = [
+        (32767i16, -32768i16),
+        (-32768, -32768),
+        (1, -1),
+        (-12345, 23456),
+        (0, 7),
+    ];
+    for isa in available_isas() {
+        if !q4_runs_on(isa) {
+            continue;
+        }
+        let l = isa_lanes(isa);
+        for &(x0, x1) in &pairs {
+            let x2 = x0 as u16 as u32 | ((x1 as u16 as u32) << 16);
+            let want: Vec<i32> = (0..l)
+                .map(|j| {
+                    5 - 3 * j as i32
+                        + w[2 * j] as i8 as i32 * x0 as i32
+                        + w[2 * j + 1] as i8 as i32 * x1 as i32
+                })
+                .collect();
+            let acc: Vec<i32> = (0..l).map(|j| 5 - 3 * j as i32).collect();
+            let got = q16_on(isa, &w, &acc, x2);
+            assert_eq!(got, want, "{isa:?} pair ({x0}, {x1})");
+        }
+    }
+}
+
+/// `acc + q_dot16(q_wide(w), x2)` on `isa`'s vector type.
+fn q16_on(isa: Isa, w: &[u8], acc: &[i32], x2: u32) -> Vec<i32> {
+    fn one<V: VF32>(w: &[u8], acc: &[i32], x2: u32) -> Vec<i32> {
+        let mut out = alloc::vec![0i32; V::LANES];
+        V::q_store_i32(V::q_dot16(V::q_load_i32(acc), V::q_wide(w), x2), &mut out);
+        out
+    }
+    let mut out = Vec::new();
+    let o = &mut out;
+    // under the same target features as the integer kernels
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 => {
+            #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma")]
+            unsafe fn wide(w: &[u8], acc: &[i32], x2: u32) -> Vec<i32> {
+                one::<avx512::Avx512>(w, acc, x2)
+            }
+            // SAFETY: q4_runs_on checked AVX-512F, BW and VNNI.
+            *o = unsafe { wide(w, acc, x2) };
+        }
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => {
+            #[target_feature(enable = "avx2,fma")]
+            unsafe fn wide(w: &[u8], acc: &[i32], x2: u32) -> Vec<i32> {
+                one::<x86::Avx2>(w, acc, x2)
+            }
+            // SAFETY: the CPU reported AVX2 and FMA.
+            *o = unsafe { wide(w, acc, x2) };
+        }
+        #[cfg(target_arch = "aarch64")]
+        Isa::Neon => *o = one::<neon::Neon>(w, acc, x2),
+        #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+        Isa::Simd128 => *o = one::<wasm::V128>(w, acc, x2),
+        _ => *o = one::<Portable>(w, acc, x2),
+    }
+    out
+}
+
+#[test]
+fn split_activation_products_match_f64_on_every_isa() {
+    // weights int8 (code - zero point) in blocks of 16 to 512 (sub-blocks of 256), K not a
+    // whole number of blocks, N not a whole number of groups, rows around the tile heights;
+    // activations over six decades, a zero block and one huge value: the products must be
+    // the f64 sums to within float rounding of sum |x w|
+    for &(m, k, n, bits, bs) in &[
+        (1usize, 40usize, 19usize, 8usize, 16usize),
+        (3, 64, 33, 4, 32),
+        (5, 100, 70, 8, 32),
+        (9, 700, 17, 4, 512),
+        (2, 33, 64, 8, 64),
+    ] {
+        let g = NBits {
+            k,
+            bs,
+            bits,
+            int8_a: false,
+            zp0: if bits == 8 { 128.0 } else { 8.0 },
+        };
+        let (blocks, blob) = (g.blocks(), g.blob());
+        // 8-bit codes within 100 of 128 (their zero points are 125..=131)
+        let b: Vec<u8> = bytes_of(n * blocks * blob, 3 + k as u32)
+            .into_iter()
+            .map(|v| if bits == 8 { 28 + v % 201 } else { v })
+            .collect();
+        let scales: Vec<f32> = data(n * blocks, 9).iter().map(|s| 0.01 + s.abs()).collect();
+        // zero points near the middle (8-bit codes 0..=255 less 100..=155 stay int8)
+        let zp: Vec<f32> = (0..n * blocks)
+            .map(|i| g.zp0 + (i % 7) as f32 - 3.0)
+            .collect();
+        let mut a = data(m * k, 11 + m as u32);
+        for (i, x) in a.iter_mut().enumerate() {
+            *x *= 10f32.powi((i % 7) as i32 - 3);
+        }
+        a[..k.min(16)].fill(0.0);
+        a[m * k - 1] = 3.0e7;
+        let code = |c: usize, kk: usize| -> f64 {
+            let (bi, e) = (kk / bs, kk % bs);
+            let byte = b[(c * blocks + bi) * blob + e * bits / 8];
+            let v = if bits == 8 {
+                byte
+            } else {
+                (byte >> (4 * (e % 2))) & 15
+            };
+            (v as f64 - zp[c * blocks + bi] as f64) * scales[c * blocks + bi] as f64
+        };
+        for isa in available_isas() {
+            if !q4_runs_on(isa) {
+                continue;
+            }
+            let p = w8_pack(isa_lanes(isa), &g, &b, &scales, Some(&zp), n).expect("int8 weights");
+            let x = x16_rows_on(isa, &a, m, k, p.kp, p.sub);
+            assert!(x.exact);
+            let mut y = alloc::vec![f32::NAN; m * n];
+            w8_rows_on(isa, &p, &x, (0, p.groups()), &mut y, n);
+            for r in 0..m {
+                for c in 0..n {
+                    // float rounding of sum |x w|, plus the split's own bound: per sub-block,
+                    // max |x| / 2^31 times sum |w| (below float rounding unless the block's
+                    // largest value is over 2^7 times its typical one, as the 3e7 here)
+                    let (mut want, mut mag, mut split) = (0f64, 0f64, 0f64);
+                    for k0 in (0..k).step_by(p.sub) {
+                        let k1 = (k0 + p.sub).min(k);
+                        let amax = a[r * k + k0..r * k + k1]
+                            .iter()
+                            .fold(0f64, |m, x| m.max(x.abs() as f64));
+                        for kk in k0..k1 {
+                            let t = a[r * k + kk] as f64 * code(c, kk);
+                            want += t;
+                            mag += t.abs();
+                            split += amax * code(c, kk).abs() / 2f64.powi(31);
+                        }
+                    }
+                    let got = y[r * n + c] as f64;
+                    assert!(
+                        (got - want).abs() <= 4e-7 * mag + split + 1e-30,
+                        "{isa:?} {m}x{k}x{n} {bits}-bit bs {bs}: y[{r}][{c}] {got} vs {want} (sum |xw| {mag})"
+                    );
+                }
+            }
+        }
+    }
+    // weights that are not int8 are declined
+    let g = NBits {
+        k: 16,
+        bs: 16,
+        bits: 8,
+        int8_a: false,
+        zp0: 128.0,
+    };
+    let scales = [1.0f32; 2];
+    let mut b = [128u8; 32];
+    b[17] = 0; // 0 - 128
+    b[18] = 255; // 255 - 128
+    assert!(w8_pack(16, &g, &b, &scales, None, 2).is_some());
+    assert!(w8_pack(16, &g, &b, &scales, Some(&[127.0, 128.0]), 2).is_some());
+    b[3] = 255; // 255 - 127
+    assert!(w8_pack(16, &g, &b, &scales, Some(&[127.0, 128.0]), 2).is_none());
+    assert!(w8_pack(16, &g, &b, &scales, Some(&[128.0, 127.5]), 2).is_none());
+    // what the split does not take is reported, not computed
+    let a = [1.0f32, f32::NAN, 2.0, 3.0];
+    assert!(!x16_rows(&a, 1, 4, 16, 16).exact);
+    let a = [1.0f32, f32::INFINITY, 2.0, 3.0];
+    assert!(!x16_rows(&a, 1, 4, 16, 16).exact);
+    let a = [1e-35f32, 0.0, 0.0, 0.0];
+    assert!(!x16_rows(&a, 1, 4, 16, 16).exact);
+}

@@ -176,6 +176,16 @@ impl VF32 for V128 {
         i32x4_add(acc, i32x4_mul(v, i32x4_splat(s)))
     }
     #[inline(always)]
+    fn q_wide(b: &[u8]) -> v128 {
+        let b = &b[..8];
+        // SAFETY: `b` has 8 bytes; wasm loads need no alignment.
+        i16x8_extend_low_i8x16(unsafe { v128_load64_zero(b.as_ptr() as *const u64) })
+    }
+    #[inline(always)]
+    fn q_dot16(acc: v128, w: v128, x2: u32) -> v128 {
+        i32x4_add(acc, i32x4_dot_i16x8(w, u32x4_splat(x2)))
+    }
+    #[inline(always)]
     fn store_bytes(self, d: &mut [u8]) {
         let d = &mut d[..4];
         let i = i32x4_trunc_sat_f32x4(self.0);

@@ -233,6 +233,16 @@ impl VF32 for Avx2 {
         unsafe { _mm256_add_epi32(acc, _mm256_mullo_epi32(v, _mm256_set1_epi32(s))) }
     }
     #[inline(always)]
+    fn q_wide(b: &[u8]) -> __m256i {
+        let b = &b[..16];
+        // SAFETY: `b` has 16 bytes; the load has no alignment requirement.
+        unsafe { _mm256_cvtepi8_epi16(_mm_loadu_si128(b.as_ptr() as *const __m128i)) }
+    }
+    #[inline(always)]
+    fn q_dot16(acc: __m256i, w: __m256i, x2: u32) -> __m256i {
+        unsafe { _mm256_add_epi32(acc, _mm256_madd_epi16(w, _mm256_set1_epi32(x2 as i32))) }
+    }
+    #[inline(always)]
     fn store_bytes(self, d: &mut [u8]) {
         let d = &mut d[..8];
         unsafe {
