@@ -10,10 +10,12 @@ use alloc::boxed::Box;
 use alloc::vec;
 use alloc::vec::Vec;
 
+use crate::arena::OutBuf;
 use crate::dtype::DataType;
 use crate::error::Result;
 use crate::ir::Node;
 use crate::kernels::nn::q8_bytes;
+use crate::kernels::par::par_chunks_mut;
 use crate::kernels::{bad_type, def_in, opt_tensor_in, out1, tensor_in};
 use crate::provider::{Kernel, KernelCx, KernelDef};
 use crate::simd::{self, QBin, Q8};
@@ -45,18 +47,101 @@ pub(crate) const KERNELS: &[KernelDef] = &[
 /// QuantizeLinear, tabulated at load (`fuse::quant::qdq_ops`).
 fn build_lookup(_n: &Node) -> Result<Box<dyn Kernel>> {
     Ok(Box::new(
-        |_cx: &KernelCx<'_>, inputs: &[Option<&Value>]| -> Result<Vec<Value>> {
+        |cx: &KernelCx<'_>, inputs: &[Option<&Value>]| -> Result<Vec<Value>> {
             let x = tensor_in(inputs, 0)?;
             let t = tensor_in(inputs, 1)?;
             if t.len() != 256 {
                 bail!("QLookup: a table of {} entries (needs 256)", t.len());
             }
             let (tb, _) = q8_bytes(t)?;
+            let table: &[u8; 256] = tb[..].try_into().expect("256 entries");
             let (xb, _) = q8_bytes(x)?;
-            let y: Vec<u8> = xb.iter().map(|&b| tb[b as usize]).collect();
-            out1(q8_tensor(t.dtype(), x.shape(), y)?)
+            let mut y = Q8Buf::new(cx, t.dtype(), x.shape())?;
+            lookup(cx, table, &xb, y.bytes());
+            out1(y.into_tensor())
         },
     ))
+}
+
+/// An int8 or uint8 output of a quantized kernel, written as bytes: in the planned arena
+/// where the run has one.
+pub(crate) enum Q8Buf {
+    U(OutBuf<u8>),
+    I(OutBuf<i8>),
+}
+
+impl Q8Buf {
+    /// Output 0 of `shape` and type `dt` (int8 or uint8); contents unspecified.
+    pub(crate) fn new(cx: &KernelCx<'_>, dt: DataType, shape: &[usize]) -> Result<Q8Buf> {
+        match dt {
+            DataType::Int8 => Ok(Q8Buf::I(cx.output::<i8>(0, shape)?)),
+            DataType::Uint8 => Ok(Q8Buf::U(cx.output::<u8>(0, shape)?)),
+            dt => Err(bad_type("a quantized output", dt)),
+        }
+    }
+    pub(crate) fn bytes(&mut self) -> &mut [u8] {
+        match self {
+            Q8Buf::U(b) => b,
+            Q8Buf::I(b) => bytemuck::cast_slice_mut(&mut b[..]),
+        }
+    }
+    pub(crate) fn into_tensor(self) -> Tensor {
+        match self {
+            Q8Buf::U(b) => b.into_tensor(),
+            Q8Buf::I(b) => b.into_tensor(),
+        }
+    }
+}
+
+/// `y[i] = table[x[i]]`, in parallel chunks.
+pub(crate) fn lookup(cx: &KernelCx<'_>, table: &[u8; 256], x: &[u8], y: &mut [u8]) {
+    par_chunks_mut(cx.cpu, y, 1 << 14, 2, &|ci, yc| {
+        let xc = &x[ci << 14..(ci << 14) + yc.len()];
+        for (d, &b) in yc.iter_mut().zip(xc) {
+            *d = table[b as usize];
+        }
+    });
+}
+
+/// [`simd::qbinary_q8`] into `y` in parallel chunks where the operands split evenly: `b` of
+/// `a`'s length, one value, or one value per row of `per_b >= 256` elements (a channel's
+/// plane); otherwise on one thread.
+#[allow(clippy::too_many_arguments)]
+fn qbinary_par(
+    cx: &KernelCx<'_>,
+    p: QBin,
+    a: &[u8],
+    b: &[u8],
+    per_b: usize,
+    signed: bool,
+    q: Q8,
+    y: &mut [u8],
+) {
+    const CHUNK: usize = 1 << 14;
+    let n = a.len();
+    if b.len() == n && per_b == 1 {
+        par_chunks_mut(cx.cpu, y, CHUNK, 4, &|ci, yc| {
+            let r = ci * CHUNK..ci * CHUNK + yc.len();
+            simd::qbinary_q8(p, &a[r.clone()], &b[r], 1, signed, q, yc);
+        });
+    } else if b.len() == 1 {
+        par_chunks_mut(cx.cpu, y, CHUNK, 4, &|ci, yc| {
+            let r = ci * CHUNK..ci * CHUNK + yc.len();
+            simd::qbinary_q8(p, &a[r], b, yc.len().max(2), signed, q, yc);
+        });
+    } else if per_b >= 256 {
+        let rows = (CHUNK / per_b).max(1);
+        par_chunks_mut(cx.cpu, y, rows * per_b, 4, &|ci, yc| {
+            for (ri, yr) in yc.chunks_mut(per_b).enumerate() {
+                let row = ci * rows + ri;
+                let (a0, bi) = (row * per_b, row % b.len());
+                let ar = &a[a0..a0 + yr.len()];
+                simd::qbinary_q8(p, ar, &b[bi..bi + 1], yr.len().max(2), signed, q, yr);
+            }
+        });
+    } else {
+        simd::qbinary_q8(p, a, b, per_b, signed, q, y);
+    }
 }
 
 /// Rounds half to even, adds `zp` and saturates to `lo..=hi`, as a byte. (Values beyond
@@ -142,7 +227,7 @@ fn build_mul(_n: &Node) -> Result<Box<dyn Kernel>> {
 }
 
 impl Kernel for QBinary {
-    fn compute(&self, _cx: &KernelCx<'_>, inputs: &[Option<&Value>]) -> Result<Vec<Value>> {
+    fn compute(&self, cx: &KernelCx<'_>, inputs: &[Option<&Value>]) -> Result<Vec<Value>> {
         let what = match self.0 {
             Bin::Add => "QLinearAdd",
             Bin::Mul => "QLinearMul",
@@ -193,7 +278,8 @@ impl Kernel for QBinary {
             )
         };
         let n: usize = shape.iter().product();
-        let mut y = vec![0u8; n];
+        let mut out = Q8Buf::new(cx, dt, &shape)?;
+        let y = out.bytes();
         let (bb, _) = q8_bytes(big)?;
         // the smaller one: the same shape, or a suffix repeated, or one value per channel of
         // a [N, C, ...] output ([1, C, 1..] or [N, C, 1..]); else broadcast in full
@@ -210,20 +296,20 @@ impl Kernel for QBinary {
             && (pad[0] == 1 || pad[0] == shape[0]);
         if small.len() == 1 {
             let (sb, _) = q8_bytes(small)?;
-            simd::qbinary_q8(pb, &bb, &sb, n.max(2), signed, q, &mut y);
+            qbinary_par(cx, pb, &bb, &sb, n.max(2), signed, q, y);
         } else if suffix {
             let (sb, _) = q8_bytes(small)?;
-            simd::qbinary_q8(pb, &bb, &sb, 1, signed, q, &mut y);
+            qbinary_par(cx, pb, &bb, &sb, 1, signed, q, y);
         } else if channel {
             let (sb, _) = q8_bytes(small)?;
             let plane: usize = shape[2..].iter().product();
-            simd::qbinary_q8(pb, &bb, &sb, plane.max(1), signed, q, &mut y);
+            qbinary_par(cx, pb, &bb, &sb, plane.max(1), signed, q, y);
         } else {
             let full = small.broadcast_to(&shape)?.contiguous()?;
             let (sb, _) = q8_bytes(&full)?;
-            simd::qbinary_q8(pb, &bb, &sb, 1, signed, q, &mut y);
+            qbinary_par(cx, pb, &bb, &sb, 1, signed, q, y);
         }
-        out1(q8_tensor(dt, &shape, y)?)
+        out1(out.into_tensor())
     }
 }
 
@@ -251,7 +337,7 @@ fn build_leaky_relu(n: &Node) -> Result<Box<dyn Kernel>> {
 }
 
 impl Kernel for QUnary {
-    fn compute(&self, _cx: &KernelCx<'_>, inputs: &[Option<&Value>]) -> Result<Vec<Value>> {
+    fn compute(&self, cx: &KernelCx<'_>, inputs: &[Option<&Value>]) -> Result<Vec<Value>> {
         let x = tensor_in(inputs, 0)?;
         let dt = x.dtype();
         let (sx, zx) = qparams(inputs, 1, 2, dt, self.what)?;
@@ -265,8 +351,10 @@ impl Kernel for QUnary {
             })
             .collect();
         let (xb, _) = q8_bytes(x)?;
-        let y: Vec<u8> = xb.iter().map(|&b| table[b as usize]).collect();
-        out1(q8_tensor(dt, x.shape(), y)?)
+        let table: &[u8; 256] = table[..].try_into().expect("256 entries");
+        let mut y = Q8Buf::new(cx, dt, x.shape())?;
+        lookup(cx, table, &xb, y.bytes());
+        out1(y.into_tensor())
     }
 }
 
@@ -380,5 +468,112 @@ impl Kernel for QConcat {
         }
         let refs: Vec<&Tensor> = parts.iter().collect();
         out1(crate::kernels::shape::concat(None, &refs, self.axis)?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use alloc::string::String;
+    use alloc::vec::Vec;
+
+    use super::super::test_util::{node, run};
+    use super::requant;
+    use crate::tensor::Tensor;
+
+    fn codes(n: usize, seed: u32) -> Vec<u8> {
+        let mut s = seed.wrapping_mul(2_654_435_761) | 1;
+        (0..n)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 17;
+                s ^= s << 5;
+                (s >> 9) as u8
+            })
+            .collect()
+    }
+
+    fn q(v: u8) -> Tensor {
+        Tensor::scalar(v)
+    }
+
+    fn f(v: f32) -> Tensor {
+        Tensor::scalar(v)
+    }
+
+    #[test]
+    fn binary_ops_split_between_threads_give_the_definition() {
+        // same shapes, one value, and one value per channel of 17 x 18 planes: each large
+        // enough to be split between threads (`run` checks threaded against sequential)
+        let (sa, za, sb, zb, sc, zc) = (0.02f32, 120u8, 0.05f32, 3u8, 0.07f32, 130u8);
+        let sh = [2usize, 70, 17, 18];
+        let n: usize = sh.iter().product();
+        let a = codes(n, 1);
+        for (op, bshape) in [
+            ("QLinearAdd", alloc::vec![2usize, 70, 17, 18]),
+            ("QLinearMul", alloc::vec![1]),
+            ("QLinearMul", alloc::vec![1, 70, 1, 1]),
+            ("QLinearAdd", alloc::vec![1, 70, 1, 1]),
+        ] {
+            let bn: usize = bshape.iter().product();
+            let b = codes(bn, 2 + bn as u32);
+            let mut nd = node(op, 1, alloc::vec![], 1);
+            nd.domain = String::from("com.microsoft");
+            let inputs = [
+                Tensor::from_vec(&sh, a.clone()).unwrap(),
+                f(sa),
+                q(za),
+                Tensor::from_vec(&bshape, b.clone()).unwrap(),
+                f(sb),
+                q(zb),
+                f(sc),
+                q(zc),
+            ]
+            .map(Some);
+            let y = run(&nd, &inputs).unwrap()[0]
+                .as_slice::<u8>()
+                .unwrap()
+                .into_owned();
+            let plane = 17 * 18;
+            for i in 0..n {
+                let bv = b[match bn {
+                    1 => 0,
+                    70 => (i / plane) % 70,
+                    _ => i,
+                }] as f32
+                    - zb as f32;
+                let av = a[i] as f32 - za as f32;
+                let v = if op == "QLinearMul" {
+                    av * bv * (sa * sb / sc)
+                } else {
+                    av * (sa / sc) + bv * (sb / sc)
+                };
+                assert_eq!(
+                    y[i],
+                    requant(v, zc as f32, 0.0, 255.0),
+                    "{op} {bshape:?} [{i}]"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn table_lookups_split_between_threads_give_the_table() {
+        let n = 50_000;
+        let x = codes(n, 5);
+        let table = codes(256, 6);
+        let mut nd = node("QLookup", 1, alloc::vec![], 1);
+        nd.domain = String::from(crate::kernels::nn::nchwc::DOMAIN);
+        let inputs = [
+            Tensor::from_vec(&[n], x.clone()).unwrap(),
+            Tensor::from_vec(&[256], table.clone()).unwrap(),
+        ]
+        .map(Some);
+        let y = run(&nd, &inputs).unwrap()[0]
+            .as_slice::<u8>()
+            .unwrap()
+            .into_owned();
+        for i in 0..n {
+            assert_eq!(y[i], table[x[i] as usize], "[{i}]");
+        }
     }
 }

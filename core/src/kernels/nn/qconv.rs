@@ -240,8 +240,23 @@ impl Kernel for QConv {
         } else {
             None
         };
-        let mut y8 = vec![0u8; if rq.is_some() { n * m * out_plane } else { 0 }];
-        let mut y32 = vec![0i32; if rq.is_some() { 0 } else { n * m * out_plane }];
+        // the output in the planned arena where there is one (every element is written)
+        let mut q8out = match &rq {
+            Some((.., out_dt)) => Some(crate::kernels::qlinear::Q8Buf::new(cx, *out_dt, &shape)?),
+            None => None,
+        };
+        let mut i32out = match &rq {
+            Some(_) => None,
+            None => Some(cx.output::<i32>(0, &shape)?),
+        };
+        let y8: &mut [u8] = match q8out.as_mut() {
+            Some(b) => b.bytes(),
+            None => &mut [],
+        };
+        let y32: &mut [i32] = match i32out.as_mut() {
+            Some(b) => &mut b[..],
+            None => &mut [],
+        };
         match qw {
             QWeights::Rows {
                 rows,
@@ -314,17 +329,23 @@ impl Kernel for QConv {
                     match &rq {
                         Some((mult, zp, lo, hi, _)) => {
                             e.scale = Some(QVec::Row(mult));
-                            par_chunks_mut(cx.cpu, &mut y8[range], chunk, work, &|ci, c| {
-                                let r0 = ci * chunk / out_plane;
-                                let r1 = r0 + c.len() / out_plane;
-                                let out = QOut::Q8 {
-                                    y: c,
-                                    zp: *zp,
-                                    lo: *lo,
-                                    hi: *hi,
-                                };
-                                simd::qgemm_rows_on(q_isa, &p, &e, r0, r1, out, out_plane);
-                            });
+                            par_chunks_mut(
+                                cx.cpu,
+                                &mut y8[range.clone()],
+                                chunk,
+                                work,
+                                &|ci, c| {
+                                    let r0 = ci * chunk / out_plane;
+                                    let r1 = r0 + c.len() / out_plane;
+                                    let out = QOut::Q8 {
+                                        y: c,
+                                        zp: *zp,
+                                        lo: *lo,
+                                        hi: *hi,
+                                    };
+                                    simd::qgemm_rows_on(q_isa, &p, &e, r0, r1, out, out_plane);
+                                },
+                            );
                         }
                         None => {
                             par_chunks_mut(cx.cpu, &mut y32[range], chunk, work, &|ci, c| {
@@ -366,9 +387,10 @@ impl Kernel for QConv {
                 }
             }
         }
-        let t = match &rq {
-            Some((.., out_dt)) => crate::kernels::qlinear::q8_tensor(*out_dt, &shape, y8)?,
-            None => Tensor::from_vec(&shape, y32)?,
+        let t = match (q8out, i32out) {
+            (Some(b), _) => b.into_tensor(),
+            (None, Some(b)) => b.into_tensor(),
+            (None, None) => unreachable!("one output buffer"),
         };
         out1(t)
     }
