@@ -97,8 +97,14 @@ pub fn qcols_pack(
                         | (r3[j] as u32) << 24)
                         ^ f;
                 }
-                for (d, v) in dst.chunks_exact_mut(4).zip(&t[..w]) {
-                    d.copy_from_slice(&v.to_le_bytes());
+                if w == 16 {
+                    // a constant length: inline moves rather than a `memcpy` call per quad
+                    let d: &mut [u8; 64] = (&mut dst[..64]).try_into().expect("64 bytes");
+                    *d = bytemuck::cast(t.map(u32::to_le));
+                } else {
+                    for (d, v) in dst.chunks_exact_mut(4).zip(&t[..w]) {
+                        d.copy_from_slice(&v.to_le_bytes());
+                    }
                 }
             } else {
                 for (j, d) in dst.chunks_exact_mut(4).take(w).enumerate() {

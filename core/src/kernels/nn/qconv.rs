@@ -301,7 +301,9 @@ impl Kernel for QConv {
                     let src: &[u8] = if direct {
                         xi
                     } else {
-                        im2col(cx.cpu, xi, &g, 0, out_plane, &mut col, xz as u8);
+                        if !im2col_planar(cx.cpu, xi, &g, &mut col, xz as u8) {
+                            im2col(cx.cpu, xi, &g, 0, out_plane, &mut col, xz as u8);
+                        }
                         &col
                     };
                     qcols_pack(
