@@ -87,13 +87,7 @@ impl GatherNBits {
         if s.shape().first() != Some(&e) || z.shape().first() != Some(&e) {
             return None;
         }
-        let g = NBits {
-            k: self.k,
-            bs: self.bs,
-            bits: self.bits,
-            int8_a: false,
-            zp0: (1u32 << (self.bits - 1)) as f32,
-        };
+        let g = float_geom(self.k, self.bs, self.bits);
         (0..e)
             .map(|ei| {
                 let be = b.slice_axis(0, ei, 1, 1).ok()?;
@@ -113,11 +107,7 @@ impl Kernel for GatherNBits {
         let (Some(b), Some(s), Some(z)) = (c(1), c(2), c(3)) else {
             return 0;
         };
-        let Some(keys) = [key_of(Some(b)), key_of(Some(s)), key_of(Some(z))]
-            .into_iter()
-            .collect::<Option<Vec<_>>>()
-            .and_then(|v| <[(usize, usize); 3]>::try_from(v).ok())
-        else {
+        let Some(keys) = keys_of(b, s, Some(z)) else {
             return 0;
         };
         let Some(packs) = self.pack((b, s, z)) else {
@@ -172,8 +162,7 @@ impl Kernel for GatherNBits {
             at
         };
         let packs = self.w8.as_ref().and_then(|(p, keys)| {
-            let now = [key_of(Some(b)), key_of(Some(s)), key_of(Some(z))];
-            (now == keys.map(Some) && p.len() == e).then_some(p)
+            (keys_of(b, s, Some(z)) == Some(*keys) && p.len() == e).then_some(p)
         });
         let mut y = vec![0f32; nb * m * n];
         for bi in 0..nb {
@@ -246,10 +235,7 @@ fn w8_prepare(
     n: usize,
     (b, scales, zp): (&Tensor, &Tensor, Option<&Tensor>),
 ) -> Option<W8Weights> {
-    let keys = [key_of(Some(b)), key_of(Some(scales)), key_of(zp)]
-        .into_iter()
-        .collect::<Option<Vec<_>>>()
-        .and_then(|v| <[(usize, usize); 3]>::try_from(v).ok())?;
+    let keys = keys_of(b, scales, zp)?;
     let blocks = g.blocks();
     let (bv, sv) = (b.as_slice::<u8>().ok()?, scales.as_slice::<f32>().ok()?);
     if bv.len() != n * blocks * g.blob() || sv.len() != n * blocks {
@@ -327,6 +313,22 @@ fn key_of(t: Option<&Tensor>) -> Option<(usize, usize)> {
             Cow::Owned(_) => None,
         },
         _ => None,
+    }
+}
+
+/// The keys of B, the scales and the zero points, or `None` where one is not stored as-is.
+fn keys_of(b: &Tensor, scales: &Tensor, zp: Option<&Tensor>) -> Option<Keys> {
+    Some([key_of(Some(b))?, key_of(Some(scales))?, key_of(zp)?])
+}
+
+/// The geometry of a product with float activations and default zero points `2^(bits - 1)`.
+fn float_geom(k: usize, bs: usize, bits: usize) -> NBits {
+    NBits {
+        k,
+        bs,
+        bits,
+        int8_a: false,
+        zp0: (1u32 << (bits - 1)) as f32,
     }
 }
 
@@ -474,13 +476,7 @@ impl Kernel for MatMulNBits {
             if (self.accuracy == 4 && !float_zp) || c(4).is_some() {
                 return 0;
             }
-            let g = NBits {
-                k: self.k,
-                bs: self.bs,
-                bits: self.bits,
-                int8_a: false,
-                zp0: (1u32 << (self.bits - 1)) as f32,
-            };
+            let g = float_geom(self.k, self.bs, self.bits);
             self.w8 = w8_prepare(&g, self.n, (b, scales, zp));
             return self.w8.as_ref().map_or(0, |w| w.packed.bytes());
         }
@@ -498,11 +494,7 @@ impl Kernel for MatMulNBits {
         let Ok(zps) = zero_points(zp, n, blocks, 4) else {
             return 0;
         };
-        let Some(keys) = [key_of(Some(b)), key_of(Some(scales)), key_of(zp)]
-            .into_iter()
-            .collect::<Option<Vec<_>>>()
-            .and_then(|v| <[(usize, usize); 3]>::try_from(v).ok())
-        else {
+        let Some(keys) = keys_of(b, scales, zp) else {
             return 0;
         };
         let g = NBits {
@@ -557,16 +549,16 @@ impl Kernel for MatMulNBits {
         }
         // weights packed at load from these very tensors: their zero points were decoded and
         // checked then, and there is no g_idx, so nothing below needs decoding per call
-        let q4 = self.q4.as_ref().filter(|q| {
-            g_idx.is_none()
-                && [key_of(Some(b)), key_of(Some(scales)), key_of(zp)] == q.keys.map(Some)
-        });
+        let now = keys_of(b, scales, zp);
+        let q4 = self
+            .q4
+            .as_ref()
+            .filter(|q| g_idx.is_none() && now == Some(q.keys));
         let m = a.len() / k;
-        let w8 = self.w8.as_ref().filter(|w| {
-            m > 0
-                && g_idx.is_none()
-                && [key_of(Some(b)), key_of(Some(scales)), key_of(zp)] == w.keys.map(Some)
-        });
+        let w8 = self
+            .w8
+            .as_ref()
+            .filter(|w| m > 0 && g_idx.is_none() && now == Some(w.keys));
         if let Some(w) = w8 {
             let mut shape = a.shape().to_vec();
             *shape.last_mut().expect("rank >= 1") = n;
