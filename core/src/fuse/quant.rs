@@ -559,38 +559,25 @@ pub fn qdq_ops(g: &mut Graph) -> Result<usize> {
                         Some(bq)
                     }
                 };
+                // x, w and y with their scales and zero points, in the QLinear ops' order
+                let mut ins = vec![
+                    Some(x),
+                    Some(sx),
+                    zx,
+                    Some(w),
+                    Some(sw),
+                    zw,
+                    Some(sy),
+                    Some(zy),
+                ];
                 match n.op_type.as_str() {
                     "Conv" => {
-                        let mut ins = vec![
-                            Some(x),
-                            Some(sx),
-                            zx,
-                            Some(w),
-                            Some(sw),
-                            zw,
-                            Some(sy),
-                            Some(zy),
-                        ];
                         if bias.is_some() {
                             ins.push(bias);
                         }
                         mk("QLinearConv", "", ins, n.attrs.clone())
                     }
-                    "MatMul" => mk(
-                        "QLinearMatMul",
-                        "",
-                        vec![
-                            Some(x),
-                            Some(sx),
-                            zx,
-                            Some(w),
-                            Some(sw),
-                            zw,
-                            Some(sy),
-                            Some(zy),
-                        ],
-                        vec![],
-                    ),
+                    "MatMul" => mk("QLinearMatMul", "", ins, vec![]),
                     _ => {
                         if n.get_f("alpha", 1.0)? != 1.0
                             || n.get_f("beta", 1.0)? != 1.0
@@ -598,20 +585,12 @@ pub fn qdq_ops(g: &mut Graph) -> Result<usize> {
                         {
                             continue;
                         }
+                        // QGemm takes the bias before y's scale and zero point
+                        ins.insert(6, bias);
                         mk(
                             "QGemm",
                             "com.microsoft",
-                            vec![
-                                Some(x),
-                                Some(sx),
-                                zx,
-                                Some(w),
-                                Some(sw),
-                                zw,
-                                bias,
-                                Some(sy),
-                                Some(zy),
-                            ],
+                            ins,
                             vec![("transB".into(), AttrValue::Int(trans_b as i64))],
                         )
                     }

@@ -261,31 +261,9 @@ fn w8_product(
     if !x.exact {
         return false;
     }
-    let n = p.n;
-    let per_task = (PANEL_COLS / p.lanes).max(1);
-    let tasks = p.groups().div_ceil(per_task);
-    let yp = SyncPtr(y.as_mut_ptr());
-    cx.cpu.parallel_for_work(tasks, m * n * k * 2, &|t| {
-        let (g0, g1) = (t * per_task, ((t + 1) * per_task).min(p.groups()));
-        let (j0, j1) = (g0 * p.lanes, (g1 * p.lanes).min(n));
-        if m == 1 || tasks == 1 {
-            // SAFETY: columns j0..j1 of the one row (or every column) belong to this task
-            // alone, and `y` stays borrowed until `parallel_for_work` returns.
-            let ld = if m == 1 { j1 - j0 } else { n };
-            let dst = unsafe {
-                core::slice::from_raw_parts_mut(yp.get().add(j0), (m - 1) * ld + j1 - j0)
-            };
-            crate::simd::w8_rows_on(w.isa, p, &x, (g0, g1), dst, ld);
-            return;
-        }
-        let ld = (g1 - g0) * p.lanes;
-        let mut buf = crate::simd::scratch::<f32>(m * ld);
-        crate::simd::w8_rows_on(w.isa, p, &x, (g0, g1), &mut buf, ld);
-        for r in 0..m {
-            // SAFETY: as in `q4_product`: disjoint column groups per task.
-            let dst = unsafe { core::slice::from_raw_parts_mut(yp.get().add(r * n + j0), j1 - j0) };
-            dst.copy_from_slice(&buf[r * ld..r * ld + j1 - j0]);
-        }
+    let geom = (p.groups(), p.lanes, p.n, m);
+    by_groups(cx, geom, m * p.n * k * 2, y, &|g, out, ld| {
+        crate::simd::w8_rows_on(w.isa, p, &x, g, out, ld)
     });
     true
 }
@@ -724,19 +702,45 @@ fn q4_product(
 ) {
     let a8 = crate::simd::q8_rows(a, m, k, bs);
     let p = &q4.packed;
-    let per_task = (PANEL_COLS / p.lanes).max(1);
-    let tasks = p.groups().div_ceil(per_task);
+    by_groups(
+        cx,
+        (p.groups(), p.lanes, n, m),
+        m * n * k * 2,
+        y,
+        &|g, out, ld| crate::simd::q4_rows_on(q4.isa, p, &a8, g, out, ld, bias),
+    );
+}
+
+/// Runs `rows((g0, g1), out, ld)` on tasks of column groups in parallel: each writes the
+/// columns of groups `g0..g1` of every row of the `m x n` output `y` (`lanes` columns a group,
+/// none past N) into `out` at row stride `ld`: `y` itself for one row, else a buffer of the
+/// task's that is then copied into place.
+fn by_groups(
+    cx: &KernelCx<'_>,
+    (groups, lanes, n, m): (usize, usize, usize, usize),
+    work: usize,
+    y: &mut [f32],
+    rows: &(dyn Fn((usize, usize), &mut [f32], usize) + Sync),
+) {
+    let per_task = (PANEL_COLS / lanes).max(1);
+    let tasks = groups.div_ceil(per_task);
     let yp = SyncPtr(y.as_mut_ptr());
-    cx.cpu.parallel_for_work(tasks, m * n * k * 2, &|t| {
-        let (g0, g1) = (t * per_task, ((t + 1) * per_task).min(p.groups()));
-        let (j0, j1) = (g0 * p.lanes, (g1 * p.lanes).min(n));
-        let ld = (g1 - g0) * p.lanes;
+    cx.cpu.parallel_for_work(tasks, work, &|t| {
+        let (g0, g1) = (t * per_task, ((t + 1) * per_task).min(groups));
+        let (j0, j1) = (g0 * lanes, (g1 * lanes).min(n));
+        if m == 1 {
+            // SAFETY: columns j0..j1 of the one row belong to this task alone (tasks cover
+            // disjoint column groups), and `y` stays borrowed until `parallel_for_work`
+            // returns.
+            let dst = unsafe { core::slice::from_raw_parts_mut(yp.get().add(j0), j1 - j0) };
+            rows((g0, g1), dst, j1 - j0);
+            return;
+        }
+        let ld = (g1 - g0) * lanes;
         let mut buf = crate::simd::scratch::<f32>(m * ld);
-        crate::simd::q4_rows_on(q4.isa, p, &a8, (g0, g1), &mut buf, ld, bias);
+        rows((g0, g1), &mut buf, ld);
         for r in 0..m {
-            // SAFETY: row r's columns j0..j1 of the m x n output belong to this task alone
-            // (tasks cover disjoint column groups), and `y` stays borrowed until
-            // `parallel_for_work` returns.
+            // SAFETY: row r's columns j0..j1 belong to this task alone, as above.
             let dst = unsafe { core::slice::from_raw_parts_mut(yp.get().add(r * n + j0), j1 - j0) };
             dst.copy_from_slice(&buf[r * ld..r * ld + j1 - j0]);
         }
