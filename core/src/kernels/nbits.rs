@@ -711,6 +711,9 @@ fn q4_product(
     );
 }
 
+/// What [`by_groups`] runs per task: column groups `g0..g1` into `out` at row stride `ld`.
+type GroupRows<'a> = dyn Fn((usize, usize), &mut [f32], usize) + Sync + 'a;
+
 /// Runs `rows((g0, g1), out, ld)` on tasks of column groups in parallel: each writes the
 /// columns of groups `g0..g1` of every row of the `m x n` output `y` (`lanes` columns a group,
 /// none past N) into `out` at row stride `ld`: `y` itself for one row, else a buffer of the
@@ -720,7 +723,7 @@ fn by_groups(
     (groups, lanes, n, m): (usize, usize, usize, usize),
     work: usize,
     y: &mut [f32],
-    rows: &(dyn Fn((usize, usize), &mut [f32], usize) + Sync),
+    rows: &GroupRows<'_>,
 ) {
     let per_task = (PANEL_COLS / lanes).max(1);
     let tasks = groups.div_ceil(per_task);
