@@ -67,3 +67,27 @@ export function parseNpy(bytes) {
   copy.set(u8.subarray(off, off + nbytes));
   return { type, data: new Arr(copy.buffer, 0, size), dims };
 }
+
+/**
+ * Writes `{ type, data, dims }` (a plain tensor or an nxrt Tensor) as .npy bytes (format 1.0,
+ * little-endian, C order), the inverse of `parseNpy` for every numeric and bool type.
+ */
+export function writeNpy(t) {
+  const entry = Object.entries(DESCR).find(([, [type]]) => type === t.type);
+  if (!entry) throw new Error(`cannot write a ${t.type} tensor as .npy`);
+  const [descr, [, Arr]] = entry;
+  const dims = [...t.dims].map(Number);
+  const size = dims.reduce((a, b) => a * b, 1);
+  if (t.data.length !== size) throw new Error(`${t.data.length} elements for dims [${dims}]`);
+  const shape = dims.length === 1 ? `(${dims[0]},)` : `(${dims.join(', ')})`;
+  let header = `{'descr': '${descr}', 'fortran_order': False, 'shape': ${shape}, }`;
+  // magic (6) + version (2) + length (2) + header + '\n', padded to a multiple of 64
+  header += ' '.repeat((64 - ((10 + header.length + 1) % 64)) % 64) + '\n';
+  const body = t.data instanceof Arr ? t.data : Arr.from(t.data);
+  const out = new Uint8Array(10 + header.length + body.byteLength);
+  out.set([0x93, 0x4e, 0x55, 0x4d, 0x50, 0x59, 1, 0]);
+  new DataView(out.buffer).setUint16(8, header.length, true);
+  out.set(new TextEncoder().encode(header), 10);
+  out.set(new Uint8Array(body.buffer, body.byteOffset, body.byteLength), 10 + header.length);
+  return out;
+}

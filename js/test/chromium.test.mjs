@@ -7,6 +7,7 @@ import assert from 'node:assert/strict';
 import { join } from 'node:path';
 import { readFileSync } from 'node:fs';
 import { CACHE, CORPUS, REPO, compareOutput, corpusCases, corpusModels, nativeOutputs } from './corpus.mjs';
+import { QUANT, judge, quantIo, quantModels } from './quant.mjs';
 import { launchChromium, serve } from './server.mjs';
 
 let server, browser, page;
@@ -15,6 +16,7 @@ before(async () => {
   server = await serve({
     '/': join(REPO, 'js'),
     '/corpus/': CORPUS,
+    '/quant/': QUANT,
     '/genai/': join(CACHE, 'genai'),
     '/test/': join(REPO, 'js', 'test'),
   });
@@ -91,6 +93,43 @@ for (const model of corpusModels()) {
       );
     }
   });
+}
+
+// The quantized set in the page (the relaxed-SIMD build), and its MatMulNBits models on the
+// page's WebGPU adapter, judged against ONNX Runtime's outputs by the native build's rule
+// (quant.mjs -> quant_judge).
+for (const model of quantModels()) {
+  const providers = [['wasm']];
+  if (model.includes('nbits')) providers.push(['webgpu', 'wasm']);
+  for (const p of providers) {
+    test(`Chromium ${p[0]}: quant ${model} matches ONNX Runtime within the rule`, async (t) => {
+      if (p[0] === 'webgpu') {
+        const adapter = await page.evaluate(() => window.webgpuAdapter());
+        if (adapter.none) {
+          t.skip(`no WebGPU adapter: ${adapter.none}`);
+          return;
+        }
+      }
+      const io = quantIo(model);
+      const got = await page.evaluate(
+        ([m, i, ps]) => window.runCase(m, 'default', i, ps, 'quant'),
+        [model, io.inputs, p],
+      );
+      const outs = {};
+      for (const o of io.outputs) {
+        const g = unplain(got[o.name]);
+        if (g && (g.type === 'int64' || g.type === 'uint64')) g.data = g.data.map(BigInt);
+        outs[o.name] = g;
+      }
+      let where = '';
+      if (p[0] === 'webgpu') {
+        const part = await page.evaluate(() => window.partitionOf());
+        assert.ok(part.webgpuOps.includes('MatMulNBits'), `${model}: MatMulNBits did not run on WebGPU (${part.webgpuOps})`);
+        where = ` (${part.webgpu} of ${part.nodes} nodes on webgpu, ${part.copies} copies)`;
+      }
+      console.log(`chromium ${p[0]} ${model}${where}: ${judge(model, outs)}`);
+    });
+  }
 }
 
 test('Chromium: bad input rejects with messages; the session stays usable', async () => {

@@ -3,6 +3,8 @@
 
 use std::path::PathBuf;
 
+pub mod quant;
+
 /// `$NXRT_CACHE`, default `~/.cache/nxrt`.
 pub fn cache_dir() -> PathBuf {
     match std::env::var_os("NXRT_CACHE") {

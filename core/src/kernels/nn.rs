@@ -4785,6 +4785,65 @@ mod tests {
             ]
         );
     }
+    /// Many column groups (so the packing splits between threads) on padded, strided 3x3
+    /// patches: ConvInteger against the definition's sums, computed here directly.
+    #[test]
+    fn conv_integer_many_columns_is_the_definition() {
+        let (c, h, w, m, k) = (3usize, 23usize, 19usize, 5usize, 3usize);
+        let x: Vec<u8> = (0..c * h * w).map(|i| (i * 37 % 251) as u8).collect();
+        let wt: Vec<i8> = (0..m * c * k * k)
+            .map(|i| ((i * 53 % 255) as i32 - 127) as i8)
+            .collect();
+        let (xz, wz) = (9u8, [3i8, -2, 0, 7, -128]);
+        let (pad, stride) = (1usize, 2usize);
+        let (oh, ow) = (
+            (h + 2 * pad - k) / stride + 1,
+            (w + 2 * pad - k) / stride + 1,
+        );
+        let ys = run(
+            &node(
+                "ConvInteger",
+                10,
+                vec![("pads", ints(&[1, 1, 1, 1])), ("strides", ints(&[2, 2]))],
+                1,
+            ),
+            &[
+                Some(Tensor::from_vec(&[1, c, h, w], x.clone()).unwrap()),
+                Some(Tensor::from_vec(&[m, c, k, k], wt.clone()).unwrap()),
+                Some(Tensor::from_vec(&[], vec![xz]).unwrap()),
+                Some(Tensor::from_vec(&[m], wz.to_vec()).unwrap()),
+            ],
+        )
+        .unwrap();
+        assert_eq!(ys[0].shape(), &[1, m, oh, ow]);
+        let got = ys[0].to_i64_vec().unwrap();
+        for o in 0..m {
+            for (yi, xi) in (0..oh).flat_map(|a| (0..ow).map(move |b| (a, b))) {
+                let mut sum = 0i64;
+                for ci in 0..c {
+                    for (ky, kx) in (0..k).flat_map(|a| (0..k).map(move |b| (a, b))) {
+                        let (iy, ix) = (
+                            (yi * stride + ky) as isize - 1,
+                            (xi * stride + kx) as isize - 1,
+                        );
+                        let xv = if iy < 0 || ix < 0 || iy >= h as isize || ix >= w as isize {
+                            xz as i64 // padding is the zero point
+                        } else {
+                            x[(ci * h + iy as usize) * w + ix as usize] as i64
+                        };
+                        let wv = wt[((o * c + ci) * k + ky) * k + kx] as i64;
+                        sum += (xv - xz as i64) * (wv - wz[o] as i64);
+                    }
+                }
+                assert_eq!(
+                    got[(o * oh + yi) * ow + xi],
+                    sum,
+                    "channel {o} at ({yi}, {xi})"
+                );
+            }
+        }
+    }
+
     #[test]
     fn conv_depthwise_stride3_dilation2() {
         let ys = run(

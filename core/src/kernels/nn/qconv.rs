@@ -306,7 +306,8 @@ impl Kernel for QConv {
                         }
                         &col
                     };
-                    qcols_pack(
+                    qcols_pack_par(
+                        cx.cpu,
                         &qg,
                         src,
                         out_plane,
@@ -396,6 +397,54 @@ impl Kernel for QConv {
         };
         out1(t)
     }
+}
+
+/// [`qcols_pack`] with the column groups split between the backend's threads: a range of
+/// whole groups is a contiguous range of the packed bytes (and of the column sums), so each
+/// task packs its own columns as a narrower product's operand, and the result is the same
+/// bytes as one call.
+pub(crate) fn qcols_pack_par(
+    cpu: &dyn CpuBackend,
+    g: &QGeom,
+    src: &[u8],
+    ld: usize,
+    flip: u8,
+    out: &mut [u8],
+    sums: Option<&mut [i32]>,
+) {
+    let (groups, gbytes) = (g.groups(), g.kq() * g.lanes * 4);
+    let t = cpu.threads().max(1);
+    if t == 1 || groups < 2 || g.k == 0 {
+        return qcols_pack(g, src, ld, flip, out, sums);
+    }
+    // a few tasks per thread, as whole groups
+    let per = groups.div_ceil(2 * t).max(1);
+    let tasks = groups.div_ceil(per);
+    let (out_p, sums_p) = (
+        SyncPtr(out.as_mut_ptr()),
+        sums.map(|s| (SyncPtr(s.as_mut_ptr()), s.len())),
+    );
+    assert!(out.len() >= g.packed_len());
+    cpu.parallel_for_work(tasks, g.k * g.n, &|ti| {
+        let (g0, g1) = (ti * per, ((ti + 1) * per).min(groups));
+        let c0 = g0 * g.lanes;
+        let sub = QGeom {
+            lanes: g.lanes,
+            k: g.k,
+            n: (g1 * g.lanes).min(g.n) - c0,
+        };
+        // SAFETY: tasks cover disjoint group ranges, [g0, g1) groups of packed bytes and
+        // columns [c0, c0 + sub.n) of the sums, inside `out` and `sums` (checked above and by
+        // qcols_pack's own assertion), which stay borrowed until parallel_for_work returns.
+        let o = unsafe {
+            core::slice::from_raw_parts_mut(out_p.get().add(g0 * gbytes), (g1 - g0) * gbytes)
+        };
+        let s = sums_p.as_ref().map(|(p, len)| {
+            assert!(c0 + sub.n <= *len);
+            unsafe { core::slice::from_raw_parts_mut(p.get().add(c0), sub.n) }
+        });
+        qcols_pack(&sub, &src[c0..], ld, flip, o, s);
+    });
 }
 
 /// Rows per task for splitting `m` output rows between the backend's threads (whole tiles of
