@@ -2019,20 +2019,6 @@ fn conv_tiles_parallel<T: Num>(
         });
 }
 
-/// Convolution into a new [N, M, out..] heap buffer.
-fn conv_compute<T: Num>(
-    cx: &KernelCx<'_>,
-    x: &[T],
-    w: &[T],
-    bias: Option<&[T]>,
-    cs: &ConvShape,
-) -> Vec<T> {
-    let out_plane: usize = cs.g.out.iter().product();
-    let mut y = vec![T::ZERO; cs.n * cs.m * out_plane];
-    conv_compute_into(cx, x, w, None, bias, cs, &mut y, ConvEpilogue::NONE);
-    y
-}
-
 /// Checks X/W/B shapes of a convolution and resolves its geometry.
 fn conv_shape(
     sp: &Spatial,
@@ -4839,6 +4825,65 @@ mod tests {
                     got[(o * oh + yi) * ow + xi],
                     sum,
                     "channel {o} at ({yi}, {xi})"
+                );
+            }
+        }
+    }
+
+    /// A depthwise QLinearConv (the centered-float path) over enough planes that its
+    /// dequantization, sums and requantization split between threads, against the definition:
+    /// integer sums, times x_scale * w_scale / y_scale in f32, rounded half to even, plus the
+    /// zero point, saturated.
+    #[test]
+    fn qlinear_conv_depthwise_is_the_definition() {
+        let (n, c, h, w) = (2usize, 12usize, 48usize, 48usize);
+        let x: Vec<u8> = (0..n * c * h * w).map(|i| (i * 29 % 253) as u8).collect();
+        let wt: Vec<i8> = (0..c * 9)
+            .map(|i| ((i * 71 % 255) as i32 - 127) as i8)
+            .collect();
+        let (xs, xz, ws, ys, yz) = (0.02f32, 131u8, 0.003f32, 0.05f32, 120u8);
+        let wscales: Vec<f32> = (0..c).map(|i| ws * (1.0 + i as f32 / 8.0)).collect();
+        let s = |v: f32| Some(Tensor::from_vec(&[], vec![v]).unwrap());
+        let ys_out = run(
+            &node(
+                "QLinearConv",
+                10,
+                vec![
+                    ("group", AttrValue::Int(c as i64)),
+                    ("pads", ints(&[1, 1, 1, 1])),
+                ],
+                1,
+            ),
+            &[
+                Some(Tensor::from_vec(&[n, c, h, w], x.clone()).unwrap()),
+                s(xs),
+                Some(Tensor::from_vec(&[], vec![xz]).unwrap()),
+                Some(Tensor::from_vec(&[c, 1, 3, 3], wt.clone()).unwrap()),
+                Some(Tensor::from_vec(&[c], wscales.clone()).unwrap()),
+                Some(Tensor::from_vec(&[c], vec![0i8; c]).unwrap()),
+                s(ys),
+                Some(Tensor::from_vec(&[], vec![yz]).unwrap()),
+            ],
+        )
+        .unwrap();
+        assert_eq!(ys_out[0].shape(), &[n, c, h, w]);
+        let got = ys_out[0].to_i64_vec().unwrap();
+        for (img, ch) in (0..n).flat_map(|a| (0..c).map(move |b| (a, b))) {
+            let mult = xs * wscales[ch] / ys;
+            for (yi, xi) in (0..h).flat_map(|a| (0..w).map(move |b| (a, b))) {
+                let mut sum = 0i32;
+                for (ky, kx) in (0..3).flat_map(|a| (0..3).map(move |b| (a, b))) {
+                    let (iy, ix) = ((yi + ky) as isize - 1, (xi + kx) as isize - 1);
+                    if iy >= 0 && ix >= 0 && iy < h as isize && ix < w as isize {
+                        let xv = x[((img * c + ch) * h + iy as usize) * w + ix as usize];
+                        sum += (xv as i32 - xz as i32) * wt[ch * 9 + ky * 3 + kx] as i32;
+                    }
+                }
+                let q = ((sum as f32 * mult).round_ties_even() + yz as f32).clamp(0.0, 255.0);
+                let at = ((img * c + ch) * h + yi) * w + xi;
+                assert_eq!(
+                    got[at], q as i64,
+                    "image {img} channel {ch} at ({yi}, {xi})"
                 );
             }
         }

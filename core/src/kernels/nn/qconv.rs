@@ -361,29 +361,53 @@ impl Kernel for QConv {
                 }
             }
             QWeights::Centered(wf) => {
-                let mut xf = vec![0f32; xb.len()];
-                simd::dequantize_q8(&xb, x_signed, xz as f32, 1.0, &mut xf);
+                // centered input, float sums and requantization each split between the
+                // threads, in pooled scratch buffers (every element written)
+                let mut xf = simd::scratch::<f32>(xb.len());
+                let chunk = crate::kernels::par::even_chunk(cx.cpu, xb.len(), 1 << 14, 16);
+                par_chunks_mut(cx.cpu, &mut xf, chunk, 2, &|i, c| {
+                    let o = i * chunk;
+                    simd::dequantize_q8(&xb[o..o + c.len()], x_signed, xz as f32, 1.0, c);
+                });
                 let bf: Option<Vec<f32>> = bias_v
                     .as_ref()
                     .map(|b| b.iter().map(|&v| v as f32).collect());
-                let acc = conv_compute(cx, &xf, wf, bf.as_deref(), &cs);
+                let mut acc = simd::scratch::<f32>(n * m * out_plane);
+                conv_compute_into(
+                    cx,
+                    &xf,
+                    wf,
+                    None,
+                    bf.as_deref(),
+                    &cs,
+                    &mut acc,
+                    ConvEpilogue::NONE,
+                );
+                let plane = out_plane.max(1);
                 match &rq {
                     Some((mult, zp, lo, hi, _)) => {
-                        for (i, (yc, ac)) in y8
-                            .chunks_mut(out_plane.max(1))
-                            .zip(acc.chunks(out_plane.max(1)))
-                            .enumerate()
-                        {
-                            let q = simd::Q8 {
-                                zp: *zp,
-                                lo: *lo,
-                                hi: *hi,
-                            };
-                            simd::requantize_q8(ac, mult[i % m], q, yc);
-                        }
+                        let q = simd::Q8 {
+                            zp: *zp,
+                            lo: *lo,
+                            hi: *hi,
+                        };
+                        // whole channel planes per task
+                        let per = (1usize << 14).div_ceil(plane).max(1) * plane;
+                        par_chunks_mut(cx.cpu, y8, per, 2, &|ti, yc| {
+                            let p0 = ti * per / plane;
+                            for (j, yp) in yc.chunks_mut(plane).enumerate() {
+                                let at = (p0 + j) * plane;
+                                simd::requantize_q8(
+                                    &acc[at..at + yp.len()],
+                                    mult[(p0 + j) % m],
+                                    q,
+                                    yp,
+                                );
+                            }
+                        });
                     }
                     None => {
-                        for (yv, &a) in y32.iter_mut().zip(&acc) {
+                        for (yv, &a) in y32.iter_mut().zip(acc.iter()) {
                             *yv = a as i32;
                         }
                     }
