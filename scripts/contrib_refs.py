@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """ONNX Runtime's outputs for single-node models of the com.microsoft encoder/decoder ops
 (Gelu, FastGelu, BiasGelu, QuickGelu, SkipLayerNormalization, RotaryEmbedding,
-MultiHeadAttention), and MatMulNBits bit for bit,
+MultiHeadAttention), QLinearAveragePool, and MatMulNBits bit for bit,
 the references `tests/tests/contrib_refs.rs` compares nxrt with.
 
 Usage: contrib_refs.py OUT_DIR   (the test command writes $NXRT_CACHE/contrib_refs)
@@ -187,6 +187,34 @@ def main():
                                                             helper.make_opsetid("com.microsoft", 1)])
             model.ir_version = 9
             cases.append((f"nbits_exact_m{m}_zp{int(zp)}", model, {"a": a_in}, ["y"]))
+
+    # QLinearAveragePool (uint8 and int8; padding counted and not, ceil mode, 1-D and 2-D)
+    for name, dt, shape, attrs in [
+        ("qavgpool_u8_pad", np.uint8, (2, 3, 11, 13),
+         {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1], "count_include_pad": 0}),
+        ("qavgpool_i8_count_pad_ceil", np.int8, (1, 4, 10, 9),
+         {"kernel_shape": [3, 2], "strides": [2, 2], "pads": [1, 0, 1, 1], "count_include_pad": 1,
+          "ceil_mode": 1}),
+        ("qavgpool_u8_1d", np.uint8, (2, 5, 17), {"kernel_shape": [4], "strides": [3]}),
+    ]:
+        info = np.iinfo(dt)
+        x = rng.integers(info.min, info.max + 1, shape, dtype=dt)
+        tp = onnx.helper.np_dtype_to_tensor_dtype(np.dtype(dt))
+        inits = [
+            numpy_helper.from_array(np.array(0.0371, np.float32), "xs"),
+            numpy_helper.from_array(np.array(7 if dt == np.int8 else 131, dt), "xz"),
+            numpy_helper.from_array(np.array(0.0217, np.float32), "ys"),
+            numpy_helper.from_array(np.array(-5 if dt == np.int8 else 118, dt), "yz"),
+        ]
+        node = helper.make_node("QLinearAveragePool", ["x", "xs", "xz", "ys", "yz"], ["y"],
+                                domain="com.microsoft", **attrs)
+        graph = helper.make_graph(
+            [node], name, [helper.make_tensor_value_info("x", tp, list(shape))],
+            [helper.make_tensor_value_info("y", tp, None)], inits)
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                        helper.make_opsetid("com.microsoft", 1)])
+        model.ir_version = 9
+        cases.append((name, model, {"x": x}, ["y"]))
 
     manifest = []
     so = ort.SessionOptions()

@@ -31,6 +31,7 @@ pub(crate) const KERNELS: &[KernelDef] = &[
     def_in("com.microsoft", "QLinearSigmoid", 1, 1, build_sigmoid).types(Q8),
     def_in("com.microsoft", "QLinearLeakyRelu", 1, 1, build_leaky_relu).types(Q8),
     def_in("com.microsoft", "QLinearGlobalAveragePool", 1, 1, build_gap).types(Q8),
+    def_in("com.microsoft", "QLinearAveragePool", 1, 1, build_avg_pool).types(Q8),
     def_in("com.microsoft", "QLinearConcat", 1, 1, build_concat).types(Q8),
     def_in(
         crate::kernels::nn::nchwc::DOMAIN,
@@ -422,6 +423,114 @@ impl Kernel for QGap {
             shape.extend(core::iter::repeat_n(1, s.len() - 2));
         }
         out1(q8_tensor(dt, &shape, y)?)
+    }
+}
+
+/// `QLinearAveragePool`: the float AveragePool (its geometry, padding and counting rules) of
+/// the dequantized input, `(x - zx) * sx`, quantized by `(y_scale, y_zero_point)`: as ONNX
+/// Runtime computes it (dequantize, float average, round half to even). One difference from
+/// the standard op, ONNX Runtime's: with `count_include_pad` a window that `ceil_mode` runs
+/// past the end padding still divides by the whole kernel, so there the end padding is
+/// widened to cover it and `ceil_mode` dropped (the same windows, counted as ONNX Runtime does).
+struct QAvgPool {
+    /// The AveragePool node of the same attributes (one input, standard domain).
+    avg: Node,
+    inner: Box<dyn Kernel>,
+    /// `count_include_pad` and `ceil_mode` both set, with explicit pads.
+    widen: bool,
+}
+
+fn avg_kernel(avg: &Node) -> Result<Box<dyn Kernel>> {
+    let reg = crate::kernels::cpu_registry();
+    let crate::provider::Lookup::Found(def) = reg.lookup(avg, &[]) else {
+        bail!("QLinearAveragePool: no AveragePool kernel for its attributes");
+    };
+    (def.build)(avg)
+}
+
+fn build_avg_pool(n: &Node) -> Result<Box<dyn Kernel>> {
+    if n.get_i("channels_last", 0)? != 0 {
+        unsupported!("QLinearAveragePool: channels_last = 1 (NHWC input) is not supported");
+    }
+    // the same attributes on a standard AveragePool of the one input
+    let mut avg = n.clone();
+    avg.op_type = "AveragePool".into();
+    avg.domain.clear();
+    avg.opset = 19;
+    avg.attrs.retain(|(k, _)| k != "channels_last");
+    avg.inputs.truncate(1);
+    avg.outputs.truncate(1);
+    let explicit = matches!(n.get_s("auto_pad", "NOTSET")?.as_str(), "NOTSET");
+    let widen = explicit && n.get_i("count_include_pad", 0)? != 0 && n.get_i("ceil_mode", 0)? != 0;
+    Ok(Box::new(QAvgPool {
+        inner: avg_kernel(&avg)?,
+        avg,
+        widen,
+    }))
+}
+
+impl QAvgPool {
+    /// The node with `ceil_mode` dropped and each axis' end padding widened to cover the
+    /// windows `ceil_mode` added, for input spatial dims `dims`.
+    fn widened(&self, dims: &[usize]) -> Result<Node> {
+        let nd = dims.len();
+        let ks = self.avg.attr_ints("kernel_shape")?.unwrap_or_default();
+        let st = self
+            .avg
+            .attr_ints("strides")?
+            .unwrap_or_else(|| vec![1; nd]);
+        let mut pads = self
+            .avg
+            .attr_ints("pads")?
+            .unwrap_or_else(|| vec![0; 2 * nd]);
+        if ks.len() != nd || st.len() != nd || pads.len() != 2 * nd {
+            bail!(
+                "QLinearAveragePool: kernel_shape, strides and pads do not fit {nd} spatial axes"
+            );
+        }
+        for i in 0..nd {
+            let (k, s) = (ks[i], st[i].max(1));
+            let span = dims[i] as i64 + pads[i] + pads[nd + i] - k;
+            if span < 0 {
+                continue; // the standard op reports it
+            }
+            let out = (span + s - 1) / s + 1; // ceil
+            pads[nd + i] += ((out - 1) * s + k - (dims[i] as i64 + pads[i] + pads[nd + i])).max(0);
+        }
+        let mut n = self.avg.clone();
+        n.attrs.retain(|(k, _)| k != "ceil_mode" && k != "pads");
+        n.attrs
+            .push(("pads".into(), crate::ir::AttrValue::Ints(pads)));
+        Ok(n)
+    }
+}
+
+impl Kernel for QAvgPool {
+    fn compute(&self, cx: &KernelCx<'_>, inputs: &[Option<&Value>]) -> Result<Vec<Value>> {
+        let x = tensor_in(inputs, 0)?;
+        let dt = x.dtype();
+        let what = "QLinearAveragePool";
+        let (sx, zx) = qparams(inputs, 1, 2, dt, what)?;
+        let (sy, zy) = qparams(inputs, 3, 4, dt, what)?;
+        let (lo, hi) = range(dt)?;
+        let (xb, signed) = q8_bytes(x)?;
+        let mut xf = vec![0f32; xb.len()];
+        simd::dequantize_q8(&xb, signed, zx, sx, &mut xf);
+        let xf = Value::Tensor(Tensor::from_vec(x.shape(), xf)?);
+        let widened;
+        let inner = if self.widen && x.shape().len() > 2 {
+            widened = avg_kernel(&self.widened(&x.shape()[2..])?)?;
+            &widened
+        } else {
+            &self.inner
+        };
+        let out = inner.compute(cx, &[Some(&xf)])?;
+        let Some(Value::Tensor(yf)) = out.into_iter().next() else {
+            bail!("{what}: the average gave no tensor");
+        };
+        let yv = yf.as_slice::<f32>()?;
+        let y: Vec<u8> = yv.iter().map(|&v| requant(v / sy, zy, lo, hi)).collect();
+        out1(q8_tensor(dt, yf.shape(), y)?)
     }
 }
 
