@@ -14,8 +14,8 @@ dequantized values, so the same model by the definition, which ONNX Runtime runs
 u8u8 kernels (no saturation). nxrt computes the definition on every instruction set.
 
 OUT_DIR/<model>/ holds output_<k>.npy (ORT_ENABLE_ALL, one thread), io.json (the reference
-case's outputs, with these files) and stamp.json (the model's sha256 and ORT's version: a model
-whose stamp matches is not run again). Models with no int8 weight get no twin.
+case's outputs, with these files) and stamp.json (the model's sha256, ORT's version and this
+script's hash: a model whose stamp matches is not run again). Models with no int8 weight get no twin.
 """
 import hashlib
 import json
@@ -80,6 +80,10 @@ def twin(model):
     return len(shifted)
 
 
+with open(__file__, "rb") as _f:
+    SCRIPT_SHA = hashlib.sha256(_f.read()).hexdigest()[:16]
+
+
 def main():
     if len(sys.argv) != 3:
         sys.exit(__doc__)
@@ -94,7 +98,7 @@ def main():
         dst = os.path.join(out, name)
         with open(mpath, "rb") as f:
             sha = hashlib.sha256(f.read()).hexdigest()
-        stamp = json.dumps({"sha256": sha, "ort": ort.__version__})
+        stamp = json.dumps({"sha256": sha, "ort": ort.__version__, "script": SCRIPT_SHA})
         sp = os.path.join(dst, "stamp.json")
         if os.path.isfile(sp) and open(sp).read() == stamp:
             print(f"{name}: exists")

@@ -3140,7 +3140,7 @@ fn build_max_pool(node: &Node) -> Result<Box<dyn Kernel>> {
     build_pool(node, PoolKind::Max)
 }
 
-fn build_average_pool(node: &Node) -> Result<Box<dyn Kernel>> {
+pub(crate) fn build_average_pool(node: &Node) -> Result<Box<dyn Kernel>> {
     let include_pad = node.get_i("count_include_pad", 0)? != 0;
     build_pool(node, PoolKind::Avg { include_pad })
 }

@@ -440,12 +440,10 @@ struct QAvgPool {
     widen: bool,
 }
 
+/// The float AveragePool kernel of `avg`, built directly (no registry lookup, which would
+/// build every family's table: the widened case builds one per run).
 fn avg_kernel(avg: &Node) -> Result<Box<dyn Kernel>> {
-    let reg = crate::kernels::cpu_registry();
-    let crate::provider::Lookup::Found(def) = reg.lookup(avg, &[]) else {
-        bail!("QLinearAveragePool: no AveragePool kernel for its attributes");
-    };
-    (def.build)(avg)
+    crate::kernels::nn::build_average_pool(avg)
 }
 
 fn build_avg_pool(n: &Node) -> Result<Box<dyn Kernel>> {
