@@ -202,6 +202,11 @@ impl Kernel for GatherNBits {
 
 /// Rows of A up to which the direct kernel runs (more take the dequantize + SGEMM path).
 const DIRECT_ROWS: usize = 8;
+/// Rows of A up to which float activations take the int8 weights (`w8_product`): its work
+/// grows with every row, while the dequantize + SGEMM path unpacks B once for all rows. On
+/// AVX2 (Zen 3, 1 thread) they cross between 12 and 16 rows for K x N of 1536 x 384,
+/// 384 x 1536 and 4096 x 4096 (at 32 rows the SGEMM path takes 0.7-0.8 of the time).
+const W8_ROWS: usize = 12;
 /// Columns a task of the direct kernel computes.
 const PANEL_COLS: usize = 64;
 /// Columns a task of the dequantizing path unpacks and multiplies at a time.
@@ -536,7 +541,7 @@ impl Kernel for MatMulNBits {
         let w8 = self
             .w8
             .as_ref()
-            .filter(|w| m > 0 && g_idx.is_none() && now == Some(w.keys));
+            .filter(|w| m > 0 && m <= W8_ROWS && g_idx.is_none() && now == Some(w.keys));
         if let Some(w) = w8 {
             let mut shape = a.shape().to_vec();
             *shape.last_mut().expect("rank >= 1") = n;
@@ -1156,13 +1161,16 @@ mod tests {
     #[test]
     fn packed_float_path_matches_the_definition() {
         // constant 4- and 8-bit weights with float activations are repacked at load as int8
-        // (code - zero point); every row count goes through the split-activation kernel,
-        // with default, packed and float zero points, partial blocks and a bias
+        // (code - zero point); up to W8_ROWS rows go through the split-activation kernel,
+        // more through the dequantizing SGEMM; default, packed and float zero points, partial
+        // blocks and a bias on both sides
         for (m, k, n, bits, bs, zp) in [
             (1, 96, 21, 4, 32, 0),
             (3, 100, 37, 4, 32, 1),
             (6, 128, 16, 8, 64, 0),
-            (13, 64, 40, 4, 16, 2),
+            (super::W8_ROWS, 64, 40, 4, 16, 2),
+            (super::W8_ROWS + 1, 64, 40, 4, 16, 2),
+            (super::W8_ROWS + 5, 100, 37, 4, 32, 1),
             (1, 700, 70, 8, 512, 0),
             (33, 64, 19, 8, 32, 0),
         ] {
