@@ -284,7 +284,8 @@ impl QMatMul {
         shape.push(n);
         let per = (m.div_ceil(cx.cpu.threads().max(1))).max(1);
         let chunk = per * n;
-        let work = k.div_ceil(16).max(1);
+        // multiply-adds per output (the unit of the pool's wake-up threshold)
+        let work = k.max(1);
         Ok(Some(match rq {
             Some((mult, zp, lo, hi, out_dt)) => {
                 e.scale = Some(QVec::Col(&mult));

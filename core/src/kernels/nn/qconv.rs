@@ -326,7 +326,8 @@ impl Kernel for QConv {
                         cross: cross.then_some((&colsum[..], &nwz[..])),
                         ..Default::default()
                     };
-                    let work = k.div_ceil(16).max(1);
+                    // multiply-adds per output (the unit of the pool's wake-up threshold)
+                    let work = k.max(1);
                     let range = img * m * out_plane..(img + 1) * m * out_plane;
                     let chunk = even_rows(cx.cpu, m) * out_plane;
                     match &rq {
