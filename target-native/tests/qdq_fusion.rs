@@ -82,7 +82,18 @@ fn qdq_model(c: usize, m: usize, k: usize) -> Vec<u8> {
         node("DequantizeLinear", &["cq", "sc", "zc"], &["cd"]),
         hs,
         node("QuantizeLinear", &["h", "sh", "zh"], &["hq"]),
-        node("DequantizeLinear", &["hq", "sh", "zh"], &["hd"]),
+        node("DequantizeLinear", &["hq", "sh", "zh"], &["hd0"]),
+        // elementwise ops by a constant (openWakeWord's maximum after LeakyRelu), each
+        // quantized: three more tables, composed with HardSigmoid's into one
+        node("Max", &["hd0", "cmax"], &["hm"]),
+        node("QuantizeLinear", &["hm", "sh", "zh"], &["hmq"]),
+        node("DequantizeLinear", &["hmq", "sh", "zh"], &["hmd"]),
+        node("Sub", &["cone", "hmd"], &["hs1"]),
+        node("QuantizeLinear", &["hs1", "sh", "zh"], &["hsq"]),
+        node("DequantizeLinear", &["hsq", "sh", "zh"], &["hsd"]),
+        node("Div", &["hsd", "ctwo"], &["hv"]),
+        node("QuantizeLinear", &["hv", "sh", "zh"], &["hvq"]),
+        node("DequantizeLinear", &["hvq", "sh", "zh"], &["hd"]),
         node("Mul", &["cd", "hd"], &["mu"]),
         node("QuantizeLinear", &["mu", "sm", "zm"], &["mq"]),
         node("DequantizeLinear", &["mq", "sm", "zm"], &["md"]),
@@ -103,6 +114,9 @@ fn qdq_model(c: usize, m: usize, k: usize) -> Vec<u8> {
         scalar("sc", 0.021),
         u8s("zc", &[100]),
         scalar("sh", 1.0 / 255.0),
+        scalar("cmax", 0.3),
+        f32s("cone", &[1], &[1.0]),
+        scalar("ctwo", 0.75),
         u8s("zh", &[0]),
         scalar("sm", 0.017),
         u8s("zm", &[20]),
@@ -159,6 +173,8 @@ fn qdq_patterns_run_on_the_integer_kernels_with_the_same_codes() {
         ] {
             assert!(ops.iter().any(|o| o == op), "{op} missing from {ops:?}");
         }
+        // the four tables in a row are one
+        assert_eq!(ops.iter().filter(|o| *o == "QLookup").count(), 1, "{ops:?}");
         // only the input's quantization and the output's dequantization stay
         assert_eq!(
             ops.iter()

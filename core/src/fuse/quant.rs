@@ -13,7 +13,8 @@
 //! **QDQ onto the integer kernels** (`qdq_ops`, a CPU fusion: WebGPU has no int8 kernels yet):
 //! `DequantizeLinear -> op -> QuantizeLinear` with constant scales and zero points becomes
 //! the op's integer form (QLinearConv, QLinearMatMul, com.microsoft QGemm, QLinearAdd,
-//! QLinearMul, QLinearGlobalAveragePool, a 256-entry table for one-input activations, and
+//! QLinearMul, QLinearGlobalAveragePool, a 256-entry table for one-input activations and for
+//! Add/Sub/Mul/Div/Max/Min by a one-element constant (chained tables composed into one), and
 //! MaxPool/Reshape/Flatten on the codes where both sides share their scale and zero point).
 //!
 //! **Mixture of experts**: `MatMul(X, Gather(DequantizeLinear(W[E, K, N]), experts))`, the
@@ -405,14 +406,32 @@ fn zp_value(g: &Graph, z: Option<ValueId>) -> Option<f32> {
     }
 }
 
-/// The table of a one-input float op between a DequantizeLinear and a QuantizeLinear: each of
-/// the 256 input codes' answer, or `None` for ops it does not know.
+/// The table of a one-input float op between a DequantizeLinear and a QuantizeLinear (or of a
+/// two-input one whose other operand is the constant `c`, `(value, whether it comes first)`):
+/// each of the 256 input codes' answer, or `None` for ops it does not know.
 fn lookup_table(
     n: &Node,
+    c: Option<(f32, bool)>,
     (sx, zx, signed): (f32, f32, bool),
     (sy, zy, out_signed): (f32, f32, bool),
 ) -> Option<Vec<u8>> {
-    let f: alloc::boxed::Box<dyn Fn(f32) -> f32> = match n.op_type.as_str() {
+    type F = alloc::boxed::Box<dyn Fn(f32) -> f32>;
+    if let Some((c, first)) = c {
+        // one operand constant: the op's float arithmetic on each dequantized code
+        let f: F = match (n.op_type.as_str(), first) {
+            ("Add", _) => alloc::boxed::Box::new(move |x: f32| x + c),
+            ("Mul", _) => alloc::boxed::Box::new(move |x: f32| x * c),
+            ("Sub", false) => alloc::boxed::Box::new(move |x: f32| x - c),
+            ("Sub", true) => alloc::boxed::Box::new(move |x: f32| c - x),
+            ("Div", false) => alloc::boxed::Box::new(move |x: f32| x / c),
+            ("Div", true) => alloc::boxed::Box::new(move |x: f32| c / x),
+            ("Max", _) => alloc::boxed::Box::new(move |x: f32| x.max(c)),
+            ("Min", _) => alloc::boxed::Box::new(move |x: f32| x.min(c)),
+            _ => return None,
+        };
+        return Some(tabulate(&*f, (sx, zx, signed), (sy, zy, out_signed)));
+    }
+    let f: F = match n.op_type.as_str() {
         "Relu" => alloc::boxed::Box::new(|x: f32| x.max(0.0)),
         "Sigmoid" => alloc::boxed::Box::new(|x: f32| 1.0 / (1.0 + libm::expf(-x))),
         "Tanh" => alloc::boxed::Box::new(libm::tanhf),
@@ -427,24 +446,63 @@ fn lookup_table(
         "HardSwish" => alloc::boxed::Box::new(|x: f32| x * (x / 6.0 + 0.5).clamp(0.0, 1.0)),
         _ => return None,
     };
+    Some(tabulate(&*f, (sx, zx, signed), (sy, zy, out_signed)))
+}
+
+/// `Q(f(DQ(code)))` for each of the 256 codes (a NaN quantizes to the lowest code).
+fn tabulate(
+    f: &dyn Fn(f32) -> f32,
+    (sx, zx, signed): (f32, f32, bool),
+    (sy, zy, out_signed): (f32, f32, bool),
+) -> Vec<u8> {
     let (lo, hi) = if out_signed {
         (-128.0, 127.0)
     } else {
         (0.0, 255.0)
     };
-    Some(
-        (0..=255u8)
-            .map(|b| {
-                let v = if signed { b as i8 as f32 } else { b as f32 };
-                let y = f((v - zx) * sx) / sy;
-                if y.is_nan() {
-                    lo as i32 as u8
-                } else {
-                    crate::kernels::qlinear::requant(y, zy, lo, hi)
-                }
-            })
-            .collect(),
-    )
+    (0..=255u8)
+        .map(|b| {
+            let v = if signed { b as i8 as f32 } else { b as f32 };
+            let y = f((v - zx) * sx) / sy;
+            if y.is_nan() {
+                lo as i32 as u8
+            } else {
+                crate::kernels::qlinear::requant(y, zy, lo, hi)
+            }
+        })
+        .collect()
+}
+
+/// The operand roles of an elementwise op a lookup table can replace: `(index of the
+/// dequantized input, the constant operand)`. One input; or two, one of them a finite
+/// one-element float constant of a rank no higher than the other's (so the broadcast keeps
+/// the other's shape), for Add, Sub, Mul, Div, Max and Min.
+fn lookup_operands(g: &Graph, n: &Node) -> Option<(usize, Option<(f32, bool)>)> {
+    match n.inputs.len() {
+        1 => Some((0, None)),
+        2 if matches!(
+            n.op_type.as_str(),
+            "Add" | "Sub" | "Mul" | "Div" | "Max" | "Min"
+        ) =>
+        {
+            let (a, b) = (n.inputs[0]?, n.inputs[1]?);
+            let constant = |c: ValueId, x: ValueId| -> Option<f32> {
+                let v = scalar_const(g, Some(c)).filter(|v| v.is_finite())?;
+                let rank = const_of(g, c)?.rank();
+                let x_rank = match &g.values[x].ty {
+                    TypeInfo::Tensor { shape: Some(s), .. } => s.len(),
+                    _ => 0,
+                };
+                (rank == 0 || rank <= x_rank).then_some(v)
+            };
+            if let Some(v) = constant(b, a) {
+                Some((0, Some((v, false))))
+            } else {
+                constant(a, b).map(|v| (1, Some((v, true))))
+            }
+        }
+        _ => None,
+    }
 }
 
 /// QDQ patterns onto the integer kernels (CPU fusions): `DequantizeLinear -> op ->
@@ -452,8 +510,9 @@ fn lookup_table(
 /// Conv -> QLinearConv (weights per tensor or per output channel, an int32 bias whose scale
 /// is `x_scale * w_scale`), MatMul -> QLinearMatMul, Gemm -> com.microsoft QGemm,
 /// Add/Mul -> com.microsoft QLinearAdd/QLinearMul, GlobalAveragePool ->
-/// com.microsoft QLinearGlobalAveragePool, a one-input activation -> a 256-entry table
-/// (`nxrt:QLookup`), and MaxPool/Reshape/Flatten with the same scale and zero point on both
+/// com.microsoft QLinearGlobalAveragePool, a one-input activation or an elementwise op by a
+/// one-element constant -> a 256-entry table (`nxrt:QLookup`; a table reading another's
+/// codes, and nothing else reading them, takes the composition of both), and MaxPool/Reshape/Flatten with the same scale and zero point on both
 /// sides run on the codes directly. The DequantizeLinear nodes nothing reads any more go.
 pub fn qdq_ops(g: &mut Graph) -> Result<usize> {
     let readers = reader_counts(g);
@@ -596,7 +655,10 @@ pub fn qdq_ops(g: &mut Graph) -> Result<usize> {
                     }
                 }
             }
-            "Add" | "Mul" => {
+            "Add" | "Mul"
+                if inp(0).and_then(|v| dq_scalar(g, &producer, v)).is_some()
+                    && inp(1).and_then(|v| dq_scalar(g, &producer, v)).is_some() =>
+            {
                 let (Some(a), Some(b)) = (
                     inp(0).and_then(|v| dq_scalar(g, &producer, v)),
                     inp(1).and_then(|v| dq_scalar(g, &producer, v)),
@@ -654,10 +716,10 @@ pub fn qdq_ops(g: &mut Graph) -> Result<usize> {
                 mk(&n.op_type.clone(), "", ins, n.attrs.clone())
             }
             _ => {
-                if n.inputs.len() != 1 {
+                let Some((xi, c)) = lookup_operands(g, n) else {
                     continue;
-                }
-                let Some((x, sx, zx)) = inp(0).and_then(|v| dq_scalar(g, &producer, v)) else {
+                };
+                let Some((x, sx, zx)) = inp(xi).and_then(|v| dq_scalar(g, &producer, v)) else {
                     continue;
                 };
                 let (Some(sxv), Some(zxv), Some(syv), Some(zyv)) = (
@@ -670,7 +732,7 @@ pub fn qdq_ops(g: &mut Graph) -> Result<usize> {
                 };
                 let x_signed = dtype_of(g, x) == Some(DataType::Int8);
                 let y_signed = const_of(g, zy).is_some_and(|t| t.dtype() == DataType::Int8);
-                let Some(table) = lookup_table(n, (sxv, zxv, x_signed), (syv, zyv, y_signed))
+                let Some(table) = lookup_table(n, c, (sxv, zxv, x_signed), (syv, zyv, y_signed))
                 else {
                     continue;
                 };
@@ -690,6 +752,35 @@ pub fn qdq_ops(g: &mut Graph) -> Result<usize> {
     if count == 0 {
         return Ok(0);
     }
+    // a lookup whose input is another lookup's output, read by nothing else (through its
+    // DequantizeLinear, also read by nothing else), takes one composed table: t2[t1[code]]
+    let mut tables = tables;
+    let mut gone = vec![false; replace.len()];
+    for t in 0..tables.len() {
+        let ri = tables[t].0;
+        let Some(x) = replace[ri].1.inputs[0] else {
+            continue;
+        };
+        let Some(p) = tables[..t]
+            .iter()
+            .position(|&(rp, _, _)| !gone[rp] && replace[rp].1.outputs[0] == Some(x))
+        else {
+            continue;
+        };
+        let Some(dq) = sole_reader(g, &readers, x) else {
+            continue;
+        };
+        if !out0(&g.nodes[dq]).is_some_and(|d| readers[d] == 1) {
+            continue;
+        }
+        let (rp, first) = (tables[p].0, tables[p].1.clone());
+        let composed: Vec<u8> = first.iter().map(|&b| tables[t].1[b as usize]).collect();
+        tables[t].1 = composed;
+        replace[ri].1.inputs[0] = replace[rp].1.inputs[0];
+        gone[rp] = true;
+        drop[replace[rp].0] = true;
+    }
+    let tables: Vec<_> = tables.into_iter().filter(|&(ri, _, _)| !gone[ri]).collect();
     for (ri, table, signed) in tables {
         let name = alloc::format!("{}/table", replace[ri].1.name);
         let v = new_value(g, name);
@@ -704,8 +795,10 @@ pub fn qdq_ops(g: &mut Graph) -> Result<usize> {
         set_init(g, v, t);
         replace[ri].1.inputs.push(Some(v));
     }
-    for (ni, node) in replace {
-        g.nodes[ni] = node;
+    for (ri, (ni, node)) in replace.into_iter().enumerate() {
+        if !gone[ri] {
+            g.nodes[ni] = node;
+        }
     }
     super::remove_nodes(g, &drop);
     remove_dead(g);
