@@ -754,7 +754,6 @@ pub fn qdq_ops(g: &mut Graph) -> Result<usize> {
     }
     // a lookup whose input is another lookup's output, read by nothing else (through its
     // DequantizeLinear, also read by nothing else), takes one composed table: t2[t1[code]]
-    let mut tables = tables;
     let mut gone = vec![false; replace.len()];
     for t in 0..tables.len() {
         let ri = tables[t].0;
@@ -770,7 +769,7 @@ pub fn qdq_ops(g: &mut Graph) -> Result<usize> {
         let Some(dq) = sole_reader(g, &readers, x) else {
             continue;
         };
-        if !out0(&g.nodes[dq]).is_some_and(|d| readers[d] == 1) {
+        if out0(&g.nodes[dq]).is_none_or(|d| readers[d] != 1) {
             continue;
         }
         let (rp, first) = (tables[p].0, tables[p].1.clone());
