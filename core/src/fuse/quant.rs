@@ -512,8 +512,9 @@ fn lookup_operands(g: &Graph, n: &Node) -> Option<(usize, Option<(f32, bool)>)> 
 /// Add/Mul -> com.microsoft QLinearAdd/QLinearMul, GlobalAveragePool ->
 /// com.microsoft QLinearGlobalAveragePool, a one-input activation or an elementwise op by a
 /// one-element constant -> a 256-entry table (`nxrt:QLookup`; a table reading another's
-/// codes, and nothing else reading them, takes the composition of both), and MaxPool/Reshape/Flatten with the same scale and zero point on both
-/// sides run on the codes directly. The DequantizeLinear nodes nothing reads any more go.
+/// codes, and nothing else reading them, takes the composition of both), and
+/// MaxPool/Reshape/Flatten with the same scale and zero point on both sides run on the codes
+/// directly. The DequantizeLinear nodes nothing reads any more go.
 pub fn qdq_ops(g: &mut Graph) -> Result<usize> {
     let readers = reader_counts(g);
     let mut producer = vec![None; g.values.len()];
@@ -554,8 +555,15 @@ pub fn qdq_ops(g: &mut Graph) -> Result<usize> {
             attrs,
             implicit_inputs: vec![],
         };
-        let new = match n.op_type.as_str() {
-            "Conv" | "Gemm" | "MatMul" => {
+        // Add/Mul of two dequantized inputs (by a constant, they become a table below)
+        let dq_pair = match n.op_type.as_str() {
+            "Add" | "Mul" => inp(0)
+                .and_then(|v| dq_scalar(g, &producer, v))
+                .zip(inp(1).and_then(|v| dq_scalar(g, &producer, v))),
+            _ => None,
+        };
+        let new = match (n.op_type.as_str(), dq_pair) {
+            ("Conv" | "Gemm" | "MatMul", _) => {
                 let Some((x, sx, zx)) = inp(0).and_then(|v| dq_scalar(g, &producer, v)) else {
                     continue;
                 };
@@ -655,16 +663,7 @@ pub fn qdq_ops(g: &mut Graph) -> Result<usize> {
                     }
                 }
             }
-            "Add" | "Mul"
-                if inp(0).and_then(|v| dq_scalar(g, &producer, v)).is_some()
-                    && inp(1).and_then(|v| dq_scalar(g, &producer, v)).is_some() =>
-            {
-                let (Some(a), Some(b)) = (
-                    inp(0).and_then(|v| dq_scalar(g, &producer, v)),
-                    inp(1).and_then(|v| dq_scalar(g, &producer, v)),
-                ) else {
-                    continue;
-                };
+            ("Add" | "Mul", Some((a, b))) => {
                 if dtype_of(g, a.0) != dtype_of(g, b.0) {
                     continue;
                 }
@@ -689,7 +688,7 @@ pub fn qdq_ops(g: &mut Graph) -> Result<usize> {
                     vec![],
                 )
             }
-            "GlobalAveragePool" => {
+            ("GlobalAveragePool", _) => {
                 let Some((x, sx, zx)) = inp(0).and_then(|v| dq_scalar(g, &producer, v)) else {
                     continue;
                 };
@@ -700,7 +699,7 @@ pub fn qdq_ops(g: &mut Graph) -> Result<usize> {
                     vec![("channels_last".into(), AttrValue::Int(0))],
                 )
             }
-            "MaxPool" | "Reshape" | "Flatten" => {
+            ("MaxPool" | "Reshape" | "Flatten", _) => {
                 let Some((x, sx, zx)) = inp(0).and_then(|v| dq_scalar(g, &producer, v)) else {
                     continue;
                 };
@@ -715,7 +714,7 @@ pub fn qdq_ops(g: &mut Graph) -> Result<usize> {
                 ins[0] = Some(x);
                 mk(&n.op_type.clone(), "", ins, n.attrs.clone())
             }
-            _ => {
+            (_, _) => {
                 let Some((xi, c)) = lookup_operands(g, n) else {
                     continue;
                 };
@@ -772,8 +771,12 @@ pub fn qdq_ops(g: &mut Graph) -> Result<usize> {
         if out0(&g.nodes[dq]).is_none_or(|d| readers[d] != 1) {
             continue;
         }
-        let (rp, first) = (tables[p].0, tables[p].1.clone());
-        let composed: Vec<u8> = first.iter().map(|&b| tables[t].1[b as usize]).collect();
+        let rp = tables[p].0;
+        let composed: Vec<u8> = tables[p]
+            .1
+            .iter()
+            .map(|&b| tables[t].1[b as usize])
+            .collect();
         tables[t].1 = composed;
         replace[ri].1.inputs[0] = replace[rp].1.inputs[0];
         gone[rp] = true;

@@ -95,6 +95,8 @@ impl GatherNBits {
                 let ze = z.slice_axis(0, ei, 1, 1).ok()?;
                 let mut w = w8_prepare(&g, self.n, (&be, &se, Some(&ze)))?;
                 w.keys = [(0, 0); 3];
+                // every row count takes the int8 product here: no dequantizing path
+                w.zps = None;
                 Some(w)
             })
             .collect()
@@ -232,6 +234,9 @@ struct W8Weights {
     isa: crate::simd::Isa,
     packed: W8Packed,
     keys: [(usize, usize); 3],
+    /// The zero points decoded (as [`zero_points`]) for the rows past [`W8_ROWS`], which
+    /// dequantize the same tensors on every call.
+    zps: Option<(Vec<f32>, bool)>,
 }
 
 /// Packs constant weights for [`w8_product`], or `None` where they do not fit int8.
@@ -249,7 +254,12 @@ fn w8_prepare(
     let zps = zero_points(zp, n, blocks, g.bits).ok()?;
     let (isa, lanes) = crate::simd::q4_isa();
     let packed = crate::simd::w8_pack(lanes, g, &bv, &sv, zps.as_ref().map(|z| z.0.as_slice()), n)?;
-    Some(W8Weights { isa, packed, keys })
+    Some(W8Weights {
+        isa,
+        packed,
+        keys,
+        zps,
+    })
 }
 
 /// `Y = A · Bᵀ` for `m` rows of A through the int8 weights (activations split into int16
@@ -541,8 +551,8 @@ impl Kernel for MatMulNBits {
         let w8 = self
             .w8
             .as_ref()
-            .filter(|w| m > 0 && m <= W8_ROWS && g_idx.is_none() && now == Some(w.keys));
-        if let Some(w) = w8 {
+            .filter(|w| g_idx.is_none() && now == Some(w.keys));
+        if let Some(w) = w8.filter(|_| m > 0 && m <= W8_ROWS) {
             let mut shape = a.shape().to_vec();
             *shape.last_mut().expect("rank >= 1") = n;
             let mut y = cx.output::<f32>(0, &shape)?;
@@ -556,14 +566,17 @@ impl Kernel for MatMulNBits {
                 return out1(y.into_tensor());
             }
         }
-        let (zps, gidx) = match q4 {
-            Some(_) => (None, None),
-            None => (
-                zero_points(zp, n, blocks, bits)?,
-                block_index(g_idx, k, bs, blocks)?,
-            ),
+        let decoded;
+        let (zps, gidx) = match (q4, w8) {
+            (Some(_), _) => (None, None),
+            // the packed tensors' zero points, decoded at load (and no g_idx)
+            (None, Some(w)) => (w.zps.as_ref(), None),
+            (None, None) => {
+                decoded = zero_points(zp, n, blocks, bits)?;
+                (decoded.as_ref(), block_index(g_idx, k, bs, blocks)?)
+            }
         };
-        let float_zp = zps.as_ref().is_some_and(|z| z.1);
+        let float_zp = zps.is_some_and(|z| z.1);
         let int8_a = self.accuracy == 4 && gidx.is_none() && !float_zp && bits != 2;
         let zp0 = (1u32 << (bits - 1)) as f32;
 
@@ -580,7 +593,7 @@ impl Kernel for MatMulNBits {
             int8_a,
             zp0,
         };
-        let zt = zps.as_ref().map(|z| z.0.as_slice());
+        let zt = zps.map(|z| z.0.as_slice());
         let direct = m <= DIRECT_ROWS && gidx.is_none() && bits != 2;
         let bias_v = bias.map(|b| b.as_slice::<f32>()).transpose()?;
         // the int8 kernel adds the bias itself (before the zero points' share, as ONNX Runtime)
