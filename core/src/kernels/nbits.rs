@@ -471,7 +471,9 @@ impl Kernel for MatMulNBits {
             }
             let g = float_geom(self.k, self.bs, self.bits);
             self.w8 = w8_prepare(&g, self.n, (b, scales, zp));
-            return self.w8.as_ref().map_or(0, |w| w.packed.bytes());
+            return self.w8.as_ref().map_or(0, |w| {
+                w.packed.bytes() + w.zps.as_ref().map_or(0, |z| 4 * z.0.len())
+            });
         }
         if self.bits != 4 {
             return 0;
