@@ -17,7 +17,7 @@ use crate::kernels::nn::{q8_bytes, q8_key};
 use crate::kernels::par::par_chunks_mut;
 use crate::kernels::{opt_tensor_in, out1, tensor_in};
 use crate::provider::{Kernel, KernelCx};
-use crate::simd::{self, qcols_pack, qrows_pack, QEpi, QGemm, QGeom, QOut, QVec};
+use crate::simd::{self, qcols_pack, qrows_pack, Isa, QEpi, QGemm, QGeom, QOut, QVec};
 use crate::tensor::Tensor;
 use crate::value::Value;
 
@@ -32,7 +32,7 @@ struct PackedB {
 
 impl PackedB {
     /// `b` is `[K, N]`, or `[N, K]` with `trans`.
-    fn new(b: &Tensor, zp: Option<&Tensor>, lanes: usize, trans: bool) -> Option<PackedB> {
+    fn new(b: &Tensor, zp: Option<&Tensor>, isa: Isa, trans: bool) -> Option<PackedB> {
         if b.rank() != 2 {
             return None;
         }
@@ -54,7 +54,7 @@ impl PackedB {
             }
             Some(_) => return None,
         };
-        let g = QGeom { lanes, k, n };
+        let g = simd::qgeom(isa, k, n);
         let flip = if signed { 0x80 } else { 0 };
         let mut packed = vec![0u8; g.packed_len()];
         let mut colsum = vec![0i32; g.np()];
@@ -104,8 +104,9 @@ pub(crate) struct QMatMul {
     gemm: Option<GemmAttrs>,
     /// What takes the shapes the integer product does not (QGemm has none).
     general: Option<Box<dyn Kernel>>,
-    /// `B` packed at load: the keys of B and its zero point, the lanes, the packing.
-    packed: Option<([(usize, usize); 2], usize, PackedB)>,
+    /// `B` packed at load: the keys of B and its zero point, the instruction set it was
+    /// packed for, the packing.
+    packed: Option<([(usize, usize); 2], Isa, PackedB)>,
 }
 
 pub(crate) fn build(general: Box<dyn Kernel>, _node: &Node, qlinear: bool) -> Box<dyn Kernel> {
@@ -169,15 +170,15 @@ impl QMatMul {
         if azp.is_some_and(|z| z.len() != 1 || z.dtype() != a.dtype()) {
             return Ok(None);
         }
-        let (q_isa, lanes) = simd::q4_isa();
+        let q_isa = simd::q4_isa().0;
         let owned;
         let pb = match &self.packed {
-            Some((keys, l, p))
-                if *l == lanes && [key_of(Some(b)), key_of(bzp)] == keys.map(Some) =>
+            Some((keys, i, p))
+                if *i == q_isa && [key_of(Some(b)), key_of(bzp)] == keys.map(Some) =>
             {
                 p
             }
-            _ => match PackedB::new(b, bzp, lanes, trans_b) {
+            _ => match PackedB::new(b, bzp, q_isa, trans_b) {
                 Some(p) => {
                     owned = p;
                     &owned
@@ -256,10 +257,9 @@ impl QMatMul {
         let (ab, a_signed) = q8_bytes(a)?;
         let za = azp.map_or(Ok(0), |z| z.to_i64_vec().map(|v| v[0] as i32))?;
         let (flip, za) = if a_signed { (0, za) } else { (0x80, za - 128) };
-        let kp = pb.g.kp();
-        let mut rows = vec![0u8; m * kp];
+        let mut rows = vec![0u8; m * pb.g.ka()];
         let mut rowsum = vec![0i32; m];
-        qrows_pack(&ab, m, k, k, flip, kp, &mut rows, &mut rowsum);
+        qrows_pack(&pb.g, &ab, m, k, flip, &mut rows, &mut rowsum);
         // -za * colsum(B) + K * za * zb, and -zb * rowsum(A)
         let col_add: Vec<i32> = (0..pb.g.np())
             .map(|j| {
@@ -327,16 +327,16 @@ impl Kernel for QMatMul {
         let (bi, bzi) = self.b_inputs();
         let c = |i: usize| consts.get(i).copied().flatten();
         let Some(b) = c(bi) else { return 0 };
-        let lanes = simd::q4_isa().1;
+        let isa = simd::q4_isa().0;
         let (Some(kb), Some(kz)) = (key_of(Some(b)), key_of(c(bzi))) else {
             return 0;
         };
         let trans_b = self.gemm.is_some_and(|g| g.trans_b);
-        let Some(p) = PackedB::new(b, c(bzi), lanes, trans_b) else {
+        let Some(p) = PackedB::new(b, c(bzi), isa, trans_b) else {
             return 0;
         };
         let bytes = p.b.len() + 8 * p.colsum.len();
-        self.packed = Some(([kb, kz], lanes, p));
+        self.packed = Some(([kb, kz], isa, p));
         bytes
     }
 

@@ -202,6 +202,28 @@ pub fn q4_isa() -> (Isa, usize) {
     (i, isa_lanes(i))
 }
 
+/// The geometry of an integer product's packed operands ([`qgemm`]) for `k x n` columns on
+/// `isa` (one [`q4_runs_on`] accepts): its lanes and its row form.
+pub fn qgeom(isa: Isa, k: usize, n: usize) -> QGeom {
+    let pairs = match isa {
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => <x86::Avx2 as VF32>::Q_PAIRS,
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 => <avx512::Avx512 as VF32>::Q_PAIRS,
+        #[cfg(target_arch = "aarch64")]
+        Isa::Neon => <neon::Neon as VF32>::Q_PAIRS,
+        #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+        Isa::Simd128 => <wasm::V128 as VF32>::Q_PAIRS,
+        _ => <Portable as VF32>::Q_PAIRS,
+    };
+    QGeom {
+        lanes: isa_lanes(isa),
+        pairs,
+        k,
+        n,
+    }
+}
+
 /// Lanes of `isa`'s f32 vector.
 pub fn isa_lanes(isa: Isa) -> usize {
     match isa {
@@ -369,6 +391,19 @@ pub trait VF32: Copy {
     #[inline(always)]
     fn q_dot8(acc: Self::Q, codes: Self::Q, q4: u32) -> Self::Q {
         Self::q_dot(acc, codes, q4)
+    }
+    /// Whether the integer products ([`qgemm`]) multiply in i16 pairs: their signed rows
+    /// hold each quad as two i16 pairs, and [`VF32::q_split`] readies the unsigned codes,
+    /// so that the inner loop is two [`VF32::q_dot16`] with nothing to unpack per row (AVX2,
+    /// whose byte products saturate). Otherwise [`VF32::q_dot8`] on the bytes.
+    const Q_PAIRS: bool = false;
+    /// For ISAs with [`VF32::Q_PAIRS`]: the bytes at `4j, 4j + 2` of each lane `j` and those
+    /// at `4j + 1, 4j + 3`, each zero-extended into the lane's two i16 halves (the operands
+    /// of [`VF32::q_dot16`]).
+    #[inline(always)]
+    fn q_split(codes: Self::Q) -> (Self::Q, Self::Q) {
+        let _ = codes;
+        unreachable!("q_split is only called where Q_PAIRS is set")
     }
     /// The bytes `b[0..4 * LANES]` as they are (panics if `b` is shorter).
     fn q_load(b: &[u8]) -> Self::Q;

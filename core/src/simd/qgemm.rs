@@ -2,12 +2,13 @@
 //! ConvInteger, QGemm and the QDQ patterns fused into them), written once against
 //! [`VF32`]'s integer register.
 //!
-//! `C[i][j] = sum_k A[i][k] * B[k][j]` with `A` signed bytes (rows of `kp` bytes, zero past
-//! K, read four at a time and broadcast) and `B` unsigned bytes packed in quads: column group
+//! `C[i][j] = sum_k A[i][k] * B[k][j]` with `A` signed bytes (rows of whole quads, zero past
+//! K, read a quad at a time and broadcast; widened to two i16 pairs per quad where the ISA
+//! multiplies in i16, [`VF32::Q_PAIRS`]) and `B` unsigned bytes packed in quads: column group
 //! `g` (`lanes` columns), quad `q` holds for each column of the group its values at
 //! `k = 4q..4q + 4` as four consecutive bytes, the layout of one `vpdpbusd` (AVX-512 VNNI)
 //! operand. The products accumulate exactly in i32 lanes on every instruction set
-//! ([`VF32::q_dot8`]).
+//! ([`VF32::q_dot8`], or [`VF32::q_split`] and [`VF32::q_dot16`] with pairs).
 //!
 //! Zero points never enter the inner loop: with `a' = a - za` and `b' = b - zb`,
 //! `sum a'b' = sum ab - zb sum_k a - za sum_k b + K za zb`, so callers pass the row sums of
@@ -25,6 +26,9 @@ use super::VF32;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct QGeom {
     pub lanes: usize,
+    /// Whether the rows of `A` hold each quad widened to two i16 pairs ([`qrows_pack`]), the
+    /// form of ISAs whose [`VF32::Q_PAIRS`] is set.
+    pub pairs: bool,
     pub k: usize,
     pub n: usize,
 }
@@ -34,9 +38,13 @@ impl QGeom {
     pub fn kq(&self) -> usize {
         self.k.div_ceil(4)
     }
-    /// `k` rounded up to whole quads: the row length of `A`.
+    /// `k` rounded up to whole quads.
     pub fn kp(&self) -> usize {
         4 * self.kq()
+    }
+    /// Bytes per row of `A`: 4 per quad, or 8 with [`QGeom::pairs`].
+    pub fn ka(&self) -> usize {
+        self.kq() * if self.pairs { 8 } else { 4 }
     }
     /// Column groups.
     pub fn groups(&self) -> usize {
@@ -127,37 +135,49 @@ pub fn qcols_pack(
     }
 }
 
-/// Copies `m` rows of `k` bytes (row `i` at `src[i * ld..]`), each `xor flip`, into rows of
-/// `kp` bytes (zero past `k`) in `out`, and each row's sum of the copied values (read as
-/// int8) into `sums`.
+/// Copies `m` rows of `g.k` bytes (row `i` at `src[i * ld..]`), each `xor flip`, into rows
+/// of `g.ka()` bytes in `out` (zero past `k`), and each row's sum of the copied values (read
+/// as int8) into `sums`. With `g.pairs`, each quad `v0..v3` is stored as the i16 values
+/// `v0, v2, v1, v3` (little-endian): the pairs that multiply a column quad's even and odd
+/// bytes.
 pub fn qrows_pack(
+    g: &QGeom,
     src: &[u8],
     m: usize,
-    k: usize,
     ld: usize,
     flip: u8,
-    kp: usize,
     out: &mut [u8],
     sums: &mut [i32],
 ) {
+    let (k, ka) = (g.k, g.ka());
     assert!(
-        kp >= k && out.len() >= m * kp && sums.len() >= m,
+        out.len() >= m * ka && sums.len() >= m && (m == 0 || src.len() >= (m - 1) * ld + k),
         "qrows_pack"
     );
     for i in 0..m {
         let s = &src[i * ld..i * ld + k];
-        let d = &mut out[i * kp..(i + 1) * kp];
+        let d = &mut out[i * ka..(i + 1) * ka];
         let mut sum = 0i32;
-        for (d, &v) in d.iter_mut().zip(s) {
-            *d = v ^ flip;
-            sum += (v ^ flip) as i8 as i32;
+        for (q, dq) in d.chunks_exact_mut(ka / g.kq().max(1)).enumerate() {
+            let v = |t: usize| s.get(4 * q + t).map_or(0, |&b| (b ^ flip) as i8);
+            let quad = [v(0), v(1), v(2), v(3)];
+            sum += quad.iter().map(|&x| x as i32).sum::<i32>();
+            if g.pairs {
+                for (dd, t) in dq.chunks_exact_mut(2).zip([0, 2, 1, 3]) {
+                    dd.copy_from_slice(&(quad[t] as i16).to_le_bytes());
+                }
+            } else {
+                for (dd, x) in dq.iter_mut().zip(quad) {
+                    *dd = x as u8;
+                }
+            }
         }
-        d[k..].fill(0);
         sums[i] = sum;
     }
 }
 
-/// A product: `m` rows of `A` (`m * g.kp()` bytes) times the packed `B` of `g`.
+/// A product: `m` rows of `A` (`m * g.ka()` bytes, [`qrows_pack`]) times the packed `B` of
+/// `g`.
 #[derive(Clone, Copy, Debug)]
 pub struct QGemm<'a> {
     pub m: usize,
@@ -204,29 +224,56 @@ pub enum QOut<'a> {
     },
 }
 
-/// One tile's sums: rows `a[..R * kp]` times the `G` column groups starting at `b`.
+/// One tile's sums: rows `a[..R * ka]` times the `G` column groups starting at `b`.
 #[inline(always)]
 fn tile<V: VF32, const R: usize, const G: usize>(
     a: &[u8],
-    kp: usize,
+    ka: usize,
     b: &[u8],
     gstride: usize,
     kq: usize,
 ) -> [[V::Q; G]; R] {
     let l4 = V::LANES * 4;
+    let qa = if V::Q_PAIRS { 8 } else { 4 };
     let mut acc = [[V::q_zero(); G]; R];
-    let a = &a[..R * kp];
+    let a = &a[..(R - 1) * ka + kq * qa];
     let b = &b[..(G - 1) * gstride + kq * l4];
+    // SAFETY (the unchecked reads below): with g < G, r < R and q < kq, every range read,
+    // `g * gstride + q * l4 + l4 <= (G - 1) * gstride + kq * l4` bytes of `b` and
+    // `r * ka + q * qa + qa <= (R - 1) * ka + kq * qa` bytes of `a`, lies inside the slices
+    // just taken (their lengths checked there).
+    let word = |o: usize| -> u32 {
+        let w: &[u8; 4] = unsafe { a.get_unchecked(o..o + 4) }
+            .try_into()
+            .unwrap_or(&[0; 4]);
+        u32::from_le_bytes(*w)
+    };
     for q in 0..kq {
-        let mut bv = [V::q_zero(); G];
-        for (g, v) in bv.iter_mut().enumerate() {
-            *v = V::q_load(&b[g * gstride + q * l4..]);
-        }
-        for (r, acc_r) in acc.iter_mut().enumerate() {
-            let o = r * kp + 4 * q;
-            let w = u32::from_le_bytes(a[o..o + 4].try_into().unwrap_or([0; 4]));
-            for (g, acc_rg) in acc_r.iter_mut().enumerate() {
-                *acc_rg = V::q_dot8(*acc_rg, bv[g], w);
+        if V::Q_PAIRS {
+            // the codes' even and odd bytes apart, then each row's two i16 pairs
+            let mut bv = [(V::q_zero(), V::q_zero()); G];
+            for (g, v) in bv.iter_mut().enumerate() {
+                let o = g * gstride + q * l4;
+                *v = V::q_split(V::q_load(unsafe { b.get_unchecked(o..o + l4) }));
+            }
+            for (r, acc_r) in acc.iter_mut().enumerate() {
+                let o = r * ka + 8 * q;
+                let (even, odd) = (word(o), word(o + 4));
+                for (g, acc_rg) in acc_r.iter_mut().enumerate() {
+                    *acc_rg = V::q_dot16(V::q_dot16(*acc_rg, bv[g].0, even), bv[g].1, odd);
+                }
+            }
+        } else {
+            let mut bv = [V::q_zero(); G];
+            for (g, v) in bv.iter_mut().enumerate() {
+                let o = g * gstride + q * l4;
+                *v = V::q_load(unsafe { b.get_unchecked(o..o + l4) });
+            }
+            for (r, acc_r) in acc.iter_mut().enumerate() {
+                let w = word(r * ka + 4 * q);
+                for (g, acc_rg) in acc_r.iter_mut().enumerate() {
+                    *acc_rg = V::q_dot8(*acc_rg, bv[g], w);
+                }
             }
         }
     }
@@ -327,10 +374,14 @@ pub fn qgemm_rows<V: VF32>(
     const R: usize = 4;
     let (g, l) = (p.g, V::LANES);
     assert!(
-        g.lanes == l && r1 <= p.m && p.a.len() >= p.m * g.kp() && p.b.len() >= g.packed_len(),
+        g.lanes == l
+            && g.pairs == V::Q_PAIRS
+            && r1 <= p.m
+            && p.a.len() >= p.m * g.ka()
+            && p.b.len() >= g.packed_len(),
         "qgemm_rows: {g:?} on {l} lanes"
     );
-    let (kp, kq, groups) = (g.kp(), g.kq(), g.groups());
+    let (ka, kq, groups) = (g.ka(), g.kq(), g.groups());
     let gstride = kq * l * 4;
     // column blocks whose packed bytes stay in the L2 cache while every row passes over them
     let gb = (QGEMM_BLOCK_BYTES / gstride.max(1)).max(2);
@@ -346,7 +397,7 @@ pub fn qgemm_rows<V: VF32>(
                 let b = &p.b[gi * gstride..];
                 macro_rules! run {
                     ($R:literal, $G:literal) => {{
-                        let acc = tile::<V, $R, $G>(&p.a[i * kp..], kp, b, gstride, kq);
+                        let acc = tile::<V, $R, $G>(&p.a[i * ka..], ka, b, gstride, kq);
                         for (r, acc_r) in acc.iter().enumerate() {
                             for (gg, a) in acc_r.iter().enumerate() {
                                 let j0 = (gi + gg) * l;

@@ -1382,17 +1382,13 @@ fn integer_products_are_exact_with_zero_points_on_every_isa() {
             if !q4_runs_on(isa) {
                 continue;
             }
-            let g = QGeom {
-                lanes: isa_lanes(isa),
-                k,
-                n,
-            };
+            let g = qgeom(isa, k, n);
             let mut bp = alloc::vec![0u8; g.packed_len()];
             let mut colsum = alloc::vec![0i32; g.np()];
             qcols_pack(&g, &b, n, 0, &mut bp, Some(&mut colsum));
-            let mut ap = alloc::vec![0u8; m * g.kp()];
+            let mut ap = alloc::vec![0u8; m * g.ka()];
             let mut rowsum = alloc::vec![0i32; m];
-            qrows_pack(&a, m, k, k, 0, g.kp(), &mut ap, &mut rowsum);
+            qrows_pack(&g, &a, m, k, 0, &mut ap, &mut rowsum);
             let p = QGemm {
                 m,
                 g,

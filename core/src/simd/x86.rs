@@ -202,6 +202,16 @@ impl VF32 for Avx2 {
             _mm256_add_epi32(acc, s)
         }
     }
+    const Q_PAIRS: bool = true;
+    #[inline(always)]
+    fn q_split(codes: __m256i) -> (__m256i, __m256i) {
+        unsafe {
+            (
+                _mm256_and_si256(codes, _mm256_set1_epi16(0xff)),
+                _mm256_srli_epi16::<8>(codes),
+            )
+        }
+    }
     #[inline(always)]
     fn q_load(b: &[u8]) -> __m256i {
         let b = &b[..32];

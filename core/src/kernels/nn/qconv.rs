@@ -10,7 +10,7 @@
 use alloc::borrow::Cow;
 
 use super::*;
-use crate::simd::{qcols_pack, qrows_pack, QEpi, QGemm, QGeom, QOut, QVec};
+use crate::simd::{qcols_pack, qrows_pack, Isa, QEpi, QGemm, QGeom, QOut, QVec};
 
 /// The bytes of an int8 or uint8 tensor (int8 as bit patterns), and whether it is int8.
 pub(crate) fn q8_bytes(t: &Tensor) -> Result<(Cow<'_, [u8]>, bool)> {
@@ -53,30 +53,31 @@ fn zero_points(zp: Option<&Tensor>, dt: DataType, m: usize) -> Result<Vec<i32>> 
 /// the centered values as f32 (grouped).
 enum QWeights {
     Rows {
-        /// `m` rows of `kp` bytes (int8; uint8 weights moved by -128).
+        /// `m` rows of `ka` bytes (int8; uint8 weights moved by -128), packed by
+        /// [`qrows_pack`] for the product's ISA.
         rows: Vec<u8>,
         /// Each row's sum.
         sums: Vec<i32>,
         /// Each row's zero point, moved like the weights.
         zp: Vec<i32>,
         k: usize,
-        kp: usize,
+        ka: usize,
     },
     Centered(Vec<f32>),
 }
 
 impl QWeights {
-    fn new(w: &Tensor, wzp: Option<&Tensor>, group: usize, lanes: usize) -> Result<QWeights> {
+    fn new(w: &Tensor, wzp: Option<&Tensor>, group: usize, isa: Isa) -> Result<QWeights> {
         let m = w.shape()[0];
         let k = w.len().checked_div(m).unwrap_or(0);
         let (wb, signed) = q8_bytes(w)?;
         let zp = zero_points(wzp, w.dtype(), m)?;
         if group == 1 {
             let flip = if signed { 0 } else { 0x80 };
-            let kp = QGeom { lanes, k, n: 1 }.kp();
-            let mut rows = vec![0u8; m * kp];
+            let g = simd::qgeom(isa, k, 1);
+            let mut rows = vec![0u8; m * g.ka()];
             let mut sums = vec![0i32; m];
-            qrows_pack(&wb, m, k, k, flip, kp, &mut rows, &mut sums);
+            qrows_pack(&g, &wb, m, k, flip, &mut rows, &mut sums);
             let zp = zp
                 .iter()
                 .map(|&z| if signed { z } else { z - 128 })
@@ -86,7 +87,7 @@ impl QWeights {
                 sums,
                 zp,
                 k,
-                kp,
+                ka: g.ka(),
             })
         } else {
             let per = k;
@@ -110,9 +111,9 @@ impl QWeights {
     }
 }
 
-/// Weights prepared at load: the keys of the weight and of its zero point, the vector lanes
-/// they were packed for, and the result.
-type Prepared = ((usize, usize), Option<(usize, usize)>, usize, QWeights);
+/// Weights prepared at load: the keys of the weight and of its zero point, the instruction
+/// set they were packed for, and the result.
+type Prepared = ((usize, usize), Option<(usize, usize)>, Isa, QWeights);
 
 /// QLinearConv (`qlinear`) or ConvInteger.
 pub(super) struct QConv {
@@ -153,8 +154,8 @@ impl Kernel for QConv {
         if w.rank() < 3 || !matches!(w.dtype(), DataType::Int8 | DataType::Uint8) {
             return 0;
         }
-        let lanes = simd::q4_isa().1;
-        let Ok(qw) = QWeights::new(w, c(zi), self.group, lanes) else {
+        let isa = simd::q4_isa().0;
+        let Ok(qw) = QWeights::new(w, c(zi), self.group, isa) else {
             return 0;
         };
         let Some(wk) = q8_key(w) else { return 0 };
@@ -166,7 +167,7 @@ impl Kernel for QConv {
             None => None,
         };
         let bytes = qw.bytes();
-        self.packed = Some((wk, zk, lanes, qw));
+        self.packed = Some((wk, zk, isa, qw));
         bytes
     }
 
@@ -182,16 +183,16 @@ impl Kernel for QConv {
             None
         };
         let cs = conv_shape(&self.sp, self.group, x.shape(), w.shape(), bias)?;
-        let (q_isa, lanes) = simd::q4_isa();
+        let q_isa = simd::q4_isa().0;
         let owned;
         let qw = match &self.packed {
-            Some((wk, zk, l, qw))
-                if *l == lanes && q8_key(w) == Some(*wk) && wzp.map(q8_key) == zk.map(Some) =>
+            Some((wk, zk, i, qw))
+                if *i == q_isa && q8_key(w) == Some(*wk) && wzp.map(q8_key) == zk.map(Some) =>
             {
                 qw
             }
             _ => {
-                owned = QWeights::new(w, wzp, self.group, lanes)?;
+                owned = QWeights::new(w, wzp, self.group, q_isa)?;
                 &owned
             }
         };
@@ -263,7 +264,7 @@ impl Kernel for QConv {
                 sums,
                 zp: wz,
                 k,
-                kp,
+                ka,
             } => {
                 let g = cs.g.simplified();
                 let k = *k;
@@ -273,12 +274,8 @@ impl Kernel for QConv {
                 } else {
                     (0, xz)
                 };
-                let qg = QGeom {
-                    lanes,
-                    k,
-                    n: out_plane,
-                };
-                debug_assert_eq!(qg.kp(), *kp);
+                let qg = simd::qgeom(q_isa, k, out_plane);
+                debug_assert_eq!(qg.ka(), *ka);
                 let direct = g.k.iter().all(|&v| v == 1)
                     && g.s.iter().all(|&v| v == 1)
                     && g.pb.iter().all(|&v| v == 0);
@@ -454,9 +451,8 @@ pub(crate) fn qcols_pack_par(
         let (g0, g1) = (ti * per, ((ti + 1) * per).min(groups));
         let c0 = g0 * g.lanes;
         let sub = QGeom {
-            lanes: g.lanes,
-            k: g.k,
             n: (g1 * g.lanes).min(g.n) - c0,
+            ..*g
         };
         // SAFETY: tasks cover disjoint group ranges, [g0, g1) groups of packed bytes and
         // columns [c0, c0 + sub.n) of the sums, inside `out` and `sums` (checked above and by
