@@ -14,10 +14,16 @@ Between one runtime's timing and the next the script idles --settle seconds (0.3
 Runtime's workers spin after a run, and at 2 threads on 2 cores the runtime timed right after
 it would otherwise share the cores with them (nxrt's small models measured up to 1.5x slower).
 
+Every runtime runs on the same cores: the script pins itself (and so ONNX Runtime and the nxrt
+processes it starts) to the last THREADS cores it may use (--cpus overrides; --cpus all pins
+nothing). On a shared virtual machine one core can run a model 1.8x slower than the other for
+minutes when a neighbour loads it; unpinned, each process lands where it happens to, and the
+ratio measures the cores rather than the runtimes.
+
 Models in the quantized set's layout (--dir $NXRT_CACHE/quant) work too; where a model's folder
 holds `ort_anchor.onnx` (MXFP4, which ONNX Runtime cannot run), ORT times that instead.
 
-usage: bench_vs_ort.py [--threads 1] [--settle 0.3] [--reps 5] [--runs 10] [--only a,b] [--dir DIR] [--nxrt target/release/nxrt] [--base BIN]
+usage: bench_vs_ort.py [--threads 1] [--cpus LIST|all] [--settle 0.3] [--reps 5] [--runs 10] [--only a,b] [--dir DIR] [--nxrt target/release/nxrt] [--base BIN]
 Run with the corpus venv's python ($NXRT_CACHE/corpus-venv/bin/python), which has onnxruntime.
 """
 import argparse, json, math, os, statistics, subprocess, sys, time
@@ -65,10 +71,21 @@ def main():
                          "from ../shared/bench/make_micro.py)")
     ap.add_argument("--nxrt", default=os.path.join(os.path.dirname(__file__), "..", "target", "release", "nxrt"))
     ap.add_argument("--base", default=None, help="a base nxrt binary, timed in the same rounds")
+    ap.add_argument("--cpus", default=None,
+                    help="comma-separated cores to pin to (default: the last THREADS allowed), or all")
     a = ap.parse_args()
+    allowed = sorted(os.sched_getaffinity(0))
+    if a.cpus == "all":
+        pinned = allowed
+    elif a.cpus:
+        pinned = [int(c) for c in a.cpus.split(",")]
+    else:
+        pinned = allowed[-max(1, a.threads):]
+    os.sched_setaffinity(0, pinned)
     root = a.dir or os.path.join(os.environ.get("NXRT_CACHE", os.path.expanduser("~/.cache/nxrt")), "corpus")
     models = corpus_models(a.only, root)
-    print(f"threads={a.threads} reps={a.reps} runs/rep={a.runs} warmup={a.warmup} (medians; ratio = nxrt/ORT)\n")
+    print(f"threads={a.threads} cpus={','.join(map(str, pinned))} reps={a.reps} runs/rep={a.runs} "
+          f"warmup={a.warmup} (medians; ratio = nxrt/ORT)\n")
     if a.base:
         print("| model | case | ORT ms | nxrt ms | nxrt/ORT | base ms | base/ORT | nxrt/base |")
         print("|---|---|---:|---:|---:|---:|---:|---:|")

@@ -512,107 +512,6 @@ fn im2col<T: Copy + Send + Sync>(
     });
 }
 
-/// [`im2col`] of every output position of a 1- or 2-D geometry (false, writing nothing,
-/// for more axes): a patch row's valid output columns are the same in every output row, so
-/// each output row of it is at most two short fills and one copy or strided gather, with
-/// fixed-size copies inline (a generic run's `memcpy` and `memset` calls cost more than the
-/// bytes for the short rows of small feature maps).
-fn im2col_planar<T: Copy + Send + Sync>(
-    cpu: &dyn CpuBackend,
-    x: &[T],
-    g: &Geom,
-    col: &mut [T],
-    zero: T,
-) -> bool {
-    let nd = g.nd();
-    if !(1..=2).contains(&nd) {
-        return false;
-    }
-    // as 2-D: [H, W] with a unit H for 1-D
-    let at = |v: &[usize], i: usize, one: usize| {
-        if nd == 2 {
-            v[i]
-        } else if i == 0 {
-            one
-        } else {
-            v[0]
-        }
-    };
-    let (ih, iw) = (at(&g.inp, 0, 1), at(&g.inp, 1, 1));
-    let (oh, ow) = (at(&g.out, 0, 1), at(&g.out, 1, 1));
-    let (kh, kw) = (at(&g.k, 0, 1), at(&g.k, 1, 1));
-    let (sh, sw) = (at(&g.s, 0, 1), at(&g.s, 1, 1));
-    let (dh, dw) = (at(&g.d, 0, 1), at(&g.d, 1, 1));
-    let (ph, pw) = if nd == 2 {
-        (g.pb[0], g.pb[1])
-    } else {
-        (0, g.pb[0])
-    };
-    let plane = ih * iw;
-    let ncols = oh * ow;
-    if ncols == 0 {
-        return true;
-    }
-    let rows_per_task = (16384 / ncols).max(1);
-    par_chunks_mut(cpu, col, rows_per_task * ncols, 1, &|q, chunk| {
-        for (ri, row) in chunk.chunks_mut(ncols).enumerate() {
-            let r = q * rows_per_task + ri;
-            let (c, ky, kx) = (r / (kh * kw), (r / kw) % kh, r % kw);
-            let off = (kx * dw) as isize - pw;
-            let (lo, hi) = valid_range(0, ow, sw, off, iw);
-            for (oy, dst) in row.chunks_exact_mut(ow).enumerate() {
-                let iy = (oy * sh + ky * dh) as isize - ph;
-                if iy < 0 || iy >= ih as isize || lo == hi {
-                    dst.fill(zero);
-                    continue;
-                }
-                for v in &mut dst[..lo] {
-                    *v = zero;
-                }
-                for v in &mut dst[hi..] {
-                    *v = zero;
-                }
-                let src = &x[c * plane + iy as usize * iw..][..iw];
-                let start = (lo * sw) as isize + off;
-                let d = &mut dst[lo..hi];
-                if sw == 1 {
-                    copy_short(d, &src[start as usize..start as usize + (hi - lo)]);
-                } else {
-                    for (dv, &xv) in d.iter_mut().zip(src[start as usize..].iter().step_by(sw)) {
-                        *dv = xv;
-                    }
-                }
-            }
-        }
-    });
-    true
-}
-
-/// `d.copy_from_slice(s)` in fixed-size pieces (inline moves, no `memcpy` call) for the
-/// short rows of [`im2col_planar`].
-#[inline(always)]
-fn copy_short<T: Copy>(d: &mut [T], s: &[T]) {
-    const P: usize = 16;
-    let n = d.len();
-    if n < P {
-        for (dv, &sv) in d.iter_mut().zip(s) {
-            *dv = sv;
-        }
-        return;
-    }
-    let mut i = 0;
-    while i + P <= n {
-        let dd: &mut [T; P] = (&mut d[i..i + P]).try_into().expect("P elements");
-        *dd = s[i..i + P].try_into().expect("P elements");
-        i += P;
-    }
-    if i < n {
-        // the last P elements again (overlapping what was copied: the same values)
-        let dd: &mut [T; P] = (&mut d[n - P..]).try_into().expect("P elements");
-        *dd = s[n - P..].try_into().expect("P elements");
-    }
-}
-
 /// The patches of a 1-D convolution without dilation whose windows for output positions
 /// `p0..p0+ncols` lie inside the input (no padding read): each channel's windows are rows of
 /// the input at the stride's step, so its block of patch rows is their transpose, taken a
@@ -5204,9 +5103,9 @@ mod im2col_tests {
     use crate::kernels::test_util::ThreadedCpu;
 
     #[test]
-    fn planar_patches_are_the_general_ones() {
-        // 1- and 2-D, strides, dilations, pads on every side (wider than the kernel too),
-        // rows narrower and wider than the inline copy's 16
+    fn packed_patches_are_im2col_then_the_packer() {
+        // 1-, 2- and 3-D, strides, dilations, pads on every side (wider than the kernel too),
+        // output rows narrower and wider than a column group, K not a whole number of quads
         // input, kernel, strides, dilations, pads at the start and at the end
         type Case<'a> = (
             &'a [usize],
@@ -5216,7 +5115,7 @@ mod im2col_tests {
             &'a [isize],
             &'a [isize],
         );
-        let cases: [Case<'_>; 7] = [
+        let cases: [Case<'_>; 8] = [
             (&[76, 32], &[1, 3], &[1, 1], &[1, 1], &[0, 1], &[0, 1]),
             (&[76, 32], &[3, 1], &[1, 1], &[1, 1], &[0, 0], &[0, 0]),
             (&[23, 29], &[3, 3], &[2, 2], &[1, 1], &[1, 1], &[1, 1]),
@@ -5224,6 +5123,14 @@ mod im2col_tests {
             (&[7, 7], &[5, 5], &[1, 1], &[1, 1], &[6, 6], &[6, 6]),
             (&[50], &[7], &[2], &[1], &[3], &[2]),
             (&[5, 3], &[1, 1], &[1, 1], &[1, 1], &[0, 0], &[0, 0]),
+            (
+                &[4, 5, 6],
+                &[2, 3, 2],
+                &[1, 2, 1],
+                &[1, 1, 2],
+                &[1, 0, 1],
+                &[0, 1, 2],
+            ),
         ];
         for (inp, k, s, d, pb, pe) in cases {
             let c = 3;
@@ -5245,29 +5152,33 @@ mod im2col_tests {
             let x: Vec<u8> = (0..c * plane).map(|i| (i * 7 % 251) as u8).collect();
             let ncols: usize = out.iter().product();
             let rows = c * k.iter().product::<usize>();
-            let mut want = alloc::vec![0u8; rows * ncols];
-            im2col(&ThreadedCpu, &x, &g, 0, ncols, &mut want, 9);
-            let mut got = alloc::vec![1u8; rows * ncols];
-            assert!(im2col_planar(&ThreadedCpu, &x, &g, &mut got, 9));
-            assert_eq!(
-                got, want,
-                "{inp:?} k {k:?} s {s:?} d {d:?} pads {pb:?} {pe:?}"
-            );
+            let mut col = alloc::vec![0u8; rows * ncols];
+            im2col(&ThreadedCpu, &x, &g, 0, ncols, &mut col, 9);
+            for (lanes, flip) in [(4, 0), (8, 0x80), (16, 0x80)] {
+                let qg = crate::simd::QGeom {
+                    lanes,
+                    pairs: false,
+                    k: rows,
+                    n: ncols,
+                };
+                let mut want = alloc::vec![0u8; qg.packed_len()];
+                let mut want_sums = alloc::vec![0i32; ncols];
+                crate::simd::qcols_pack(&qg, &col, ncols, flip, &mut want, Some(&mut want_sums));
+                // on 2 threads (the split by column groups) and on one
+                for cpu in [
+                    &ThreadedCpu as &dyn CpuBackend,
+                    &crate::provider::ReferenceCpu,
+                ] {
+                    let mut got = alloc::vec![1u8; qg.packed_len()];
+                    let mut sums = alloc::vec![-1i32; ncols];
+                    qconv::patches_pack_par(cpu, &g, &x, &qg, (flip, 9), &mut got, Some(&mut sums));
+                    let what = alloc::format!(
+                        "{inp:?} k {k:?} s {s:?} d {d:?} pads {pb:?} {pe:?}, {lanes} lanes"
+                    );
+                    assert_eq!(got, want, "{what}");
+                    assert_eq!(sums, want_sums, "{what}");
+                }
+            }
         }
-        let g = Geom {
-            inp: alloc::vec![2, 2, 2],
-            out: alloc::vec![2, 2, 2],
-            k: alloc::vec![1, 1, 1],
-            s: alloc::vec![1, 1, 1],
-            d: alloc::vec![1, 1, 1],
-            pb: alloc::vec![0, 0, 0],
-        };
-        assert!(!im2col_planar(
-            &ThreadedCpu,
-            &[0u8; 8],
-            &g,
-            &mut [0u8; 8],
-            0
-        ));
     }
 }

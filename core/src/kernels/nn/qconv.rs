@@ -280,7 +280,8 @@ impl Kernel for QConv {
                     && g.s.iter().all(|&v| v == 1)
                     && g.pb.iter().all(|&v| v == 0);
                 let in_plane: usize = g.inp.iter().product();
-                let mut col = simd::scratch::<u8>(if direct { 0 } else { k * out_plane });
+                // patches go straight into the packed layout
+                let patches = !direct;
                 let mut packed = simd::scratch::<u8>(qg.packed_len());
                 let cross = wz.iter().any(|&z| z != 0);
                 let mut colsum = vec![0i32; if cross { qg.np() } else { 0 }];
@@ -295,23 +296,12 @@ impl Kernel for QConv {
                 let nwz: Vec<i32> = wz.iter().map(|z| -z).collect();
                 for img in 0..n {
                     let xi = &xb[img * cs.c * in_plane..(img + 1) * cs.c * in_plane];
-                    let src: &[u8] = if direct {
-                        xi
+                    let sums = cross.then_some(&mut colsum[..]);
+                    if patches {
+                        patches_pack_par(cx.cpu, &g, xi, &qg, (flip, xz as u8), &mut packed, sums);
                     } else {
-                        if !im2col_planar(cx.cpu, xi, &g, &mut col, xz as u8) {
-                            im2col(cx.cpu, xi, &g, 0, out_plane, &mut col, xz as u8);
-                        }
-                        &col
-                    };
-                    qcols_pack_par(
-                        cx.cpu,
-                        &qg,
-                        src,
-                        out_plane,
-                        flip,
-                        &mut packed,
-                        cross.then_some(&mut colsum[..]),
-                    );
+                        qcols_pack_par(cx.cpu, &qg, xi, out_plane, flip, &mut packed, sums);
+                    }
                     let p = QGemm {
                         m,
                         g: qg,
@@ -434,38 +424,326 @@ pub(crate) fn qcols_pack_par(
     out: &mut [u8],
     sums: Option<&mut [i32]>,
 ) {
-    let (groups, gbytes) = (g.groups(), g.kq() * g.lanes * 4);
-    let t = cpu.threads().max(1);
-    if t == 1 || groups < 2 || g.k == 0 {
-        return qcols_pack(g, src, ld, flip, out, sums);
-    }
-    // a few tasks per thread, as whole groups
-    let per = groups.div_ceil(2 * t).max(1);
-    let tasks = groups.div_ceil(per);
-    let (out_p, sums_p) = (
-        SyncPtr(out.as_mut_ptr()),
-        sums.map(|s| (SyncPtr(s.as_mut_ptr()), s.len())),
-    );
-    assert!(out.len() >= g.packed_len());
-    cpu.parallel_for_work(tasks, g.k * g.n, &|ti| {
-        let (g0, g1) = (ti * per, ((ti + 1) * per).min(groups));
+    pack_groups_par(cpu, g, out, sums, &|(g0, g1), o, s| {
         let c0 = g0 * g.lanes;
         let sub = QGeom {
             n: (g1 * g.lanes).min(g.n) - c0,
             ..*g
         };
+        qcols_pack(&sub, &src[c0..], ld, flip, o, s);
+    });
+}
+
+/// A packer of column groups `g0..g1` of `g`'s operand: it writes their packed bytes from
+/// the start of its slice, and their column sums from the start of the other (when given).
+type GroupPacker<'a> = dyn Fn((usize, usize), &mut [u8], Option<&mut [i32]>) + Sync + 'a;
+
+/// Runs `pack` over `g`'s column groups, split between the backend's threads (a few tasks
+/// per thread, as whole groups).
+fn pack_groups_par(
+    cpu: &dyn CpuBackend,
+    g: &QGeom,
+    out: &mut [u8],
+    sums: Option<&mut [i32]>,
+    pack: &GroupPacker<'_>,
+) {
+    let (groups, gbytes) = (g.groups(), g.kq() * g.lanes * 4);
+    assert!(out.len() >= g.packed_len() && sums.as_ref().is_none_or(|s| s.len() >= g.n));
+    let t = cpu.threads().max(1);
+    if t == 1 || groups < 2 || g.k == 0 {
+        return pack((0, groups), out, sums);
+    }
+    let per = groups.div_ceil(2 * t).max(1);
+    let tasks = groups.div_ceil(per);
+    let (out_p, sums_p) = (
+        SyncPtr(out.as_mut_ptr()),
+        sums.map(|s| SyncPtr(s.as_mut_ptr())),
+    );
+    cpu.parallel_for_work(tasks, g.k * g.n, &|ti| {
+        let (g0, g1) = (ti * per, ((ti + 1) * per).min(groups));
+        let c0 = g0 * g.lanes;
         // SAFETY: tasks cover disjoint group ranges, [g0, g1) groups of packed bytes and
-        // columns [c0, c0 + sub.n) of the sums, inside `out` and `sums` (checked above and by
-        // qcols_pack's own assertion), which stay borrowed until parallel_for_work returns.
+        // columns [c0, min(g1 * lanes, n)) of the sums, inside `out` and `sums` (asserted
+        // above), which stay borrowed until parallel_for_work returns.
         let o = unsafe {
             core::slice::from_raw_parts_mut(out_p.get().add(g0 * gbytes), (g1 - g0) * gbytes)
         };
-        let s = sums_p.as_ref().map(|(p, len)| {
-            assert!(c0 + sub.n <= *len);
-            unsafe { core::slice::from_raw_parts_mut(p.get().add(c0), sub.n) }
+        let s = sums_p.as_ref().map(|p| unsafe {
+            core::slice::from_raw_parts_mut(p.get().add(c0), (g1 * g.lanes).min(g.n) - c0)
         });
-        qcols_pack(&sub, &src[c0..], ld, flip, o, s);
+        pack((g0, g1), o, s);
     });
+}
+
+/// The patch matrix of one image `x` (what [`im2col`] gives for geometry `geo`) packed
+/// straight into the quad layout of `g`, each byte `xor flip` and padding `pad` (the bytes
+/// im2col then [`qcols_pack`] give), with its column sums when `sums` is given; the column
+/// groups split between the backend's threads. The matrix is never written out whole: 1-D
+/// and 2-D geometries read each column group's bytes from the input ([`Patches`]), others
+/// take a quad of patch rows at a time through a buffer that stays in the L1 cache.
+pub(super) fn patches_pack_par(
+    cpu: &dyn CpuBackend,
+    geo: &Geom,
+    x: &[u8],
+    g: &QGeom,
+    flip_pad: (u8, u8),
+    out: &mut [u8],
+    sums: Option<&mut [i32]>,
+) {
+    let kk: usize = geo.k.iter().product();
+    let direct = Patches::new(geo, g.k / kk.max(1));
+    pack_groups_par(cpu, g, out, sums, &|r, o, s| {
+        macro_rules! lanes {
+            ($L:literal) => {
+                match &direct {
+                    Some(p) => p.pack::<$L>(x, g, flip_pad, r, o, s),
+                    None => patches_pack::<$L>(geo, x, g, flip_pad, r, o, s),
+                }
+            };
+        }
+        match g.lanes {
+            4 => lanes!(4),
+            8 => lanes!(8),
+            16 => lanes!(16),
+            l => unreachable!("{l} lanes"),
+        }
+    });
+}
+
+/// Column groups `g0..g1` of [`patches_pack_par`], from `out[0]` and `sums[0]`, for any
+/// geometry: a quad of patch rows at a time through the buffer.
+fn patches_pack<const L: usize>(
+    geo: &Geom,
+    x: &[u8],
+    g: &QGeom,
+    (flip, pad): (u8, u8),
+    (g0, g1): (usize, usize),
+    out: &mut [u8],
+    mut sums: Option<&mut [i32]>,
+) {
+    let (k, kq) = (g.k, g.kq());
+    let p0 = g0 * L;
+    let (ncols, np) = ((g1 * L).min(g.n) - p0, (g1 - g0) * L);
+    assert!(g.lanes == L && out.len() >= (g1 - g0) * kq * L * 4);
+    let tile = PatchTile::new(geo, p0, ncols);
+    // four patch rows of the task's columns; columns past the last and rows past K hold
+    // `flip` (zero once flipped)
+    let mut buf = vec![flip; 4 * np];
+    if let Some(s) = sums.as_deref_mut() {
+        s[..ncols].fill(0);
+    }
+    let f = u32::from_le_bytes([flip; 4]);
+    for q in 0..kq {
+        for (t, row) in buf.chunks_exact_mut(np).enumerate() {
+            let r = 4 * q + t;
+            if r < k {
+                im2col_row(x, geo, &tile, r, &mut row[..ncols], pad);
+            } else {
+                row.fill(flip);
+            }
+        }
+        let (b0, rest) = buf.split_at(np);
+        let (b1, rest) = rest.split_at(np);
+        let (b2, b3) = rest.split_at(np);
+        for gl in 0..g1 - g0 {
+            let c0 = gl * L;
+            let rows: [&[u8; L]; 4] =
+                [b0, b1, b2, b3].map(|b| b[c0..c0 + L].try_into().expect("L bytes"));
+            // four rows of L bytes into L words of four bytes, flipped (vectorises: widen,
+            // shift, or, xor)
+            let mut wv = [0u32; L];
+            for (c, v) in wv.iter_mut().enumerate() {
+                *v = u32::from_le_bytes([rows[0][c], rows[1][c], rows[2][c], rows[3][c]]) ^ f;
+            }
+            let dst = &mut out[(gl * kq + q) * L * 4..][..L * 4];
+            for (d, v) in dst.chunks_exact_mut(4).zip(&wv) {
+                d.copy_from_slice(&v.to_le_bytes());
+            }
+            if let Some(s) = sums.as_deref_mut() {
+                let w = L.min(ncols.saturating_sub(c0));
+                for (cs, v) in s[c0..c0 + w].iter_mut().zip(&wv) {
+                    *cs += v.to_le_bytes().iter().map(|&b| b as i32).sum::<i32>();
+                }
+            }
+        }
+    }
+}
+
+/// Where the patch rows of a 1-D or 2-D convolution read (as 2-D, a unit H for 1-D): row
+/// `r` at output position `(oy, ox)` is `x[off + (oy sh - ph) iw + ox sw - pw]` with
+/// `off = chan + dy iw + dx` its channel's and tap's offset, `pad` outside the input.
+struct Patches {
+    ih: isize,
+    iw: isize,
+    ow: usize,
+    sh: isize,
+    sw: isize,
+    ph: isize,
+    pw: isize,
+    /// `(off, dy, dx)` per row.
+    rows: Vec<(isize, isize, isize)>,
+    /// The taps' extremes: `dy` and `dx` from the first to the last.
+    dy: (isize, isize),
+    dx: (isize, isize),
+}
+
+impl Patches {
+    /// `None` for other than 1 or 2 spatial axes.
+    fn new(g: &Geom, c: usize) -> Option<Patches> {
+        let nd = g.nd();
+        if !(1..=2).contains(&nd) {
+            return None;
+        }
+        let two = |v: &[usize]| if nd == 2 { (v[0], v[1]) } else { (1, v[0]) };
+        let ((ih, iw), (_, ow), (kh, kw)) = (two(&g.inp), two(&g.out), two(&g.k));
+        let ((sh, sw), (dh, dw)) = (two(&g.s), two(&g.d));
+        let (ph, pw) = if nd == 2 {
+            (g.pb[0], g.pb[1])
+        } else {
+            (0, g.pb[0])
+        };
+        let (ihs, iws) = (ih as isize, iw as isize);
+        let mut rows = Vec::with_capacity(c * kh * kw);
+        for ci in 0..c {
+            for ky in 0..kh {
+                for kx in 0..kw {
+                    let (dy, dx) = ((ky * dh) as isize, (kx * dw) as isize);
+                    rows.push(((ci * ih * iw) as isize + dy * iws + dx, dy, dx));
+                }
+            }
+        }
+        Some(Patches {
+            ih: ihs,
+            iw: iws,
+            ow,
+            sh: sh as isize,
+            sw: sw as isize,
+            ph,
+            pw,
+            rows,
+            dy: (0, ((kh.max(1) - 1) * dh) as isize),
+            dx: (0, ((kw.max(1) - 1) * dw) as isize),
+        })
+    }
+
+    /// Column groups `g0..g1` of [`patches_pack_par`], from `out[0]` and `sums[0]`.
+    fn pack<const L: usize>(
+        &self,
+        x: &[u8],
+        g: &QGeom,
+        (flip, pad): (u8, u8),
+        (g0, g1): (usize, usize),
+        out: &mut [u8],
+        mut sums: Option<&mut [i32]>,
+    ) {
+        let (k, n, kq) = (g.k, g.n, g.kq());
+        assert!(g.lanes == L && self.rows.len() == k && out.len() >= (g1 - g0) * kq * L * 4);
+        let f = u32::from_le_bytes([flip; 4]);
+        for gi in g0..g1 {
+            let j0 = gi * L;
+            let w = L.min(n - j0);
+            // each column's input position before the tap's offsets
+            let (mut y0, mut x0) = ([0isize; L], [0isize; L]);
+            for c in 0..w {
+                let (oy, ox) = ((j0 + c) / self.ow, (j0 + c) % self.ow);
+                y0[c] = oy as isize * self.sh - self.ph;
+                x0[c] = ox as isize * self.sw - self.pw;
+            }
+            // the whole group on one output row: each patch row's bytes are L input bytes
+            // `sw` apart; and with every tap inside the input
+            let sw = self.sw;
+            let run = w == L && j0 % self.ow + L <= self.ow;
+            let inner = run
+                && y0[0] + self.dy.0 >= 0
+                && y0[0] + self.dy.1 < self.ih
+                && x0[0] + self.dx.0 >= 0
+                && x0[0] + self.dx.1 + (L as isize - 1) * sw < self.iw;
+            let base = y0[0] * self.iw + x0[0];
+            let dst = &mut out[(gi - g0) * kq * L * 4..][..kq * L * 4];
+            let mut colsum = [0i32; L];
+            for (q, dq) in dst.chunks_exact_mut(L * 4).enumerate() {
+                let mut tmp = [[flip; L]; 4];
+                let b: [&[u8; L]; 4] = if inner && 4 * q + 4 <= k && sw == 1 {
+                    core::array::from_fn(|t| {
+                        let at = (base + self.rows[4 * q + t].0) as usize;
+                        x[at..at + L].try_into().expect("L bytes")
+                    })
+                } else if inner && 4 * q + 4 <= k {
+                    for (t, bt) in tmp.iter_mut().enumerate() {
+                        let at = (base + self.rows[4 * q + t].0) as usize;
+                        let src = &x[at..at + (L - 1) * sw as usize + 1];
+                        for (v, &xv) in bt.iter_mut().zip(src.iter().step_by(sw as usize)) {
+                            *v = xv;
+                        }
+                    }
+                    [&tmp[0], &tmp[1], &tmp[2], &tmp[3]]
+                } else {
+                    // gathered: pad outside the input; K padding is `flip`, zero once flipped
+                    let mut at = [None; 4];
+                    for (t, bt) in tmp.iter_mut().enumerate() {
+                        let Some(&(off, dy, dx)) = self.rows.get(4 * q + t) else {
+                            break;
+                        };
+                        let (iy, ix) = (y0[0] + dy, x0[0] + dx);
+                        if run {
+                            // the columns' input bytes are x[base + off + c sw] for c in
+                            // lo..hi (the c with 0 <= ix + c sw < iw)
+                            let lo = ceil_div(-ix, sw).clamp(0, L as isize) as usize;
+                            let hi =
+                                ceil_div(self.iw - ix, sw).clamp(lo as isize, L as isize) as usize;
+                            let b0 = base + off;
+                            if !(0..self.ih).contains(&iy) || lo == hi {
+                                bt.fill(pad);
+                            } else if lo == 0 && hi == L && sw == 1 {
+                                at[t] = Some(b0 as usize);
+                            } else {
+                                let b0 = (b0 + lo as isize * sw) as usize;
+                                bt.fill(pad);
+                                let src = x[b0..].iter().step_by(sw as usize);
+                                for (v, &xv) in bt[lo..hi].iter_mut().zip(src) {
+                                    *v = xv;
+                                }
+                            }
+                        } else {
+                            let chan = off - dy * self.iw - dx;
+                            for c in 0..w {
+                                let (iy, ix) = (y0[c] + dy, x0[c] + dx);
+                                bt[c] = if (0..self.ih).contains(&iy) && (0..self.iw).contains(&ix)
+                                {
+                                    x[(chan + iy * self.iw + ix) as usize]
+                                } else {
+                                    pad
+                                };
+                            }
+                            bt[w..].fill(flip);
+                        }
+                    }
+                    let tmp = &tmp;
+                    core::array::from_fn(|t| match at[t] {
+                        Some(a) => x[a..a + L].try_into().expect("L bytes"),
+                        None => &tmp[t],
+                    })
+                };
+                // four rows of L bytes into L words of four bytes, flipped (vectorises: widen,
+                // shift, or, xor)
+                let mut wv = [0u32; L];
+                for (c, v) in wv.iter_mut().enumerate() {
+                    *v = u32::from_le_bytes([b[0][c], b[1][c], b[2][c], b[3][c]]) ^ f;
+                }
+                for (d, v) in dq.chunks_exact_mut(4).zip(&wv) {
+                    d.copy_from_slice(&v.to_le_bytes());
+                }
+                if sums.is_some() {
+                    for (cs, v) in colsum.iter_mut().zip(&wv) {
+                        *cs += v.to_le_bytes().iter().map(|&b| b as i32).sum::<i32>();
+                    }
+                }
+            }
+            if let Some(s) = sums.as_deref_mut() {
+                s[j0 - g0 * L..j0 - g0 * L + w].copy_from_slice(&colsum[..w]);
+            }
+        }
+    }
 }
 
 /// Rows per task for splitting `m` output rows between the backend's threads (whole tiles of
