@@ -164,6 +164,20 @@ pub fn infer_node(node: &Node, ins: &[TypeInfo], cin: &[Option<&Tensor>]) -> Vec
                 }))]
             }
             ("ai.onnx.ml", "Normalizer") => vec![t(Some(DataType::Float), s0)],
+            // the QLinear element-wise ops: C's zero point's type (else A's)
+            ("com.microsoft", "QLinearAdd" | "QLinearMul") => {
+                let sh = match (s0, ins.get(3).and_then(shape)) {
+                    (Some(a), Some(b)) => Some(bcast(&a, &b)),
+                    _ => None,
+                };
+                vec![t(ins.get(7).and_then(dt).or(d0), sh)]
+            }
+            ("com.microsoft", "QLinearSigmoid" | "QLinearLeakyRelu") => {
+                vec![t(ins.get(4).and_then(dt).or(d0), s0)]
+            }
+            ("com.microsoft", "QLinearGlobalAveragePool") => {
+                vec![t(ins.get(4).and_then(dt).or(d0), None)]
+            }
             ("ai.onnx.ml", "LinearClassifier") => {
                 let lab = if node.attr("classlabels_strings").is_some() {
                     DataType::String
@@ -588,6 +602,17 @@ pub fn infer_node(node: &Node, ins: &[TypeInfo], cin: &[Option<&Tensor>]) -> Vec
             }
         }
         "Range" => vec![t(d0, Some(vec![Dim::Unknown]))],
+        // the integer convolutions and products: y_zero_point's type (else x's), or int32
+        "QLinearConv" => vec![t(
+            ins.get(7).and_then(dt).or(d0),
+            conv_shape(node, &s0, ins.get(3).and_then(shape)),
+        )],
+        "ConvInteger" => vec![t(
+            Some(DataType::Int32),
+            conv_shape(node, &s0, ins.get(1).and_then(shape)),
+        )],
+        "QLinearMatMul" => vec![t(ins.get(7).and_then(dt).or(d0), None)],
+        "MatMulInteger" => vec![t(Some(DataType::Int32), None)],
         "Conv" | "MaxPool" | "AveragePool" | "ConvTranspose" | "LpPool" => {
             let sh = conv_shape(node, &s0, ins.get(1).and_then(shape));
             let mut v = vec![t(d0, sh.clone())];
@@ -695,11 +720,16 @@ pub fn infer_node(node: &Node, ins: &[TypeInfo], cin: &[Option<&Tensor>]) -> Vec
     }
 }
 
+/// Convolutions whose output channels are their weight's first dimension.
+fn conv_like(op: &str) -> bool {
+    matches!(op, "Conv" | "QLinearConv" | "ConvInteger")
+}
+
 fn conv_shape(node: &Node, x: &Option<Vec<Dim>>, w: Option<Vec<Dim>>) -> Option<Vec<Dim>> {
     let Some(x) = x.as_ref() else {
         // X's shape unknown: a Conv's output still has W's rank and W's first dimension as
         // its channels (later ops, and the fusions that need a rank, keep knowing it)
-        let w = w.filter(|w| node.op_type == "Conv" && w.len() >= 3)?;
+        let w = w.filter(|w| conv_like(&node.op_type) && w.len() >= 3)?;
         let mut out = vec![Dim::Unknown; w.len()];
         out[1] = w[0].clone();
         return Some(out);
@@ -740,7 +770,7 @@ fn conv_shape(node: &Node, x: &Option<Vec<Dim>>, w: Option<Vec<Dim>>) -> Option<
     let auto_pad = node.get_s("auto_pad", "NOTSET").ok()?;
     let ceil = node.get_i("ceil_mode", 0).ok()? != 0;
     let channels = match op {
-        "Conv" => w.as_ref()?.first()?.clone(),
+        _ if conv_like(op) => w.as_ref()?.first()?.clone(),
         "ConvTranspose" => {
             let g = node.get_i("group", 1).ok()? as usize;
             match w.as_ref()?.get(1)? {

@@ -209,3 +209,90 @@ fn a_bias_at_another_scale_keeps_the_float_convolution() {
     assert!(ops.iter().any(|o| o == "Conv"), "{ops:?}");
     assert!(!ops.iter().any(|o| o == "QLinearConv"), "{ops:?}");
 }
+
+/// A QOperator-format hard-swish (ONNX Runtime's QOperator MobileNetV3): `QLinearConv ->
+/// DequantizeLinear -> HardSigmoid -> QuantizeLinear`, then com.microsoft `QLinearMul` of the
+/// convolution's codes and those. The table fusion needs the QLinear ops' output types from
+/// shape inference: without them the float HardSigmoid and its Q/DQ pair stayed.
+#[test]
+fn qoperator_outputs_feed_the_table_fusion() {
+    use nxrt_core::proto::{ModelProto, OperatorSetIdProto};
+    use prost::Message;
+    let (c, m) = (3usize, 8usize);
+    let w: Vec<i8> = xorshift_data(m * c * 9, 5)
+        .iter()
+        .map(|v| (v * 127.0) as i8)
+        .collect();
+    let mut conv = node(
+        "QLinearConv",
+        &["xq", "sx", "zx", "w", "sw", "zw", "sc", "zc"],
+        &["cq"],
+    );
+    conv.attribute = vec![
+        AttributeProto::ints("kernel_shape", &[3, 3]),
+        AttributeProto::ints("pads", &[1; 4]),
+    ];
+    let mut hs = node("HardSigmoid", &["cd"], &["h"]);
+    hs.attribute = vec![
+        AttributeProto::float("alpha", 1.0 / 6.0),
+        AttributeProto::float("beta", 0.5),
+    ];
+    let mut mul = node(
+        "QLinearMul",
+        &["cq", "sc", "zc", "hq", "sh", "zh", "sm", "zm"],
+        &["mq"],
+    );
+    mul.domain = "com.microsoft".into();
+    let graph = GraphProto {
+        node: vec![
+            node("QuantizeLinear", &["x", "sx", "zx"], &["xq"]),
+            conv,
+            node("DequantizeLinear", &["cq", "sc", "zc"], &["cd"]),
+            hs,
+            node("QuantizeLinear", &["h", "sh", "zh"], &["hq"]),
+            mul,
+            node("DequantizeLinear", &["mq", "sm", "zm"], &["y"]),
+        ],
+        initializer: vec![
+            scalar("sx", 0.0078),
+            u8s("zx", &[128]),
+            i8s("w", &[m as i64, c as i64, 3, 3], &w),
+            scalar("sw", 0.004),
+            i8s("zw", &[], &[0]),
+            scalar("sc", 0.021),
+            u8s("zc", &[100]),
+            scalar("sh", 1.0 / 255.0),
+            u8s("zh", &[0]),
+            scalar("sm", 0.017),
+            u8s("zm", &[20]),
+        ],
+        input: vec![vi("x", 1, &["1", &c.to_string(), "9", "9"])],
+        output: vec![vi("y", 1, &["1", &m.to_string(), "9", "9"])],
+        ..Default::default()
+    };
+    let bytes = ModelProto {
+        ir_version: 9,
+        opset_import: vec![
+            OperatorSetIdProto {
+                domain: String::new(),
+                version: 17,
+            },
+            OperatorSetIdProto {
+                domain: "com.microsoft".into(),
+                version: 1,
+            },
+        ],
+        graph: Some(graph),
+        ..Default::default()
+    }
+    .encode_to_vec();
+    let (want, plain) = run(&bytes, OptLevel::Basic, c);
+    let (got, ops) = run(&bytes, OptLevel::Extended, c);
+    assert!(plain.iter().any(|o| o == "HardSigmoid"), "{plain:?}");
+    assert!(ops.iter().any(|o| o == "QLookup"), "{ops:?}");
+    assert!(!ops.iter().any(|o| o == "HardSigmoid"), "{ops:?}");
+    // the table is the float ops' own arithmetic on each code: the same codes
+    for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+        assert_eq!(a, b, "at {i}");
+    }
+}
