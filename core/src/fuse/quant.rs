@@ -804,5 +804,132 @@ pub fn qdq_ops(g: &mut Graph) -> Result<usize> {
     }
     super::remove_nodes(g, &drop);
     remove_dead(g);
+    Ok(count + self_products(g)?)
+}
+
+/// com.microsoft QLinearMul/QLinearAdd of codes `x` and a table's answer for the same codes
+/// (`QLinearMul(x, QLookup(x))`: hard-swish as x times its hard-sigmoid), every scale and zero
+/// point a one-element constant, the table read by nothing else: one table, each code's
+/// answer computed by the QLinear kernel itself on the 256 codes and their looked-up values
+/// (so the same bytes as the two ops).
+fn self_products(g: &mut Graph) -> Result<usize> {
+    let readers = reader_counts(g);
+    let mut producer = vec![None; g.values.len()];
+    for (i, n) in g.nodes.iter().enumerate() {
+        for &o in n.outputs.iter().flatten() {
+            producer[o] = Some(i);
+        }
+    }
+    let lookup = |v: ValueId| -> Option<(usize, ValueId, &Tensor)> {
+        let li = producer[v]?;
+        let l = &g.nodes[li];
+        if l.op_type != "QLookup" || l.domain != crate::kernels::nn::nchwc::DOMAIN {
+            return None;
+        }
+        let t = const_of(g, l.inputs.get(1).copied().flatten()?)?;
+        (readers[v] == 1 && t.len() == 256).then_some((li, l.inputs[0]?, t))
+    };
+    let mut drop = vec![false; g.nodes.len()];
+    let mut tables: Vec<(usize, ValueId, Tensor)> = Vec::new();
+    for (ni, n) in g.nodes.iter().enumerate() {
+        let mul = match (n.domain.as_str(), n.op_type.as_str()) {
+            ("com.microsoft", "QLinearMul") => true,
+            ("com.microsoft", "QLinearAdd") => false,
+            _ => continue,
+        };
+        let inp = |k: usize| n.inputs.get(k).copied().flatten();
+        let (Some(a), Some(b)) = (inp(0), inp(3)) else {
+            continue;
+        };
+        // which operand is the table's answer for the other
+        let (li, table, a_is_x) = match (lookup(a), lookup(b)) {
+            (_, Some((li, x, t))) if x == a => (li, t, true),
+            (Some((li, x, t)), _) if x == b => (li, t, false),
+            _ => continue,
+        };
+        if drop[li] {
+            continue;
+        }
+        let dt = table.dtype();
+        if dtype_of(g, a) != Some(dt) || dtype_of(g, b) != Some(dt) {
+            continue;
+        }
+        let zp = |k: usize| match inp(k) {
+            None => Some(0.0),
+            Some(z) => {
+                let t = const_of(g, z)?;
+                (t.len() == 1 && t.dtype() == dt)
+                    .then(|| t.to_i64_vec().ok().map(|v| v[0] as f32))?
+            }
+        };
+        let (Some(sa), Some(sb), Some(sc), Some(za), Some(zb), Some(zc)) = (
+            scalar_const(g, inp(1)),
+            scalar_const(g, inp(4)),
+            scalar_const(g, inp(6)),
+            zp(2),
+            zp(5),
+            zp(7),
+        ) else {
+            continue;
+        };
+        let Ok(tb) = table.to_i64_vec() else { continue };
+        // the kernel's own parameters and arithmetic (kernels::qlinear)
+        let p = crate::simd::QBin {
+            mul,
+            za,
+            zb,
+            ra: if mul { sa * sb / sc } else { sa / sc },
+            rb: if mul { 0.0 } else { sb / sc },
+        };
+        let signed = dt == DataType::Int8;
+        let (lo, hi) = if signed {
+            (-128.0, 127.0)
+        } else {
+            (0.0, 255.0)
+        };
+        let codes: Vec<u8> = (0..=255u8).collect();
+        let looked: Vec<u8> = tb.iter().map(|&v| v as u8).collect();
+        let (av, bv) = if a_is_x {
+            (&codes, &looked)
+        } else {
+            (&looked, &codes)
+        };
+        let mut out = vec![0u8; 256];
+        crate::simd::qbinary_q8(
+            p,
+            av,
+            bv,
+            1,
+            signed,
+            crate::simd::Q8 { zp: zc, lo, hi },
+            &mut out,
+        );
+        let t = if signed {
+            Tensor::from_vec(
+                &[256],
+                out.into_iter().map(|b| b as i8).collect::<Vec<i8>>(),
+            )?
+        } else {
+            Tensor::from_vec(&[256], out)?
+        };
+        drop[li] = true;
+        tables.push((ni, if a_is_x { a } else { b }, t));
+    }
+    let count = tables.len();
+    for (ni, x, t) in tables {
+        let name = alloc::format!("{}/table", g.nodes[ni].name);
+        let v = new_value(g, name);
+        set_init(g, v, t);
+        let n = &mut g.nodes[ni];
+        n.op_type = "QLookup".into();
+        n.domain = crate::kernels::nn::nchwc::DOMAIN.into();
+        n.opset = 1;
+        n.inputs = vec![Some(x), Some(v)];
+        n.attrs = vec![];
+    }
+    if count > 0 {
+        super::remove_nodes(g, &drop);
+        remove_dead(g);
+    }
     Ok(count)
 }
