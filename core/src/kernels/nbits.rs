@@ -213,6 +213,9 @@ const W8_ROWS: usize = 12;
 const PANEL_COLS: usize = 64;
 /// Columns a task of the dequantizing path unpacks and multiplies at a time.
 const GEMM_PANEL_COLS: usize = 128;
+/// Columns a task of [`w8_gemm`] dequantizes and multiplies (rounded up to whole SGEMM
+/// panels).
+const W8_GEMM_COLS: usize = 64;
 
 struct MatMulNBits {
     k: usize,
@@ -280,6 +283,67 @@ fn w8_product(
     by_groups(cx, geom, m * p.n * k * 2, y, &|g, out, ld| {
         crate::simd::w8_rows_on(w.isa, p, &x, g, out, ld)
     });
+    true
+}
+
+/// `Y = A · Bᵀ` for many rows of A (a prompt, an encoder's tokens): the int8 weights
+/// dequantized a task's panel of columns at a time straight into the SGEMM's B panels (where
+/// they are still in cache when the SGEMM reads them), A packed once for every task; false
+/// (nothing written) where this machine's SGEMM panels do not hold whole groups of the packed
+/// lanes.
+fn w8_gemm(
+    cx: &KernelCx<'_>,
+    w: &W8Weights,
+    (a, m, k): (&[f32], usize, usize),
+    y: &mut [f32],
+) -> bool {
+    let p = &w.packed;
+    let n = p.n;
+    let nr = crate::simd::gemm_tile().1;
+    if nr % p.lanes != 0 || k > p.kp {
+        return false;
+    }
+    let mr = crate::simd::gemm_mr_for(m);
+    let ap = crate::simd::gemm::pack_a(m, k, a, k as isize, 1, mr);
+    let panel = W8_GEMM_COLS.div_ceil(nr) * nr;
+    let tasks = n.div_ceil(panel);
+    let yp = SyncPtr(y.as_mut_ptr());
+    cx.cpu
+        .parallel_for_work(tasks, m * n * k * 2 + n * k * 2, &|t| {
+            let (j0, j1) = (t * panel, ((t + 1) * panel).min(n));
+            let cols = j1 - j0;
+            let mut bp = crate::simd::scratch::<f32>(cols.div_ceil(nr) * k * nr);
+            crate::simd::w8_panels_on(w.isa, p, k, (j0, cols), nr, &mut bp);
+            let mut buf = crate::simd::scratch::<f32>(m * cols);
+            let gm = Gemm {
+                m,
+                n: cols,
+                k,
+                a_rs: 0,
+                a_cs: 0,
+                b_rs: 0,
+                b_cs: 0,
+                ldc: cols,
+                alpha: 1.0,
+                beta: 0.0,
+            };
+            let a = Operand::Panels {
+                data: &ap,
+                panel: mr,
+            };
+            let b = Operand::Panels {
+                data: &bp,
+                panel: nr,
+            };
+            let ok = crate::simd::sgemm_ops_checked(&gm, a, b, &mut buf);
+            debug_assert!(ok, "MatMulNBits: SGEMM operands fit by construction");
+            for r in 0..m {
+                // SAFETY: as in `direct_rows`: disjoint columns per task.
+                let dst =
+                    unsafe { core::slice::from_raw_parts_mut(yp.get().add(r * n + j0), cols) };
+                dst.copy_from_slice(&buf[r * cols..(r + 1) * cols]);
+            }
+        });
     true
 }
 
@@ -559,6 +623,20 @@ impl Kernel for MatMulNBits {
             *shape.last_mut().expect("rank >= 1") = n;
             let mut y = cx.output::<f32>(0, &shape)?;
             if w8_product(cx, w, (&a.as_slice::<f32>()?, m, k), &mut y) {
+                if let Some(bias) = bias {
+                    let bias = bias.as_slice::<f32>()?;
+                    for row in y.chunks_exact_mut(n) {
+                        row.iter_mut().zip(bias.iter()).for_each(|(y, b)| *y += b);
+                    }
+                }
+                return out1(y.into_tensor());
+            }
+        }
+        if let Some(w) = w8.filter(|_| m > W8_ROWS) {
+            let mut shape = a.shape().to_vec();
+            *shape.last_mut().expect("rank >= 1") = n;
+            let mut y = cx.output::<f32>(0, &shape)?;
+            if w8_gemm(cx, w, (&a.as_slice::<f32>()?, m, k), &mut y) {
                 if let Some(bias) = bias {
                     let bias = bias.as_slice::<f32>()?;
                     for row in y.chunks_exact_mut(n) {
@@ -1188,6 +1266,8 @@ mod tests {
             (super::W8_ROWS + 5, 100, 37, 4, 32, 1),
             (1, 700, 70, 8, 512, 0),
             (33, 64, 19, 8, 32, 0),
+            // an odd K, and columns over two of w8_gemm's tasks with a partial group
+            (20, 45, 150, 4, 16, 1),
         ] {
             let mut c = Case::new(m, k, n, bits, bs, 71 + m as u64);
             let mut r = Lcg(9);

@@ -307,6 +307,29 @@ pub fn w8_rows_on(
     q_dispatch!(isa, nbits::w8_rows(p: &W8Packed = p, a: &X16Rows = a, g: (usize, usize) = groups, y: &mut [f32] = y, l: usize = ldy));
 }
 
+/// Columns of int8 weights packed by [`w8_pack`] dequantized into SGEMM B panels `nr` wide
+/// (see [`nbits::w8_panels`]), on `isa`, which must satisfy [`q4_runs_on`] and be what `p`
+/// was packed for; `nr` a multiple of its lanes.
+pub fn w8_panels_on(
+    isa: Isa,
+    p: &W8Packed,
+    k: usize,
+    cols: (usize, usize),
+    nr: usize,
+    out: &mut [f32],
+) {
+    let l = isa_lanes(isa);
+    assert!(
+        q4_runs_on(isa) && p.lanes == l && nr % l == 0 && cols.0 % l == 0 && k <= p.kp,
+        "w8_panels_on: {isa:?}"
+    );
+    assert!(
+        out.len() >= cols.1.div_ceil(nr) * k * nr,
+        "w8_panels_on: output too short"
+    );
+    q_dispatch!(isa, nbits::w8_panels(p: &W8Packed = p, k: usize = k, c: (usize, usize) = cols, nr: usize = nr, out: &mut [f32] = out));
+}
+
 /// The integer products of [`qgemm::qgemm_rows`] on `isa` (which must satisfy
 /// [`q4_runs_on`], with `p.g.lanes` its lanes: see [`q4_isa`]): rows `r0..r1` into `out`.
 pub fn qgemm_rows_on(

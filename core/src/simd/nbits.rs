@@ -1003,3 +1003,66 @@ pub fn w8_rows<V: VF32>(
         gi += gc;
     }
 }
+
+/// Columns `j0..j0 + cols` of the weights `p` as floats `(code - zero point) * scale`, the
+/// first `k` rows, in the SGEMM's B panels of `nr` columns ([`super::Operand::Panels`]: element
+/// `(r, j)` at `(j / nr) * k * nr + r * nr + j % nr`, columns past N zero): what the float
+/// product of many rows reads, dequantized a few panels at a time so that they are still in
+/// cache when the SGEMM reads them. `j0` and `nr` are multiples of the packed lanes, which
+/// must be this vector type's; `out` holds `ceil(cols / nr) * k * nr` floats.
+#[inline(always)]
+pub fn w8_panels<V: VF32>(
+    p: &W8Packed,
+    k: usize,
+    (j0, cols): (usize, usize),
+    nr: usize,
+    out: &mut [f32],
+) {
+    let l = V::LANES;
+    debug_assert!(p.lanes == l && j0 % l == 0 && nr % l == 0 && k <= p.kp);
+    let (half, subs, sub) = (p.kp / 2, p.subs(), p.sub);
+    let (lo, hi) = (1u32, 1u32 << 16);
+    let per = nr / l;
+    for (pi, panel) in out
+        .chunks_exact_mut(k * nr)
+        .take(cols.div_ceil(nr))
+        .enumerate()
+    {
+        for h in 0..per {
+            let gi = (j0 + pi * nr) / l + h;
+            if gi * l >= p.n {
+                for r in 0..k {
+                    panel[r * nr + h * l..r * nr + (h + 1) * l].fill(0.0);
+                }
+                continue;
+            }
+            let codes = &p.codes[gi * half * 2 * l..(gi + 1) * half * 2 * l];
+            for sb in 0..subs {
+                let r0 = sb * sub;
+                if r0 >= k {
+                    break;
+                }
+                let at = (gi * subs + sb) * l;
+                let s = V::load(&p.scales[at..at + l]);
+                // rows r0.. in pairs: each load holds a pair's weights for the group's columns
+                let pairs = (sub.min(k - r0)) / 2;
+                for i in r0 / 2..r0 / 2 + pairs {
+                    let w = V::q_wide(&codes[i * 2 * l..(i + 1) * 2 * l]);
+                    let even = V::q_f32(V::q_dot16(V::q_zero(), w, lo)).mul(s);
+                    let odd = V::q_f32(V::q_dot16(V::q_zero(), w, hi)).mul(s);
+                    let o = 2 * i * nr + h * l;
+                    even.store(&mut panel[o..o + l]);
+                    odd.store(&mut panel[o + nr..o + nr + l]);
+                }
+                if r0 + 2 * pairs < k && 2 * pairs < sub {
+                    // an odd last row of K
+                    let i = r0 / 2 + pairs;
+                    let w = V::q_wide(&codes[i * 2 * l..(i + 1) * 2 * l]);
+                    let even = V::q_f32(V::q_dot16(V::q_zero(), w, lo)).mul(s);
+                    let o = 2 * i * nr + h * l;
+                    even.store(&mut panel[o..o + l]);
+                }
+            }
+        }
+    }
+}
