@@ -300,7 +300,7 @@ fn w8_gemm(
     let p = &w.packed;
     let n = p.n;
     let nr = crate::simd::gemm_tile().1;
-    if nr % p.lanes != 0 || k > p.kp {
+    if !nr.is_multiple_of(p.lanes) || k > p.kp {
         return false;
     }
     let mr = crate::simd::gemm_mr_for(m);

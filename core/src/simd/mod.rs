@@ -320,7 +320,11 @@ pub fn w8_panels_on(
 ) {
     let l = isa_lanes(isa);
     assert!(
-        q4_runs_on(isa) && p.lanes == l && nr % l == 0 && cols.0 % l == 0 && k <= p.kp,
+        q4_runs_on(isa)
+            && p.lanes == l
+            && nr.is_multiple_of(l)
+            && cols.0.is_multiple_of(l)
+            && k <= p.kp,
         "w8_panels_on: {isa:?}"
     );
     assert!(

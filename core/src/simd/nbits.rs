@@ -1019,7 +1019,7 @@ pub fn w8_panels<V: VF32>(
     out: &mut [f32],
 ) {
     let l = V::LANES;
-    debug_assert!(p.lanes == l && j0 % l == 0 && nr % l == 0 && k <= p.kp);
+    debug_assert!(p.lanes == l && j0.is_multiple_of(l) && nr.is_multiple_of(l) && k <= p.kp);
     let (half, subs, sub) = (p.kp / 2, p.subs(), p.sub);
     let (lo, hi) = (1u32, 1u32 << 16);
     let per = nr / l;
