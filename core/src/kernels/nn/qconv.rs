@@ -479,8 +479,10 @@ fn pack_groups_par(
 /// straight into the quad layout of `g`, each byte `xor flip` and padding `pad` (the bytes
 /// im2col then [`qcols_pack`] give), with its column sums when `sums` is given; the column
 /// groups split between the backend's threads. The matrix is never written out whole: 1-D
-/// and 2-D geometries read each column group's bytes from the input ([`Patches`]), others
-/// take a quad of patch rows at a time through a buffer that stays in the L1 cache.
+/// and 2-D geometries read each column group's bytes from the input ([`Patches`], through a
+/// padded copy of the image where the convolution pads, so that no read needs a bounds
+/// test), others take a quad of patch rows at a time through a buffer that stays in the L1
+/// cache.
 pub(super) fn patches_pack_par(
     cpu: &dyn CpuBackend,
     geo: &Geom,
@@ -491,12 +493,22 @@ pub(super) fn patches_pack_par(
     sums: Option<&mut [i32]>,
 ) {
     let kk: usize = geo.k.iter().product();
-    let direct = Patches::new(geo, g.k / kk.max(1));
+    let c = g.k / kk.max(1);
+    let direct = Patches::new(geo, c);
+    let mut padded = None;
+    if let Some(p) = &direct {
+        if p.pads {
+            let mut buf = simd::scratch::<u8>(c * p.ih * p.iw);
+            p.pad_image(geo, x, flip_pad.1, &mut buf);
+            padded = Some(buf);
+        }
+    }
+    let src: &[u8] = padded.as_deref().unwrap_or(x);
     pack_groups_par(cpu, g, out, sums, &|r, o, s| {
         macro_rules! lanes {
             ($L:literal) => {
                 match &direct {
-                    Some(p) => p.pack::<$L>(x, g, flip_pad, r, o, s),
+                    Some(p) => p.pack::<$L>(src, g, flip_pad.0, r, o, s),
                     None => patches_pack::<$L>(geo, x, g, flip_pad, r, o, s),
                 }
             };
@@ -569,22 +581,24 @@ fn patches_pack<const L: usize>(
     }
 }
 
-/// Where the patch rows of a 1-D or 2-D convolution read (as 2-D, a unit H for 1-D): row
-/// `r` at output position `(oy, ox)` is `x[off + (oy sh - ph) iw + ox sw - pw]` with
-/// `off = chan + dy iw + dx` its channel's and tap's offset, `pad` outside the input.
+/// Where the patch rows of a 1-D or 2-D convolution read (as 2-D, a unit H for 1-D), in an
+/// image whose planes are `ih x iw` and hold every tap of every output position: the input
+/// itself where the convolution does not pad, else a copy with the padding written in
+/// ([`Patches::pad_image`]). Row `r` at output position `(oy, ox)` is
+/// `x[rows[r] + oy sh iw + ox sw]`.
 struct Patches {
-    ih: isize,
-    iw: isize,
+    ih: usize,
+    iw: usize,
     ow: usize,
-    sh: isize,
-    sw: isize,
-    ph: isize,
-    pw: isize,
-    /// `(off, dy, dx)` per row.
-    rows: Vec<(isize, isize, isize)>,
-    /// The taps' extremes: `dy` and `dx` from the first to the last.
-    dy: (isize, isize),
-    dx: (isize, isize),
+    sh: usize,
+    sw: usize,
+    /// Whether the image is a padded copy (else the input, `ih x iw` its planes).
+    pads: bool,
+    /// The padding before the input along H and W (in the copy).
+    ph: usize,
+    pw: usize,
+    /// Each patch row's offset: its channel's plane, plus its tap's `dy iw + dx`.
+    rows: Vec<usize>,
 }
 
 impl Patches {
@@ -595,134 +609,131 @@ impl Patches {
             return None;
         }
         let two = |v: &[usize]| if nd == 2 { (v[0], v[1]) } else { (1, v[0]) };
-        let ((ih, iw), (_, ow), (kh, kw)) = (two(&g.inp), two(&g.out), two(&g.k));
+        let ((ih, iw), (oh, ow), (kh, kw)) = (two(&g.inp), two(&g.out), two(&g.k));
         let ((sh, sw), (dh, dw)) = (two(&g.s), two(&g.d));
         let (ph, pw) = if nd == 2 {
             (g.pb[0], g.pb[1])
         } else {
             (0, g.pb[0])
         };
-        let (ihs, iws) = (ih as isize, iw as isize);
+        // the extent the taps of every output position cover, from the first (padding
+        // included); negative leading pads (a crop) and extents past the input's end take the
+        // copy too
+        let span =
+            |o: usize, s: usize, k: usize, d: usize| (o.max(1) - 1) * s + (k.max(1) - 1) * d + 1;
+        let (eh, ew) = (span(oh, sh, kh, dh), span(ow, sw, kw, dw));
+        if ph < 0 || pw < 0 {
+            return None;
+        }
+        let pads = ph != 0 || pw != 0 || eh > ih || ew > iw;
+        let (ih, iw) = if pads { (eh, ew) } else { (ih, iw) };
         let mut rows = Vec::with_capacity(c * kh * kw);
         for ci in 0..c {
             for ky in 0..kh {
                 for kx in 0..kw {
-                    let (dy, dx) = ((ky * dh) as isize, (kx * dw) as isize);
-                    rows.push(((ci * ih * iw) as isize + dy * iws + dx, dy, dx));
+                    rows.push(ci * ih * iw + ky * dh * iw + kx * dw);
                 }
             }
         }
         Some(Patches {
-            ih: ihs,
-            iw: iws,
+            ih,
+            iw,
             ow,
-            sh: sh as isize,
-            sw: sw as isize,
-            ph,
-            pw,
+            sh,
+            sw,
+            pads,
+            ph: ph as usize,
+            pw: pw as usize,
             rows,
-            dy: (0, ((kh.max(1) - 1) * dh) as isize),
-            dx: (0, ((kw.max(1) - 1) * dw) as isize),
         })
     }
 
-    /// Column groups `g0..g1` of [`patches_pack_par`], from `out[0]` and `sums[0]`.
+    /// The padded copy of the image `x` (its planes `g`'s input extent) into `out`
+    /// (`c` planes of `ih x iw`): `pad` outside the input.
+    fn pad_image(&self, g: &Geom, x: &[u8], pad: u8, out: &mut [u8]) {
+        let (ih0, iw0) = if g.nd() == 2 {
+            (g.inp[0], g.inp[1])
+        } else {
+            (1, g.inp[0])
+        };
+        let plane = self.ih * self.iw;
+        for (ci, dst) in out.chunks_exact_mut(plane).enumerate() {
+            let srcp = &x[ci * ih0 * iw0..(ci + 1) * ih0 * iw0];
+            for (y, row) in dst.chunks_exact_mut(self.iw).enumerate() {
+                let iy = y as isize - self.ph as isize;
+                if !(0..ih0 as isize).contains(&iy) {
+                    row.fill(pad);
+                    continue;
+                }
+                let src = &srcp[iy as usize * iw0..(iy as usize + 1) * iw0];
+                // columns pw.. hold the input's, as far as the copy reaches
+                let p0 = self.pw.min(self.iw);
+                let n = iw0.min(self.iw - p0);
+                row[..p0].fill(pad);
+                row[p0..p0 + n].copy_from_slice(&src[..n]);
+                row[p0 + n..].fill(pad);
+            }
+        }
+    }
+
+    /// Column groups `g0..g1` of [`patches_pack_par`], from `out[0]` and `sums[0]`, reading
+    /// the image `x` this geometry describes (K's padding rows and the columns past N hold
+    /// `flip`, zero once flipped).
     fn pack<const L: usize>(
         &self,
         x: &[u8],
         g: &QGeom,
-        (flip, pad): (u8, u8),
+        flip: u8,
         (g0, g1): (usize, usize),
         out: &mut [u8],
         mut sums: Option<&mut [i32]>,
     ) {
         let (k, n, kq) = (g.k, g.n, g.kq());
         assert!(g.lanes == L && self.rows.len() == k && out.len() >= (g1 - g0) * kq * L * 4);
+        let (iw, sw) = (self.iw, self.sw);
+        // the last byte any patch row reads, for the one bounds check per group
+        let last_row = self.rows.last().copied().unwrap_or(0);
         let f = u32::from_le_bytes([flip; 4]);
         for gi in g0..g1 {
             let j0 = gi * L;
             let w = L.min(n - j0);
-            // each column's input position before the tap's offsets
-            let (mut y0, mut x0) = ([0isize; L], [0isize; L]);
-            for c in 0..w {
-                let (oy, ox) = ((j0 + c) / self.ow, (j0 + c) % self.ow);
-                y0[c] = oy as isize * self.sh - self.ph;
-                x0[c] = ox as isize * self.sw - self.pw;
+            let (mut oy, mut ox) = (j0 / self.ow, j0 % self.ow);
+            // each column's offset in the image before its row's
+            let mut at = [0usize; L];
+            for a in at.iter_mut().take(w) {
+                *a = oy * self.sh * iw + ox * sw;
+                ox += 1;
+                if ox == self.ow {
+                    (ox, oy) = (0, oy + 1);
+                }
             }
             // the whole group on one output row: each patch row's bytes are L input bytes
-            // `sw` apart; and with every tap inside the input
-            let sw = self.sw;
-            let run = w == L && j0 % self.ow + L <= self.ow;
-            let inner = run
-                && y0[0] + self.dy.0 >= 0
-                && y0[0] + self.dy.1 < self.ih
-                && x0[0] + self.dx.0 >= 0
-                && x0[0] + self.dx.1 + (L as isize - 1) * sw < self.iw;
-            let base = y0[0] * self.iw + x0[0];
+            // `sw` apart
+            let run = w == L && at[L - 1] == at[0] + (L - 1) * sw;
+            assert!(
+                w == 0 || at[w - 1] + last_row < x.len(),
+                "patches read past the image"
+            );
             let dst = &mut out[(gi - g0) * kq * L * 4..][..kq * L * 4];
             let mut colsum = [0i32; L];
             for (q, dq) in dst.chunks_exact_mut(L * 4).enumerate() {
                 let mut tmp = [[flip; L]; 4];
-                let b: [&[u8; L]; 4] = if inner && 4 * q + 4 <= k && sw == 1 {
+                let full = 4 * q + 4 <= k;
+                let b: [&[u8; L]; 4] = if run && full && sw == 1 {
                     core::array::from_fn(|t| {
-                        let at = (base + self.rows[4 * q + t].0) as usize;
-                        x[at..at + L].try_into().expect("L bytes")
+                        let a = at[0] + self.rows[4 * q + t];
+                        x[a..a + L].try_into().expect("L bytes")
                     })
-                } else if inner && 4 * q + 4 <= k {
+                } else {
                     for (t, bt) in tmp.iter_mut().enumerate() {
-                        let at = (base + self.rows[4 * q + t].0) as usize;
-                        let src = &x[at..at + (L - 1) * sw as usize + 1];
-                        for (v, &xv) in bt.iter_mut().zip(src.iter().step_by(sw as usize)) {
-                            *v = xv;
+                        let Some(&off) = self.rows.get(4 * q + t) else {
+                            break;
+                        };
+                        for (v, &a) in bt.iter_mut().zip(&at[..w]) {
+                            *v = x[a + off];
                         }
                     }
                     [&tmp[0], &tmp[1], &tmp[2], &tmp[3]]
-                } else {
-                    // gathered: pad outside the input; K padding is `flip`, zero once flipped
-                    let mut at = [None; 4];
-                    for (t, bt) in tmp.iter_mut().enumerate() {
-                        let Some(&(off, dy, dx)) = self.rows.get(4 * q + t) else {
-                            break;
-                        };
-                        let (iy, ix) = (y0[0] + dy, x0[0] + dx);
-                        if run {
-                            // the columns' input bytes are x[base + off + c sw] for c in
-                            // lo..hi (the c with 0 <= ix + c sw < iw)
-                            let lo = ceil_div(-ix, sw).clamp(0, L as isize) as usize;
-                            let hi =
-                                ceil_div(self.iw - ix, sw).clamp(lo as isize, L as isize) as usize;
-                            let b0 = base + off;
-                            if !(0..self.ih).contains(&iy) || lo == hi {
-                                bt.fill(pad);
-                            } else if lo == 0 && hi == L && sw == 1 {
-                                at[t] = Some(b0 as usize);
-                            } else {
-                                let b0 = (b0 + lo as isize * sw) as usize;
-                                bt.fill(pad);
-                                let src = x[b0..].iter().step_by(sw as usize);
-                                for (v, &xv) in bt[lo..hi].iter_mut().zip(src) {
-                                    *v = xv;
-                                }
-                            }
-                        } else {
-                            let chan = off - dy * self.iw - dx;
-                            for c in 0..w {
-                                let (iy, ix) = (y0[c] + dy, x0[c] + dx);
-                                bt[c] = if (0..self.ih).contains(&iy) && (0..self.iw).contains(&ix)
-                                {
-                                    x[(chan + iy * self.iw + ix) as usize]
-                                } else {
-                                    pad
-                                };
-                            }
-                            bt[w..].fill(flip);
-                        }
-                    }
-                    let tmp = &tmp;
-                    core::array::from_fn(|t| match at[t] {
-                        Some(a) => x[a..a + L].try_into().expect("L bytes"),
-                        None => &tmp[t],
-                    })
                 };
                 // four rows of L bytes into L words of four bytes, flipped (vectorises: widen,
                 // shift, or, xor)
