@@ -167,23 +167,53 @@ impl Kernel for GatherNBits {
             (keys_of(b, s, Some(z)) == Some(*keys) && p.len() == e).then_some(p)
         });
         let mut y = vec![0f32; nb * m * n];
+        // each product's expert and rows of X, checked before any is computed
+        let mut jobs = Vec::with_capacity(nb);
         for bi in 0..nb {
             let ei = experts[flat(idx.shape(), bi)];
             let ei = if ei < 0 { ei + e as i64 } else { ei };
             if !(0..e as i64).contains(&ei) {
                 bail!("GatherMatMulNBits: expert index {ei} outside 0..{e}");
             }
-            let ei = ei as usize;
-            let xi = flat(xb, bi);
-            if let Some(p) = packs {
-                let (xr, yr) = (
-                    &xv[xi * m * k..(xi + 1) * m * k],
-                    &mut y[bi * m * n..(bi + 1) * m * n],
-                );
-                if m == 0 || w8_product(cx, &p[ei], (xr, m, k), yr) {
-                    continue;
+            jobs.push((ei as usize, bi, flat(xb, bi)));
+        }
+        // the products of one expert as one product of all their rows (the tokens routed to
+        // an expert read its weights once); the float path below takes what is left
+        let mut left = Vec::new();
+        if let (Some(p), true) = (packs, m > 0) {
+            jobs.sort_by_key(|j| j.0);
+            for run in jobs.chunk_by(|a, b| a.0 == b.0) {
+                let w = &p[run[0].0];
+                let rows = run.len() * m;
+                let done = if run.len() == 1 {
+                    let (_, bi, xi) = run[0];
+                    let (xr, yr) = (
+                        &xv[xi * m * k..(xi + 1) * m * k],
+                        &mut y[bi * m * n..(bi + 1) * m * n],
+                    );
+                    w8_any(cx, w, (xr, m, k), yr)
+                } else {
+                    let mut a = crate::simd::scratch::<f32>(rows * k);
+                    for (dst, &(_, _, xi)) in a.chunks_exact_mut(m * k).zip(run) {
+                        dst.copy_from_slice(&xv[xi * m * k..(xi + 1) * m * k]);
+                    }
+                    let mut out = crate::simd::scratch::<f32>(rows * n);
+                    let ok = w8_any(cx, w, (&a, rows, k), &mut out);
+                    if ok {
+                        for (src, &(_, bi, _)) in out.chunks_exact(m * n).zip(run) {
+                            y[bi * m * n..(bi + 1) * m * n].copy_from_slice(src);
+                        }
+                    }
+                    ok
+                };
+                if !done {
+                    left.extend_from_slice(run);
                 }
             }
+        } else {
+            left = jobs;
+        }
+        for (ei, bi, xi) in left {
             let a = Tensor::from_vec(&[m, k], xv[xi * m * k..(xi + 1) * m * k].to_vec())?;
             let be = b.slice_axis(0, ei, 1, 1)?;
             let se = s.slice_axis(0, ei, 1, 1)?;
@@ -345,6 +375,17 @@ fn w8_gemm(
             }
         });
     true
+}
+
+/// `Y = A · Bᵀ` through the int8 weights by whichever of [`w8_gemm`] (many rows) and
+/// [`w8_product`] takes it; false (nothing written) where neither does.
+fn w8_any(
+    cx: &KernelCx<'_>,
+    w: &W8Weights,
+    (a, m, k): (&[f32], usize, usize),
+    y: &mut [f32],
+) -> bool {
+    (m > W8_ROWS && w8_gemm(cx, w, (a, m, k), y)) || w8_product(cx, w, (a, m, k), y)
 }
 
 /// [`Q4Packed`] weights, the vector type they were packed for, and which tensors they came
@@ -1303,6 +1344,92 @@ mod tests {
             let y = out[0].to_f32_vec().unwrap();
             assert!(y[..n].iter().all(|v| v.is_nan()), "m {m}: NaN lost");
             near(&y[n..], &nan.reference(false)[n..]);
+        }
+    }
+
+    #[test]
+    fn gathered_experts_match_each_experts_product() {
+        // nxrt:GatherMatMulNBits: tokens routed to the same expert are multiplied together
+        // (one row each, then three rows each, so that one expert's 15 rows take the SGEMM
+        // path), a negative index counts from the end, and every product equals the expert's
+        // own MatMulNBits definition
+        let (e, k, n, bs) = (3usize, 64usize, 40usize, 32usize);
+        let experts: Vec<Case> = (0..e)
+            .map(|i| {
+                let mut c = Case::new(1, k, n, 8, bs, 500 + i as u64);
+                let mut r = Lcg(77 + i as u64);
+                // every code - zero point an int8 (as the fused MXFP4 codes), so that the
+                // weights are packed
+                c.zp = Some(
+                    (0..n * c.blocks())
+                        .map(|_| 120 + (r.next() % 17) as u8)
+                        .collect(),
+                );
+                c.codes = (0..n * k).map(|_| 28 + (r.next() % 200) as u8).collect();
+                c
+            })
+            .collect();
+        let stack = |i: usize| -> Tensor {
+            let parts: Vec<Tensor> = experts
+                .iter()
+                .map(|c| c.inputs()[i].clone().unwrap())
+                .collect();
+            let mut shape = alloc::vec![e];
+            shape.extend_from_slice(parts[0].shape());
+            if i == 3 {
+                shape = alloc::vec![e, parts[0].len()];
+            }
+            match parts[0].dtype() {
+                crate::dtype::DataType::Float => t32(
+                    &shape,
+                    parts.iter().flat_map(|t| t.to_f32_vec().unwrap()).collect(),
+                ),
+                _ => Tensor::from_vec(
+                    &shape,
+                    parts
+                        .iter()
+                        .flat_map(|t| t.as_slice::<u8>().unwrap().to_vec())
+                        .collect::<Vec<u8>>(),
+                )
+                .unwrap(),
+            }
+        };
+        let mut nd = experts[0].node();
+        nd.op_type = String::from("GatherMatMulNBits");
+        nd.domain = String::from(crate::kernels::nn::nchwc::DOMAIN);
+        for (m, idx) in [
+            (1usize, alloc::vec![2i64, 0, 2, 2, 1, 0]),
+            (3, alloc::vec![1, 1, 1, -2, 1, 0, -1]),
+        ] {
+            let t = idx.len();
+            let mut r = Lcg(5 + m as u64);
+            let x: Vec<f32> = (0..t * m * k).map(|_| r.f() * 2.0).collect();
+            let inputs = alloc::vec![
+                Some(t32(&[t, m, k], x.clone())),
+                Some(stack(1)),
+                Some(stack(2)),
+                Some(stack(3)),
+                Some(Tensor::from_vec(&[t], idx.clone()).unwrap()),
+            ];
+            let (out, bytes) = run_prepared(&nd, &inputs, &[1, 2, 3]).unwrap();
+            assert!(bytes >= e * n * k, "nothing prepared");
+            assert_eq!(out[0].shape(), &[t, m, n]);
+            let y = out[0].to_f32_vec().unwrap();
+            for (ti, &ei) in idx.iter().enumerate() {
+                let ei = if ei < 0 { ei + e as i64 } else { ei } as usize;
+                let mut c = experts[ei].clone();
+                c.m = m;
+                c.a = x[ti * m * k..(ti + 1) * m * k].to_vec();
+                let want = c.reference(false);
+                let big = want.iter().fold(0f32, |a, w| a.max(w.abs()));
+                let got = &y[ti * m * n..(ti + 1) * m * n];
+                for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                    assert!(
+                        (g - w).abs() <= 1e-6 * big,
+                        "m {m} token {ti} y[{i}]: {g} vs {w}"
+                    );
+                }
+            }
         }
     }
 
