@@ -659,25 +659,11 @@ impl Kernel for MatMulNBits {
             .w8
             .as_ref()
             .filter(|w| g_idx.is_none() && now == Some(w.keys));
-        if let Some(w) = w8.filter(|_| m > 0 && m <= W8_ROWS) {
+        if let Some(w) = w8.filter(|_| m > 0) {
             let mut shape = a.shape().to_vec();
             *shape.last_mut().expect("rank >= 1") = n;
             let mut y = cx.output::<f32>(0, &shape)?;
-            if w8_product(cx, w, (&a.as_slice::<f32>()?, m, k), &mut y) {
-                if let Some(bias) = bias {
-                    let bias = bias.as_slice::<f32>()?;
-                    for row in y.chunks_exact_mut(n) {
-                        row.iter_mut().zip(bias.iter()).for_each(|(y, b)| *y += b);
-                    }
-                }
-                return out1(y.into_tensor());
-            }
-        }
-        if let Some(w) = w8.filter(|_| m > W8_ROWS) {
-            let mut shape = a.shape().to_vec();
-            *shape.last_mut().expect("rank >= 1") = n;
-            let mut y = cx.output::<f32>(0, &shape)?;
-            if w8_gemm(cx, w, (&a.as_slice::<f32>()?, m, k), &mut y) {
+            if w8_any(cx, w, (&a.as_slice::<f32>()?, m, k), &mut y) {
                 if let Some(bias) = bias {
                     let bias = bias.as_slice::<f32>()?;
                     for row in y.chunks_exact_mut(n) {
