@@ -82,6 +82,17 @@ fn reader_counts(g: &Graph) -> Vec<usize> {
     n
 }
 
+/// The node that writes each value (`None` for inputs, initializers and unwritten values).
+fn producers(g: &Graph) -> Vec<Option<usize>> {
+    let mut p = vec![None; g.values.len()];
+    for (i, n) in g.nodes.iter().enumerate() {
+        for &o in n.outputs.iter().flatten() {
+            p[o] = Some(i);
+        }
+    }
+    p
+}
+
 /// The index of the one node that reads `v`, if exactly one node (and nothing else) does.
 fn sole_reader(g: &Graph, readers: &[usize], v: ValueId) -> Option<usize> {
     if readers[v] != 1 {

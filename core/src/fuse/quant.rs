@@ -26,7 +26,9 @@ use alloc::string::String;
 use alloc::vec;
 use alloc::vec::Vec;
 
-use super::{const_of, is_op, new_value, out0, reader_counts, scalar_const, set_init, sole_reader};
+use super::{
+    const_of, is_op, new_value, out0, producers, reader_counts, scalar_const, set_init, sole_reader,
+};
 use crate::dtype::DataType;
 use crate::error::Result;
 use crate::ir::{AttrValue, Graph, Node, ValueId};
@@ -517,12 +519,7 @@ fn lookup_operands(g: &Graph, n: &Node) -> Option<(usize, Option<(f32, bool)>)> 
 /// directly. The DequantizeLinear nodes nothing reads any more go.
 pub fn qdq_ops(g: &mut Graph) -> Result<usize> {
     let readers = reader_counts(g);
-    let mut producer = vec![None; g.values.len()];
-    for (i, n) in g.nodes.iter().enumerate() {
-        for &o in n.outputs.iter().flatten() {
-            producer[o] = Some(i);
-        }
-    }
+    let producer = producers(g);
     let mut replace: Vec<(usize, Node)> = Vec::new();
     let mut drop = vec![false; g.nodes.len()];
     let mut tables: Vec<(usize, Vec<u8>, bool)> = Vec::new();
@@ -786,15 +783,7 @@ pub fn qdq_ops(g: &mut Graph) -> Result<usize> {
     for (ri, table, signed) in tables {
         let name = alloc::format!("{}/table", replace[ri].1.name);
         let v = new_value(g, name);
-        let t = if signed {
-            Tensor::from_vec(
-                &[256],
-                table.into_iter().map(|b| b as i8).collect::<Vec<i8>>(),
-            )?
-        } else {
-            Tensor::from_vec(&[256], table)?
-        };
-        set_init(g, v, t);
+        set_init(g, v, table_tensor(table, signed)?);
         replace[ri].1.inputs.push(Some(v));
     }
     for (ri, (ni, node)) in replace.into_iter().enumerate() {
@@ -807,6 +796,18 @@ pub fn qdq_ops(g: &mut Graph) -> Result<usize> {
     Ok(count + self_products(g)?)
 }
 
+/// A `QLookup` table of 256 codes as a tensor of the codes' type (int8 where `signed`).
+fn table_tensor(codes: Vec<u8>, signed: bool) -> Result<Tensor> {
+    if signed {
+        Tensor::from_vec(
+            &[256],
+            codes.into_iter().map(|b| b as i8).collect::<Vec<i8>>(),
+        )
+    } else {
+        Tensor::from_vec(&[256], codes)
+    }
+}
+
 /// com.microsoft QLinearMul/QLinearAdd of codes `x` and a table's answer for the same codes
 /// (`QLinearMul(x, QLookup(x))`: hard-swish as x times its hard-sigmoid), every scale and zero
 /// point a one-element constant, the table read by nothing else: one table, each code's
@@ -814,12 +815,7 @@ pub fn qdq_ops(g: &mut Graph) -> Result<usize> {
 /// (so the same bytes as the two ops).
 fn self_products(g: &mut Graph) -> Result<usize> {
     let readers = reader_counts(g);
-    let mut producer = vec![None; g.values.len()];
-    for (i, n) in g.nodes.iter().enumerate() {
-        for &o in n.outputs.iter().flatten() {
-            producer[o] = Some(i);
-        }
-    }
+    let producer = producers(g);
     let lookup = |v: ValueId| -> Option<(usize, ValueId, &Tensor)> {
         let li = producer[v]?;
         let l = &g.nodes[li];
@@ -904,14 +900,7 @@ fn self_products(g: &mut Graph) -> Result<usize> {
             crate::simd::Q8 { zp: zc, lo, hi },
             &mut out,
         );
-        let t = if signed {
-            Tensor::from_vec(
-                &[256],
-                out.into_iter().map(|b| b as i8).collect::<Vec<i8>>(),
-            )?
-        } else {
-            Tensor::from_vec(&[256], out)?
-        };
+        let t = table_tensor(out, signed)?;
         drop[li] = true;
         tables.push((ni, if a_is_x { a } else { b }, t));
     }

@@ -334,7 +334,10 @@ fn w8_gemm(
         return false;
     }
     let mr = crate::simd::gemm_mr_for(m);
-    let ap = crate::simd::gemm::pack_a(m, k, a, k as isize, 1, mr);
+    // A in the SGEMM's panels, in a pooled buffer (nothing allocated per call)
+    let mut ap = crate::simd::scratch::<f32>(m.div_ceil(mr) * k * mr);
+    crate::simd::gemm::pack_a_into(m, k, a, k as isize, 1, mr, &mut ap);
+    let ap = &ap[..m.div_ceil(mr) * k * mr];
     let panel = W8_GEMM_COLS.div_ceil(nr) * nr;
     let tasks = n.div_ceil(panel);
     let yp = SyncPtr(y.as_mut_ptr());
@@ -358,7 +361,7 @@ fn w8_gemm(
                 beta: 0.0,
             };
             let a = Operand::Panels {
-                data: &ap,
+                data: ap,
                 panel: mr,
             };
             let b = Operand::Panels {

@@ -253,15 +253,35 @@ impl<'a> Operand<'a> {
 /// of [`Operand::Panels`]).
 pub fn pack_a(m: usize, k: usize, a: &[f32], rs: isize, cs: isize, panel: usize) -> Vec<f32> {
     let mut out = alloc::vec![0f32; m.div_ceil(panel) * k * panel];
+    pack_a_into(m, k, a, rs, cs, panel, &mut out);
+    out
+}
+
+/// [`pack_a`] into `out` (at least `ceil(m / panel) * k * panel` floats, contents
+/// unspecified: every element up to there is written, the padding rows as zeros).
+pub fn pack_a_into(
+    m: usize,
+    k: usize,
+    a: &[f32],
+    rs: isize,
+    cs: isize,
+    panel: usize,
+    out: &mut [f32],
+) {
+    let out = &mut out[..m.div_ceil(panel) * k * panel];
     for (pi, dst) in out.chunks_exact_mut(k * panel).enumerate() {
-        for ii in 0..panel.min(m - pi * panel) {
+        let rows = panel.min(m - pi * panel);
+        for ii in 0..panel {
             let i = pi * panel + ii;
             for p in 0..k {
-                dst[p * panel + ii] = a[(i as isize * rs + p as isize * cs) as usize];
+                dst[p * panel + ii] = if ii < rows {
+                    a[(i as isize * rs + p as isize * cs) as usize]
+                } else {
+                    0.0
+                };
             }
         }
     }
-    out
 }
 
 /// Packs B (k x n, through the strides) into panels of `panel` columns (the layout of

@@ -597,8 +597,9 @@ struct Patches {
     /// The padding before the input along H and W (in the copy).
     ph: usize,
     pw: usize,
-    /// Each patch row's offset: its channel's plane, plus its tap's `dy iw + dx`.
-    rows: Vec<usize>,
+    /// Each patch row's offset: its channel's plane, plus its tap's `dy iw + dx` (in a
+    /// pooled buffer: nothing allocated per call).
+    rows: simd::Scratch<usize>,
 }
 
 impl Patches {
@@ -627,13 +628,12 @@ impl Patches {
         }
         let pads = ph != 0 || pw != 0 || eh > ih || ew > iw;
         let (ih, iw) = if pads { (eh, ew) } else { (ih, iw) };
-        let mut rows = Vec::with_capacity(c * kh * kw);
-        for ci in 0..c {
-            for ky in 0..kh {
-                for kx in 0..kw {
-                    rows.push(ci * ih * iw + ky * dh * iw + kx * dw);
-                }
-            }
+        let mut rows = simd::scratch::<usize>(c * kh * kw);
+        let taps = (0..c).flat_map(|ci| {
+            (0..kh).flat_map(move |ky| (0..kw).map(move |kx| ci * ih * iw + ky * dh * iw + kx * dw))
+        });
+        for (r, off) in rows.iter_mut().zip(taps) {
+            *r = off;
         }
         Some(Patches {
             ih,
@@ -689,10 +689,11 @@ impl Patches {
         mut sums: Option<&mut [i32]>,
     ) {
         let (k, n, kq) = (g.k, g.n, g.kq());
-        assert!(g.lanes == L && self.rows.len() == k && out.len() >= (g1 - g0) * kq * L * 4);
+        let rows: &[usize] = &self.rows;
+        assert!(g.lanes == L && rows.len() == k && out.len() >= (g1 - g0) * kq * L * 4);
         let (iw, sw) = (self.iw, self.sw);
         // the last byte any patch row reads, for the one bounds check per group
-        let last_row = self.rows.last().copied().unwrap_or(0);
+        let last_row = rows.last().copied().unwrap_or(0);
         let f = u32::from_le_bytes([flip; 4]);
         for gi in g0..g1 {
             let j0 = gi * L;
@@ -721,12 +722,12 @@ impl Patches {
                 let full = 4 * q + 4 <= k;
                 let b: [&[u8; L]; 4] = if run && full && sw == 1 {
                     core::array::from_fn(|t| {
-                        let a = at[0] + self.rows[4 * q + t];
+                        let a = at[0] + rows[4 * q + t];
                         x[a..a + L].try_into().expect("L bytes")
                     })
                 } else {
                     for (t, bt) in tmp.iter_mut().enumerate() {
-                        let Some(&off) = self.rows.get(4 * q + t) else {
+                        let Some(&off) = rows.get(4 * q + t) else {
                             break;
                         };
                         for (v, &a) in bt.iter_mut().zip(&at[..w]) {
