@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """ONNX Runtime's outputs for single-node models of the com.microsoft encoder/decoder ops
 (Gelu, FastGelu, BiasGelu, QuickGelu, SkipLayerNormalization, RotaryEmbedding,
-MultiHeadAttention), QLinearAveragePool, and MatMulNBits bit for bit,
+MultiHeadAttention), QLinearAveragePool, MatMulIntegerToFloat, and MatMulNBits bit for bit,
 the references `tests/tests/contrib_refs.rs` compares nxrt with.
 
 Usage: contrib_refs.py OUT_DIR   (the test command writes $NXRT_CACHE/contrib_refs)
@@ -215,6 +215,46 @@ def main():
                                                         helper.make_opsetid("com.microsoft", 1)])
         model.ir_version = 9
         cases.append((name, model, {"x": x}, ["y"]))
+
+    # com.microsoft MatMulIntegerToFloat: (A - a_zp)(B - b_zp) * a_scale * b_scale + bias.
+    # Codes kept small enough that no pair of products leaves int16 (ONNX Runtime's AVX2
+    # kernel sums byte pairs in int16 with saturation; nxrt's sums are exact): the answers are
+    # the exact ones on both sides. B as a constant (packed at load) and as an input, per-column
+    # and per-tensor scales and zero points, with and without a bias, a batched B (the general
+    # product).
+    qr = np.random.default_rng(20261207)
+    for name, (at, bt), (m_shape, k, n), per_col, bias, b_const, batch_b in [
+        ("mm_int_to_float_u8s8", (np.uint8, np.int8), ((2, 5), 37, 19), True, True, True, False),
+        ("mm_int_to_float_u8u8", (np.uint8, np.uint8), ((7,), 16, 8), False, False, False, False),
+        ("mm_int_to_float_s8s8", (np.int8, np.int8), ((3, 4), 9, 33), True, False, True, False),
+        ("mm_int_to_float_batched", (np.uint8, np.int8), ((2, 3), 12, 6), False, True, False, True),
+    ]:
+        def codes(dt, shape):
+            lo, hi = (0, 100) if dt == np.uint8 else (-60, 61)
+            return qr.integers(lo, hi, shape).astype(dt)
+        a = codes(at, m_shape + (k,))
+        b = codes(bt, ((2,) if batch_b else ()) + (k, n))
+        a_scale = np.array(0.0123, np.float32)
+        b_scale = (qr.uniform(0.001, 0.01, n) if per_col else np.array(0.0071)).astype(np.float32)
+        a_zp = np.array(37 if at == np.uint8 else -5, at)
+        b_zp = (codes(bt, (n,)) if per_col else np.array(3, bt)).astype(bt)
+        tensors = [("a", a), ("b", b), ("a_scale", a_scale), ("b_scale", b_scale),
+                   ("a_zp", a_zp), ("b_zp", b_zp)]
+        if bias:
+            tensors.append(("bias", qr.standard_normal(n).astype(np.float32)))
+        consts = {"b", "a_scale", "b_scale", "a_zp", "b_zp", "bias"} if b_const else {"bias"}
+        inits = [numpy_helper.from_array(v, nm) for nm, v in tensors if nm in consts]
+        ins = [helper.make_tensor_value_info(
+            nm, onnx.helper.np_dtype_to_tensor_dtype(v.dtype), list(v.shape))
+            for nm, v in tensors if nm not in consts]
+        node = helper.make_node("MatMulIntegerToFloat", [nm for nm, _ in tensors], ["y"],
+                                domain="com.microsoft")
+        graph = helper.make_graph([node], name, ins,
+                                  [helper.make_tensor_value_info("y", F, None)], inits)
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                        helper.make_opsetid("com.microsoft", 1)])
+        model.ir_version = 9
+        cases.append((name, model, {nm: v for nm, v in tensors if nm not in consts}, ["y"]))
 
     manifest = []
     so = ort.SessionOptions()

@@ -103,7 +103,7 @@ fn sole_reader(g: &Graph, readers: &[usize], v: ValueId) -> Option<usize> {
         .position(|n| n.inputs.iter().flatten().any(|&i| i == v))
 }
 
-fn is_f32(g: &Graph, v: ValueId) -> bool {
+pub(crate) fn is_f32(g: &Graph, v: ValueId) -> bool {
     matches!(
         &g.values[v].ty,
         TypeInfo::Tensor {

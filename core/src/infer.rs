@@ -144,6 +144,19 @@ fn attr_or_input_ints(
     }
 }
 
+/// The shape MatMul's rule gives for the first two of `ins` (the integer products' operands).
+fn matmul_shape(node: &Node, ins: &[TypeInfo]) -> Option<Vec<Dim>> {
+    let mm = Node {
+        op_type: "MatMul".into(),
+        domain: String::new(),
+        attrs: Vec::new(),
+        ..node.clone()
+    };
+    infer_node(&mm, &ins[..ins.len().min(2)], &[])
+        .first()
+        .and_then(shape)
+}
+
 /// Output types of one node.
 pub fn infer_node(node: &Node, ins: &[TypeInfo], cin: &[Option<&Tensor>]) -> Vec<TypeInfo> {
     let i0 = ins.first().cloned().unwrap_or(TypeInfo::Unknown);
@@ -171,6 +184,10 @@ pub fn infer_node(node: &Node, ins: &[TypeInfo], cin: &[Option<&Tensor>]) -> Vec
                     _ => None,
                 };
                 vec![t(ins.get(7).and_then(dt).or(d0), sh)]
+            }
+            // the product's shape (MatMul's rule), float32
+            ("com.microsoft", "MatMulIntegerToFloat") => {
+                vec![t(Some(DataType::Float), matmul_shape(node, ins))]
             }
             ("com.microsoft", "QLinearSigmoid" | "QLinearLeakyRelu") => {
                 vec![t(ins.get(4).and_then(dt).or(d0), s0)]
@@ -298,6 +315,12 @@ pub fn infer_node(node: &Node, ins: &[TypeInfo], cin: &[Option<&Tensor>]) -> Vec
             let zp = ins.get(2).and_then(dt);
             vec![t(zp.or(out).or(Some(DataType::Uint8)), s0)]
         }
+        // uint8 codes of the input's shape, a float scale and a uint8 zero point (scalars)
+        "DynamicQuantizeLinear" => vec![
+            t(Some(DataType::Uint8), s0),
+            t(Some(DataType::Float), Some(vec![])),
+            t(Some(DataType::Uint8), Some(vec![])),
+        ],
         // output_dtype, else the scale's type; the input's shape
         "DequantizeLinear" => {
             let out = node
@@ -611,8 +634,14 @@ pub fn infer_node(node: &Node, ins: &[TypeInfo], cin: &[Option<&Tensor>]) -> Vec
             Some(DataType::Int32),
             conv_shape(node, &s0, ins.get(1).and_then(shape)),
         )],
-        "QLinearMatMul" => vec![t(ins.get(7).and_then(dt).or(d0), None)],
-        "MatMulInteger" => vec![t(Some(DataType::Int32), None)],
+        "QLinearMatMul" => vec![t(
+            ins.get(7).and_then(dt).or(d0),
+            matmul_shape(
+                node,
+                &[i0.clone(), ins.get(3).cloned().unwrap_or(TypeInfo::Unknown)],
+            ),
+        )],
+        "MatMulInteger" => vec![t(Some(DataType::Int32), matmul_shape(node, ins))],
         "Conv" | "MaxPool" | "AveragePool" | "ConvTranspose" | "LpPool" => {
             let sh = conv_shape(node, &s0, ins.get(1).and_then(shape));
             let mut v = vec![t(d0, sh.clone())];

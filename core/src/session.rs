@@ -396,6 +396,7 @@ impl Session {
                 // QDQ patterns onto the integer kernels, before folding turns the weights'
                 // DequantizeLinear into float constants
                 crate::fuse::quant::qdq_ops(&mut model.graph)?;
+                crate::fuse::quant::integer_to_float(&mut model.graph)?;
             }
             if let Some(cpu) = cpu {
                 optimize::fold_constants(&mut model.graph, &*cpu)?;

@@ -307,3 +307,97 @@ fn qoperator_outputs_feed_the_table_fusion() {
         assert_eq!(a, b, "at {i}");
     }
 }
+
+/// ONNX Runtime's dynamic quantization of a float MatMul: `x -> DynamicQuantizeLinear ->
+/// MatMulInteger(w, per-column zero points) -> Cast(float) -> Mul(x_scale * w_scale)`, then
+/// `Add(bias)` when `bias`, and `scale_rows` makes the scale one per row instead (`[M, 1]`,
+/// which the fused op cannot take).
+fn dynamic_matmul_model(m: usize, k: usize, n: usize, bias: bool, scale_rows: bool) -> Vec<u8> {
+    let w: Vec<i8> = xorshift_data(k * n, 5)
+        .iter()
+        .map(|v| (v * 127.0) as i8)
+        .collect();
+    let wz: Vec<i8> = (0..n).map(|j| (j as i8 % 7) - 3).collect();
+    let ws: Vec<f32> = (0..n).map(|j| 0.003 + 0.0002 * j as f32).collect();
+    let mut cast = node("Cast", &["p"], &["pf"]);
+    cast.attribute = vec![AttributeProto::int("to", 1)];
+    let mut nodes = vec![
+        node("DynamicQuantizeLinear", &["x"], &["xq", "xs", "xz"]),
+        node("MatMulInteger", &["xq", "w", "xz", "wz"], &["p"]),
+        cast,
+    ];
+    let mut init = vec![
+        i8s("w", &[k as i64, n as i64], &w),
+        i8s("wz", &[n as i64], &wz),
+    ];
+    if scale_rows {
+        let rs: Vec<f32> = (0..m).map(|i| 1.0 + 0.25 * i as f32).collect();
+        init.push(f32s("ws", &[m as i64, 1], &rs));
+    } else {
+        init.push(f32s("ws", &[n as i64], &ws));
+    }
+    nodes.push(node("Mul", &["xs", "ws"], &["s"]));
+    let scaled = if bias { "ps" } else { "y" };
+    nodes.push(node("Mul", &["pf", "s"], &[scaled]));
+    if bias {
+        let b: Vec<f32> = xorshift_data(n, 9);
+        init.push(f32s("bias", &[n as i64], &b));
+        nodes.push(node("Add", &["bias", "ps"], &["y"]));
+    }
+    common::opset17_model(GraphProto {
+        node: nodes,
+        initializer: init,
+        input: vec![vi("x", 1, &[&m.to_string(), &k.to_string()])],
+        output: vec![vi("y", 1, &[&m.to_string(), &n.to_string()])],
+        ..Default::default()
+    })
+}
+
+#[test]
+fn dynamic_quantization_products_write_floats_with_the_same_bits() {
+    for &(m, k, n, bias, rows) in &[
+        (5, 37, 19, true, false),
+        (32, 64, 40, false, false),
+        (3, 16, 8, true, true),
+    ] {
+        let bytes = dynamic_matmul_model(m, k, n, bias, rows);
+        let run = |level: OptLevel| {
+            let s = Session::builder()
+                .optimization(level)
+                .load_bytes(&bytes)
+                .unwrap();
+            let x = Tensor::from_vec(&[m, k], xorshift_data(m * k, 13)).unwrap();
+            let out = s.run(vec![("x", x)]).unwrap();
+            let y = out["y"]
+                .as_tensor()
+                .unwrap()
+                .as_slice::<f32>()
+                .unwrap()
+                .to_vec();
+            let ops: Vec<String> = s
+                .core()
+                .graph()
+                .nodes
+                .iter()
+                .map(|n| n.op_type.clone())
+                .collect();
+            (y, ops)
+        };
+        let (want, plain) = run(OptLevel::Basic);
+        let (got, ops) = run(OptLevel::Extended);
+        assert!(plain.iter().any(|o| o == "Cast"), "{plain:?}");
+        if rows {
+            // a scale per row is not the fused op's: left as written
+            assert!(!ops.iter().any(|o| o == "MatMulIntegerToFloat"), "{ops:?}");
+        } else {
+            assert!(ops.iter().any(|o| o == "MatMulIntegerToFloat"), "{ops:?}");
+            for gone in ["MatMulInteger", "Cast", "Add"] {
+                assert!(!ops.iter().any(|o| o == gone), "{gone} left in {ops:?}");
+            }
+        }
+        // the same conversions, products and sums: bit for bit
+        for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+            assert_eq!(a.to_bits(), b.to_bits(), "{m}x{k}x{n} at {i}: {a} vs {b}");
+        }
+    }
+}

@@ -922,3 +922,150 @@ fn self_products(g: &mut Graph) -> Result<usize> {
     }
     Ok(count)
 }
+
+/// `v`'s shape where inference knows every dimension.
+fn known_shape(g: &Graph, v: ValueId) -> Option<Vec<usize>> {
+    match &g.values[v].ty {
+        TypeInfo::Tensor { shape: Some(s), .. } => s
+            .iter()
+            .map(|d| match d {
+                crate::value::Dim::Known(n) => Some(*n),
+                _ => None,
+            })
+            .collect(),
+        _ => None,
+    }
+}
+
+/// The number of columns of `v`'s last dimension, where inference knows it.
+fn last_dim(g: &Graph, v: ValueId) -> Option<usize> {
+    match &g.values[v].ty {
+        TypeInfo::Tensor { shape: Some(s), .. } => match s.last()? {
+            crate::value::Dim::Known(n) => Some(*n),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
+/// The dynamic quantization of a float MatMul (ONNX Runtime's `quantize_dynamic`):
+/// `MatMulInteger -> Cast(to float) -> Mul(s)`, `s` a float of one value or one per output
+/// column (`a_scale * b_scale`, computed in the graph), then optionally `Add` of a constant
+/// bias (one value, or one per column), becomes one com.microsoft MatMulIntegerToFloat with
+/// `a_scale = 1` and `b_scale = s`: the integer product writes floats, scaled and biased while
+/// each tile is in registers, instead of an int32 tensor and three passes over it. The same
+/// roundings: the exact int32 sum converted, times `1 * s` (exact), one multiply, one add.
+/// Each intermediate must be read by the next node only; the fused node takes the place of the
+/// last one (where `s` is known to be computed).
+pub fn integer_to_float(g: &mut Graph) -> Result<usize> {
+    let readers = reader_counts(g);
+    let mut drop = vec![false; g.nodes.len()];
+    // (index of the node replaced, its new inputs, output, bias, name)
+    type Rewrite = (usize, Vec<Option<ValueId>>, ValueId, Option<Tensor>, String);
+    let mut rewrites: Vec<Rewrite> = Vec::new();
+    for (mi, m) in g.nodes.iter().enumerate() {
+        if !is_op(m, "MatMulInteger") || m.inputs.len() < 2 {
+            continue;
+        }
+        let (Some(y), Some(b)) = (out0(m), m.inputs[1]) else {
+            continue;
+        };
+        // a 2-D (or batched) B: the product's last dimension is B's columns
+        let Some(n) = last_dim(g, y) else { continue };
+        if !known_shape(g, b).is_some_and(|s| s.len() >= 2 && s[s.len() - 1] == n) {
+            continue;
+        }
+        let Some(ci) = sole_reader(g, &readers, y) else {
+            continue;
+        };
+        let c = &g.nodes[ci];
+        if !is_op(c, "Cast") || c.get_i("to", 0).ok() != Some(DataType::Float as i64) {
+            continue;
+        }
+        let Some(cy) = out0(c) else { continue };
+        let Some(ui) = sole_reader(g, &readers, cy) else {
+            continue;
+        };
+        let u = &g.nodes[ui];
+        if !is_op(u, "Mul") || u.inputs.len() != 2 {
+            continue;
+        }
+        let s = match (u.inputs[0], u.inputs[1]) {
+            (Some(p), Some(q)) if p == cy && q != cy => q,
+            (Some(p), Some(q)) if q == cy && p != cy => p,
+            _ => continue,
+        };
+        // one value or one per column, on the last axis (the product's shape unchanged)
+        if !super::is_f32(g, s)
+            || !known_shape(g, s).is_some_and(|sh| {
+                sh.len() <= 1 && matches!(sh.iter().product::<usize>(), k if k == 1 || k == n)
+            })
+        {
+            continue;
+        }
+        let Some(mut out) = out0(u) else { continue };
+        let mut last = ui;
+        let mut bias = None;
+        if let Some(ai) = sole_reader(g, &readers, out) {
+            let a = &g.nodes[ai];
+            let other = match (
+                a.inputs.first().copied().flatten(),
+                a.inputs.get(1).copied().flatten(),
+            ) {
+                (Some(p), Some(q)) if p == out && q != out => Some(q),
+                (Some(p), Some(q)) if q == out && p != out => Some(p),
+                _ => None,
+            };
+            let t = other.and_then(|o| const_of(g, o));
+            if let (true, Some(t), Some(ao)) = (is_op(a, "Add") && a.inputs.len() == 2, t, out0(a))
+            {
+                if t.dtype() == DataType::Float && t.rank() <= 1 && (t.len() == n || t.len() == 1) {
+                    let v = t.to_f32_vec()?;
+                    let full: Vec<f32> = (0..n)
+                        .map(|j| v[if v.len() == 1 { 0 } else { j }])
+                        .collect();
+                    bias = Some(Tensor::from_vec(&[n], full)?);
+                    out = ao;
+                    drop[ui] = true;
+                    last = ai;
+                }
+            }
+        }
+        let inp = |k: usize| m.inputs.get(k).copied().flatten();
+        let ins = vec![inp(0), inp(1), None, Some(s), inp(2), inp(3), None];
+        drop[mi] = true;
+        drop[ci] = true;
+        rewrites.push((last, ins, out, bias, m.name.clone()));
+    }
+    let count = rewrites.len();
+    if count == 0 {
+        return Ok(0);
+    }
+    let one = new_value(g, "nxrt/one".into());
+    set_init(g, one, Tensor::from_vec(&[], vec![1.0f32])?);
+    for (at, mut ins, out, bias, name) in rewrites {
+        ins[2] = Some(one);
+        if let Some(t) = bias {
+            let v = new_value(g, alloc::format!("{name}/bias"));
+            set_init(g, v, t);
+            ins[6] = Some(v);
+        } else {
+            ins.pop();
+        }
+        let n = &mut g.nodes[at];
+        *n = Node {
+            name,
+            op_type: "MatMulIntegerToFloat".into(),
+            domain: "com.microsoft".into(),
+            opset: 1,
+            inputs: ins,
+            outputs: vec![Some(out)],
+            attrs: vec![],
+            implicit_inputs: vec![],
+        };
+        drop[at] = false;
+    }
+    super::remove_nodes(g, &drop);
+    remove_dead(g);
+    Ok(count)
+}

@@ -691,7 +691,7 @@ fn build_qlinear_matmul_q(node: &Node) -> Result<Box<dyn Kernel>> {
     ))
 }
 
-fn build_matmul_integer(_node: &Node) -> Result<Box<dyn Kernel>> {
+pub(crate) fn build_matmul_integer(_node: &Node) -> Result<Box<dyn Kernel>> {
     Ok(Box::new(
         |cx: &KernelCx<'_>, inputs: &[Option<&Value>]| -> Result<Vec<Value>> {
             let a = int_minus_zp(tensor_in(inputs, 0)?, opt_tensor_in(inputs, 2)?, true)?;

@@ -1,4 +1,6 @@
-//! MatMulInteger and QLinearMatMul on the integer product ([`simd::qgemm`]) for the shapes
+//! MatMulInteger, QLinearMatMul, com.microsoft QGemm and com.microsoft MatMulIntegerToFloat
+//! (the integer product scaled to float, plus a bias) on the integer product ([`simd::qgemm`])
+//! for the shapes
 //! quantized models use: `A` of any rank times a 2-D `B` (the weights, packed at load when
 //! constant), scalar zero point and scale of `A`, per-tensor or per-column ones of `B`.
 //! Everything else (batched `B`, per-row scales of `A`) goes to the general kernels.
@@ -101,6 +103,9 @@ struct GemmAttrs {
 #[allow(clippy::type_complexity)]
 pub(crate) struct QMatMul {
     qlinear: bool,
+    /// com.microsoft MatMulIntegerToFloat: inputs `A, B, a_scale, b_scale, a_zero_point,
+    /// b_zero_point, bias`.
+    to_float: bool,
     gemm: Option<GemmAttrs>,
     /// What takes the shapes the integer product does not (QGemm has none).
     general: Option<Box<dyn Kernel>>,
@@ -112,21 +117,85 @@ pub(crate) struct QMatMul {
 pub(crate) fn build(general: Box<dyn Kernel>, _node: &Node, qlinear: bool) -> Box<dyn Kernel> {
     Box::new(QMatMul {
         qlinear,
+        to_float: false,
         gemm: None,
         general: Some(general),
         packed: None,
     })
 }
 
-pub(crate) const KERNELS: &[crate::provider::KernelDef] =
-    &[
-        crate::kernels::def_in("com.microsoft", "QGemm", 1, 1, build_qgemm)
-            .types(&[DataType::Uint8, DataType::Int8]),
-    ];
+pub(crate) const KERNELS: &[crate::provider::KernelDef] = &[
+    crate::kernels::def_in("com.microsoft", "QGemm", 1, 1, build_qgemm)
+        .types(&[DataType::Uint8, DataType::Int8]),
+    crate::kernels::def_in(
+        "com.microsoft",
+        "MatMulIntegerToFloat",
+        1,
+        1,
+        build_to_float,
+    )
+    .types(&[DataType::Uint8, DataType::Int8]),
+];
+
+/// com.microsoft MatMulIntegerToFloat: `(A - a_zero_point) (B - b_zero_point)` as
+/// MatMulInteger computes it, times `a_scale * b_scale` (`a_scale` one value, `b_scale` one
+/// or one per column of the output), plus `bias` (one per column). The float epilogue
+/// converts the exact int32 sum, multiplies by the scale product and adds the bias: the same
+/// roundings as MatMulInteger followed by Cast, Mul and Add.
+fn build_to_float(node: &Node) -> Result<Box<dyn Kernel>> {
+    Ok(Box::new(QMatMul {
+        qlinear: false,
+        to_float: true,
+        gemm: None,
+        general: Some(crate::kernels::linalg::build_matmul_integer(node)?),
+        packed: None,
+    }))
+}
+
+/// MatMulIntegerToFloat's per-column scale (`a_scale * b_scale`, `n` values) and bias (`n`
+/// values, zero without one), or an error naming what does not fit.
+fn to_float_params(inputs: &[Option<&Value>], n: usize) -> Result<(Vec<f32>, Vec<f32>)> {
+    let a_s = tensor_in(inputs, 2)?;
+    let b_s = tensor_in(inputs, 3)?;
+    let bias = opt_tensor_in(inputs, 6)?;
+    let float = |t: &Tensor| t.dtype() == DataType::Float;
+    if !float(a_s) || a_s.len() != 1 {
+        crate::unsupported!(
+            "MatMulIntegerToFloat: a_scale of type {} and shape {:?} (one float32 value)",
+            a_s.dtype(),
+            a_s.shape()
+        )
+    }
+    if !float(b_s) || !(b_s.len() == 1 || b_s.shape() == [n]) {
+        crate::unsupported!(
+            "MatMulIntegerToFloat: b_scale of type {} and shape {:?} for {n} columns",
+            b_s.dtype(),
+            b_s.shape()
+        )
+    }
+    if let Some(b) = bias.filter(|b| !float(b) || b.shape() != [n]) {
+        crate::unsupported!(
+            "MatMulIntegerToFloat: bias of type {} and shape {:?} for {n} columns",
+            b.dtype(),
+            b.shape()
+        )
+    }
+    let a_s = a_s.as_slice::<f32>()?[0];
+    let b_s = b_s.as_slice::<f32>()?;
+    let scale = (0..n)
+        .map(|j| a_s * b_s[if b_s.len() == 1 { 0 } else { j }])
+        .collect();
+    let bias = match bias {
+        Some(b) => b.as_slice::<f32>()?.to_vec(),
+        None => vec![0.0; n],
+    };
+    Ok((scale, bias))
+}
 
 fn build_qgemm(node: &Node) -> Result<Box<dyn Kernel>> {
     Ok(Box::new(QMatMul {
         qlinear: true,
+        to_float: false,
         gemm: Some(GemmAttrs {
             alpha: node.get_f("alpha", 1.0)?,
             trans_a: node.get_i("transA", 0)? != 0,
@@ -141,6 +210,8 @@ impl QMatMul {
     fn b_inputs(&self) -> (usize, usize) {
         if self.qlinear {
             (3, 5)
+        } else if self.to_float {
+            (1, 5)
         } else {
             (1, 3)
         }
@@ -152,7 +223,7 @@ impl QMatMul {
         let a0 = tensor_in(inputs, 0)?;
         let b = tensor_in(inputs, bi)?;
         let bzp = opt_tensor_in(inputs, bzi)?;
-        let azp = opt_tensor_in(inputs, 2)?;
+        let azp = opt_tensor_in(inputs, if self.to_float { 4 } else { 2 })?;
         let g = self.gemm;
         let trans_b = g.is_some_and(|g| g.trans_b);
         let a_t;
@@ -216,6 +287,7 @@ impl QMatMul {
             None
         };
         let alpha = g.map_or(1.0, |g| g.alpha);
+        let mut float_bias = None;
         let col_scale = if self.qlinear {
             let a_s = tensor_in(inputs, 1)?;
             let b_s = tensor_in(inputs, 4)?;
@@ -234,6 +306,12 @@ impl QMatMul {
                 .collect();
             mult.resize(pb.g.np(), 0.0);
             Some(mult)
+        } else if self.to_float {
+            let (mut scale, mut bias) = to_float_params(inputs, n)?;
+            scale.resize(pb.g.np(), 0.0);
+            bias.resize(pb.g.np(), 0.0);
+            float_bias = Some(bias);
+            Some(scale)
         } else {
             None
         };
@@ -299,8 +377,9 @@ impl QMatMul {
                 crate::kernels::qlinear::q8_tensor(out_dt, &shape, y)?
             }
             None if col_scale.is_some() => {
-                // QGemm without an output scale: float
+                // QGemm without an output scale, MatMulIntegerToFloat: float
                 e.scale = col_scale.as_deref().map(QVec::Col);
+                e.bias = float_bias.as_deref().map(QVec::Col);
                 let mut y = vec![0f32; m * n];
                 par_chunks_mut(cx.cpu, &mut y, chunk, work, &|ci, c| {
                     let r0 = ci * per;
@@ -343,6 +422,24 @@ impl Kernel for QMatMul {
     fn compute(&self, cx: &KernelCx<'_>, inputs: &[Option<&Value>]) -> Result<Vec<Value>> {
         match (self.fast(cx, inputs)?, &self.general) {
             (Some(t), _) => out1(t),
+            (None, Some(g)) if self.to_float => {
+                // the integer product of the general kernel, then the float epilogue
+                let ins = [0, 1, 4, 5].map(|i| inputs.get(i).copied().flatten());
+                let y = g.compute(cx, &ins)?;
+                let Some(y) = y.first() else {
+                    crate::bail!("MatMulIntegerToFloat: no product")
+                };
+                let y = y.as_tensor()?;
+                let n = y.shape().last().copied().unwrap_or(1).max(1);
+                let (scale, bias) = to_float_params(inputs, n)?;
+                let f: Vec<f32> = y
+                    .as_slice::<i32>()?
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &v)| v as f32 * scale[i % n] + bias[i % n])
+                    .collect();
+                out1(Tensor::from_vec(y.shape(), f)?)
+            }
             (None, Some(g)) => g.compute(cx, inputs),
             (None, None) => crate::unsupported!(
                 "QGemm: these shapes and quantization parameters are not supported"
