@@ -133,6 +133,37 @@ impl Then for Clamp {
 }
 
 /// Applies `act` to a vector.
+/// The whole vectors of an element-wise pass: `$store(i, act(a, $load(i)))` for each
+/// `i = 0, LANES, ..` below `$n`, with the activation matched once outside the loop for the
+/// costly ones (a `match` per vector costs an indirect jump and keeps the polynomials'
+/// constants from being hoisted). The load and store forms are written inline (no closures:
+/// they would not inherit the caller's target features).
+macro_rules! each_act {
+    ($V:ty, $a:expr, $n:expr, |$i:ident, $y:ident| $load:expr => $store:expr) => {{
+        let l = <$V>::LANES;
+        macro_rules! run {
+            ($act:expr) => {{
+                let mut k = 0;
+                while k + l <= $n {
+                    let $i = k;
+                    let $y = act::<$V>($act, $load);
+                    $store;
+                    k += l;
+                }
+            }};
+        }
+        match $a {
+            Act::Gelu => run!(Act::Gelu),
+            Act::Sigmoid => run!(Act::Sigmoid),
+            Act::Tanh => run!(Act::Tanh),
+            Act::Exp => run!(Act::Exp),
+            Act::Erf => run!(Act::Erf),
+            Act::GeluTanh => run!(Act::GeluTanh),
+            other => run!(other),
+        }
+    }};
+}
+
 #[inline(always)]
 pub fn act<V: VF32>(act: Act, v: V) -> V {
     let zero = V::splat(0.0);
@@ -187,13 +218,9 @@ pub fn unary<V: VF32>(a: Act, x: &[f32], out: &mut [f32]) {
 /// `x[i] = act(x[i])` in place.
 #[inline(always)]
 pub fn unary_inplace<V: VF32>(a: Act, x: &mut [f32]) {
-    let l = V::LANES;
     let n = x.len();
-    let mut i = 0;
-    while i + l <= n {
-        act(a, V::load(&x[i..])).store(&mut x[i..]);
-        i += l;
-    }
+    each_act!(V, a, n, |i, y| V::load(&x[i..]) => y.store(&mut x[i..]));
+    let i = n - n % V::LANES;
     if i < n {
         let mut buf = [0f32; 16];
         buf[..n - i].copy_from_slice(&x[i..n]);
@@ -308,13 +335,9 @@ pub fn binary_repeat_lhs<V: VF32>(op: BinOp, a: &[f32], b: &[f32], out: &mut [f3
 /// without the caller's target features, so its intrinsics would not inline.)
 #[inline(always)]
 fn map<V: VF32>(a: Act, x: &[f32], out: &mut [f32]) {
-    let l = V::LANES;
     let n = x.len().min(out.len());
-    let mut i = 0;
-    while i + l <= n {
-        act(a, V::load(&x[i..])).store(&mut out[i..]);
-        i += l;
-    }
+    each_act!(V, a, n, |i, y| V::load(&x[i..]) => y.store(&mut out[i..]));
+    let i = n - n % V::LANES;
     if i < n {
         let mut buf = [0f32; 16];
         buf[..n - i].copy_from_slice(&x[i..n]);
