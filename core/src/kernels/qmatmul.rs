@@ -19,7 +19,7 @@ use crate::kernels::nn::{q8_bytes, q8_key};
 use crate::kernels::par::par_chunks_mut;
 use crate::kernels::{opt_tensor_in, out1, tensor_in};
 use crate::provider::{Kernel, KernelCx};
-use crate::simd::{self, qcols_pack, qrows_pack, Isa, QEpi, QGemm, QGeom, QOut, QVec};
+use crate::simd::{self, qcols_pack, qrows_pack_on, Isa, QEpi, QGemm, QGeom, QOut, QVec};
 use crate::tensor::Tensor;
 use crate::value::Value;
 
@@ -337,7 +337,7 @@ impl QMatMul {
         let (flip, za) = if a_signed { (0, za) } else { (0x80, za - 128) };
         let mut rows = vec![0u8; m * pb.g.ka()];
         let mut rowsum = vec![0i32; m];
-        qrows_pack(&pb.g, &ab, m, k, flip, &mut rows, &mut rowsum);
+        qrows_pack_on(q_isa, &pb.g, &ab, m, k, flip, &mut rows, &mut rowsum);
         // -za * colsum(B) + K * za * zb, and -zb * rowsum(A)
         let col_add: Vec<i32> = (0..pb.g.np())
             .map(|j| {

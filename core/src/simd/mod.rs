@@ -37,7 +37,7 @@ pub use kernels::{Act, BinOp, Clamp, DwPlane, QBin, DW_BLOCK, Q8};
 pub use nbits::{q4_pack, q8_rows, w8_pack, w8_sub, NBits, Q4Packed, Q8Rows, W8Packed, X16Rows};
 pub use nchwc::{NcGeom, NCHWC};
 pub use portable::Portable;
-pub use qgemm::{qcols_pack, qrows_pack, QEpi, QGemm, QGeom, QOut, QVec};
+pub use qgemm::{qcols_pack, QEpi, QGemm, QGeom, QOut, QVec};
 
 use core::sync::atomic::{AtomicU8, Ordering};
 
@@ -336,6 +336,25 @@ pub fn w8_panels_on(
 
 /// The integer products of [`qgemm::qgemm_rows`] on `isa` (which must satisfy
 /// [`q4_runs_on`], with `p.g.lanes` its lanes: see [`q4_isa`]): rows `r0..r1` into `out`.
+/// [`qgemm::qrows_pack`] compiled for `isa` (the one `g` was made for).
+#[allow(clippy::too_many_arguments)]
+pub fn qrows_pack_on(
+    isa: Isa,
+    g: &QGeom,
+    src: &[u8],
+    m: usize,
+    ld: usize,
+    flip: u8,
+    out: &mut [u8],
+    sums: &mut [i32],
+) {
+    assert!(
+        q4_runs_on(isa) && g.lanes == isa_lanes(isa),
+        "qrows_pack_on: {isa:?}"
+    );
+    q_dispatch!(isa, qgemm::qrows_pack(g: &QGeom = g, src: &[u8] = src, m: usize = m, ld: usize = ld, flip: u8 = flip, out: &mut [u8] = out, sums: &mut [i32] = sums));
+}
+
 pub fn qgemm_rows_on(
     isa: Isa,
     p: &QGemm<'_>,
@@ -431,6 +450,17 @@ pub trait VF32: Copy {
     fn q_split(codes: Self::Q) -> (Self::Q, Self::Q) {
         let _ = codes;
         unreachable!("q_split is only called where Q_PAIRS is set")
+    }
+    /// For ISAs with [`VF32::Q_PAIRS`]: four quads of `s[..16]`, each byte `xor flip` read as
+    /// int8, as the i16 values `v0, v2, v1, v3` of each quad (little-endian) in `d[..32]`, the
+    /// row layout of [`qgemm::qrows_pack`].
+    #[inline(always)]
+    fn q_pairs16(s: &[u8], flip: u8, d: &mut [u8]) {
+        for (sq, dq) in s[..16].chunks_exact(4).zip(d[..32].chunks_exact_mut(8)) {
+            for (dd, t) in dq.chunks_exact_mut(2).zip([0, 2, 1, 3]) {
+                dd.copy_from_slice(&(((sq[t] ^ flip) as i8) as i16).to_le_bytes());
+            }
+        }
     }
     /// The bytes `b[0..4 * LANES]` as they are (panics if `b` is shorter).
     fn q_load(b: &[u8]) -> Self::Q;

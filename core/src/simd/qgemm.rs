@@ -139,8 +139,9 @@ pub fn qcols_pack(
 /// of `g.ka()` bytes in `out` (zero past `k`), and each row's sum of the copied values (read
 /// as int8) into `sums`. With `g.pairs`, each quad `v0..v3` is stored as the i16 values
 /// `v0, v2, v1, v3` (little-endian): the pairs that multiply a column quad's even and odd
-/// bytes.
-pub fn qrows_pack(
+/// bytes ([`VF32::q_pairs16`], four quads at a time).
+#[inline(always)]
+pub fn qrows_pack<V: VF32>(
     g: &QGeom,
     src: &[u8],
     m: usize,
@@ -151,17 +152,35 @@ pub fn qrows_pack(
 ) {
     let (k, ka) = (g.k, g.ka());
     assert!(
-        out.len() >= m * ka && sums.len() >= m && (m == 0 || src.len() >= (m - 1) * ld + k),
+        g.pairs == V::Q_PAIRS
+            && out.len() >= m * ka
+            && sums.len() >= m
+            && (m == 0 || src.len() >= (m - 1) * ld + k),
         "qrows_pack"
     );
+    let qb = if g.pairs { 8 } else { 4 };
     for i in 0..m {
         let s = &src[i * ld..i * ld + k];
         let d = &mut out[i * ka..(i + 1) * ka];
-        let mut sum = 0i32;
-        for (q, dq) in d.chunks_exact_mut(ka / g.kq().max(1)).enumerate() {
+        sums[i] = s.iter().map(|&b| (b ^ flip) as i8 as i32).sum();
+        // whole quads (sixteen bytes at a time with pairs), then the rest a quad at a time
+        let mut q = 0;
+        if g.pairs {
+            while 4 * q + 16 <= k {
+                V::q_pairs16(&s[4 * q..], flip, &mut d[8 * q..]);
+                q += 4;
+            }
+        } else {
+            let w = k - k % 4;
+            for (dd, &b) in d[..w].iter_mut().zip(&s[..w]) {
+                *dd = b ^ flip;
+            }
+            q = w / 4;
+        }
+        while q < g.kq() {
             let v = |t: usize| s.get(4 * q + t).map_or(0, |&b| (b ^ flip) as i8);
             let quad = [v(0), v(1), v(2), v(3)];
-            sum += quad.iter().map(|&x| x as i32).sum::<i32>();
+            let dq = &mut d[q * qb..(q + 1) * qb];
             if g.pairs {
                 for (dd, t) in dq.chunks_exact_mut(2).zip([0, 2, 1, 3]) {
                     dd.copy_from_slice(&(quad[t] as i16).to_le_bytes());
@@ -171,8 +190,8 @@ pub fn qrows_pack(
                     *dd = x as u8;
                 }
             }
+            q += 1;
         }
-        sums[i] = sum;
     }
 }
 

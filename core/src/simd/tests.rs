@@ -1388,7 +1388,7 @@ fn integer_products_are_exact_with_zero_points_on_every_isa() {
             qcols_pack(&g, &b, n, 0, &mut bp, Some(&mut colsum));
             let mut ap = alloc::vec![0u8; m * g.ka()];
             let mut rowsum = alloc::vec![0i32; m];
-            qrows_pack(&g, &a, m, k, 0, &mut ap, &mut rowsum);
+            qrows_pack_on(isa, &g, &a, m, k, 0, &mut ap, &mut rowsum);
             let p = QGemm {
                 m,
                 g,

@@ -213,6 +213,21 @@ impl VF32 for Avx2 {
         }
     }
     #[inline(always)]
+    fn q_pairs16(s: &[u8], flip: u8, d: &mut [u8]) {
+        let (s, d) = (&s[..16], &mut d[..32]);
+        // SAFETY: 16 bytes read, 32 written (the slices just taken); no alignment needed.
+        unsafe {
+            let x = _mm_xor_si128(
+                _mm_loadu_si128(s.as_ptr() as *const __m128i),
+                _mm_set1_epi8(flip as i8),
+            );
+            // v0 v1 v2 v3 -> v0 v2 v1 v3 in each quad (each 64-bit group of i16)
+            let w = _mm256_cvtepi8_epi16(x);
+            let w = _mm256_shufflehi_epi16::<0xD8>(_mm256_shufflelo_epi16::<0xD8>(w));
+            _mm256_storeu_si256(d.as_mut_ptr() as *mut __m256i, w);
+        }
+    }
+    #[inline(always)]
     fn q_load(b: &[u8]) -> __m256i {
         let b = &b[..32];
         // SAFETY: `b` has 32 bytes; the load has no alignment requirement.

@@ -10,7 +10,7 @@
 use alloc::borrow::Cow;
 
 use super::*;
-use crate::simd::{qcols_pack, qrows_pack, Isa, QEpi, QGemm, QGeom, QOut, QVec};
+use crate::simd::{qcols_pack, qrows_pack_on, Isa, QEpi, QGemm, QGeom, QOut, QVec};
 
 /// The bytes of an int8 or uint8 tensor (int8 as bit patterns), and whether it is int8.
 pub(crate) fn q8_bytes(t: &Tensor) -> Result<(Cow<'_, [u8]>, bool)> {
@@ -54,7 +54,7 @@ fn zero_points(zp: Option<&Tensor>, dt: DataType, m: usize) -> Result<Vec<i32>> 
 enum QWeights {
     Rows {
         /// `m` rows of `ka` bytes (int8; uint8 weights moved by -128), packed by
-        /// [`qrows_pack`] for the product's ISA.
+        /// [`qrows_pack_on`] for the product's ISA.
         rows: Vec<u8>,
         /// Each row's sum.
         sums: Vec<i32>,
@@ -77,7 +77,7 @@ impl QWeights {
             let g = simd::qgeom(isa, k, 1);
             let mut rows = vec![0u8; m * g.ka()];
             let mut sums = vec![0i32; m];
-            qrows_pack(&g, &wb, m, k, flip, &mut rows, &mut sums);
+            qrows_pack_on(isa, &g, &wb, m, k, flip, &mut rows, &mut sums);
             let zp = zp
                 .iter()
                 .map(|&z| if signed { z } else { z - 128 })
