@@ -602,12 +602,21 @@ pub trait VF32: Copy {
     /// zero below -87.3 (where `e^x` is not a normal f32); NaN propagates.
     #[inline(always)]
     fn exp_small(self) -> Self {
+        let (p, m) = self.max(Self::splat(-87.3)).exp_reduced();
+        let y = p.mul(m.pow2i());
+        self.lt_select(Self::splat(-87.3), Self::splat(0.0), y)
+    }
+
+    /// The shared part of [`VF32::exp_nonpositive`] and [`VF32::exp_small`] for a clamped
+    /// `x`: `(p, m)` with `e^x = p * 2^m`, `m = round(x / ln 2)` by the 1.5 * 2^23 rounding
+    /// bias, `r = x - m ln2` in two fused steps, `p` a degree-6 polynomial in `r` by fused
+    /// Horner steps (its last two coefficients 1).
+    #[inline(always)]
+    fn exp_reduced(self) -> (Self, Self) {
         let bias = Self::splat(12_582_912.0);
-        let x = self.max(Self::splat(-87.3));
-        let m = x
-            .fma(Self::splat(core::f32::consts::LOG2_E), bias)
-            .sub(bias);
-        let r = m.fma(Self::splat(-6.931_457_5e-1), x);
+        let biased = self.fma(Self::splat(core::f32::consts::LOG2_E), bias);
+        let m = biased.sub(bias);
+        let r = m.fma(Self::splat(-6.931_457_5e-1), self);
         let r = m.fma(Self::splat(-1.428_606_8e-6), r);
         let mut p = Self::splat(1.378_059_4e-3);
         p = p.fma(r, Self::splat(8.373_124_5e-3));
@@ -616,8 +625,7 @@ pub trait VF32: Copy {
         p = p.fma(r, Self::splat(4.999_998_5e-1));
         p = p.fma(r, Self::splat(1.0));
         p = p.fma(r, Self::splat(1.0));
-        let y = p.mul(m.pow2i());
-        self.lt_select(Self::splat(-87.3), Self::splat(0.0), y)
+        (p, m)
     }
 
     /// `erf(x)`: the Maclaurin series below |x| = 0.5, `1 - erfc(|x|)` with the sign restored
@@ -673,19 +681,7 @@ pub trait VF32: Copy {
     /// attention references); within about 2 ulp of `e^x`.
     #[inline(always)]
     fn exp_nonpositive(self) -> Self {
-        let bias = Self::splat(12_582_912.0);
-        let x = self.max(Self::splat(-88.376_26));
-        let biased = x.fma(Self::splat(core::f32::consts::LOG2_E), bias);
-        let m = biased.sub(bias);
-        let r = m.fma(Self::splat(-6.931_457_5e-1), x);
-        let r = m.fma(Self::splat(-1.428_606_8e-6), r);
-        let mut p = Self::splat(1.378_059_4e-3);
-        p = p.fma(r, Self::splat(8.373_124_5e-3));
-        p = p.fma(r, Self::splat(4.166_953_6e-2));
-        p = p.fma(r, Self::splat(1.666_647_2e-1));
-        p = p.fma(r, Self::splat(4.999_998_5e-1));
-        p = p.fma(r, Self::splat(1.0));
-        p = p.fma(r, Self::splat(1.0));
+        let (p, m) = self.max(Self::splat(-88.376_26)).exp_reduced();
         // m is in [-128, 0]: two halves keep each power of two normal
         p.scale2(m)
     }
