@@ -147,14 +147,17 @@ fn run(bytes: &[u8], level: OptLevel, c: usize) -> (Vec<f32>, Vec<String>) {
         .as_slice::<f32>()
         .unwrap()
         .to_vec();
-    let ops = s
-        .core()
+    (y, op_types(&s))
+}
+
+/// The op types of a session's graph after its rewrites.
+fn op_types(s: &Session) -> Vec<String> {
+    s.core()
         .graph()
         .nodes
         .iter()
         .map(|n| n.op_type.clone())
-        .collect();
-    (y, ops)
+        .collect()
 }
 
 #[test]
@@ -374,14 +377,7 @@ fn dynamic_quantization_products_write_floats_with_the_same_bits() {
                 .as_slice::<f32>()
                 .unwrap()
                 .to_vec();
-            let ops: Vec<String> = s
-                .core()
-                .graph()
-                .nodes
-                .iter()
-                .map(|n| n.op_type.clone())
-                .collect();
-            (y, ops)
+            (y, op_types(&s))
         };
         let (want, plain) = run(OptLevel::Basic);
         let (got, ops) = run(OptLevel::Extended);

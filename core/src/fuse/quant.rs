@@ -923,29 +923,26 @@ fn self_products(g: &mut Graph) -> Result<usize> {
     Ok(count)
 }
 
-/// `v`'s shape where inference knows every dimension.
-fn known_shape(g: &Graph, v: ValueId) -> Option<Vec<usize>> {
-    match &g.values[v].ty {
-        TypeInfo::Tensor { shape: Some(s), .. } => s
-            .iter()
-            .map(|d| match d {
-                crate::value::Dim::Known(n) => Some(*n),
-                _ => None,
-            })
-            .collect(),
+fn known_dim(d: &crate::value::Dim) -> Option<usize> {
+    match d {
+        crate::value::Dim::Known(n) => Some(*n),
         _ => None,
     }
 }
 
+/// `v`'s shape where inference knows every dimension.
+fn known_shape(g: &Graph, v: ValueId) -> Option<Vec<usize>> {
+    g.values[v]
+        .ty
+        .tensor_shape()?
+        .iter()
+        .map(known_dim)
+        .collect()
+}
+
 /// The number of columns of `v`'s last dimension, where inference knows it.
 fn last_dim(g: &Graph, v: ValueId) -> Option<usize> {
-    match &g.values[v].ty {
-        TypeInfo::Tensor { shape: Some(s), .. } => match s.last()? {
-            crate::value::Dim::Known(n) => Some(*n),
-            _ => None,
-        },
-        _ => None,
-    }
+    known_dim(g.values[v].ty.tensor_shape()?.last()?)
 }
 
 /// The dynamic quantization of a float MatMul (ONNX Runtime's `quantize_dynamic`):
