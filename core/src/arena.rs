@@ -24,6 +24,7 @@ use core::sync::atomic::{AtomicU64, Ordering};
 
 use crate::dtype::DataType;
 use crate::error::{Error, Result};
+use crate::governor::{Holder, Lease, Tier};
 use crate::planner::Region;
 use crate::provider::{CpuBackend, KernelCx};
 use crate::tensor::{numel, Data, Elem, Tensor};
@@ -51,6 +52,8 @@ pub fn arena_dtype(dt: DataType) -> bool {
 pub struct HostArena {
     ptr: NonNull<u8>,
     bytes: usize,
+    /// The governor's lease on these bytes, returned when the arena is freed.
+    _lease: Option<Lease>,
 }
 
 // SAFETY: the arena is plain memory; who may write which bytes when is governed by the plan
@@ -61,20 +64,29 @@ unsafe impl Sync for HostArena {}
 impl HostArena {
     /// Allocates `bytes` (an error, not an abort, when the allocator refuses).
     pub fn new(bytes: usize) -> Result<Arc<HostArena>> {
+        Self::leased(bytes, None)
+    }
+
+    /// Allocates `bytes` held by `lease` (taken for them before), which the arena returns
+    /// when it is freed.
+    pub fn leased(bytes: usize, lease: Option<Lease>) -> Result<Arc<HostArena>> {
         if bytes == 0 {
             return Ok(Arc::new(HostArena {
                 ptr: NonNull::<u64>::dangling().cast(),
                 bytes: 0,
+                _lease: lease,
             }));
         }
         let layout = Layout::from_size_align(bytes, crate::planner::ALIGN)
             .map_err(|_| Error::Other(alloc::format!("arena of {bytes} bytes is too large")))?;
         // SAFETY: the layout has a non-zero size.
         let p = unsafe { alloc_zeroed(layout) };
-        let ptr = NonNull::new(p).ok_or_else(|| {
-            Error::Other(alloc::format!("cannot allocate an arena of {bytes} bytes"))
-        })?;
-        Ok(Arc::new(HostArena { ptr, bytes }))
+        let ptr = NonNull::new(p).ok_or_else(|| crate::governor::refused(bytes))?;
+        Ok(Arc::new(HostArena {
+            ptr,
+            bytes,
+            _lease: lease,
+        }))
     }
 
     pub fn bytes(&self) -> usize {
@@ -204,6 +216,12 @@ pub(crate) fn region_to_data(r: &ArenaRegion, dt: DataType) -> Result<Data> {
     })
 }
 
+/// Bytes of `shape` elements of `dt` (an error when they overflow).
+fn dt_bytes(dt: DataType, shape: &[usize]) -> Result<usize> {
+    dt.storage_bytes(numel(shape)?)
+        .ok_or_else(|| Error::Shape(alloc::format!("the bytes of {dt} {shape:?} overflow")))
+}
+
 /// What the executor tells a kernel about the current step's planned memory.
 pub(crate) struct StepMem<'a> {
     pub arena: &'a Arc<HostArena>,
@@ -226,6 +244,8 @@ pub struct OutBuf<T: Elem> {
     dtype: DataType,
     shape: Vec<usize>,
     mem: Mem<T>,
+    /// The governor's lease on heap memory, passed on to the tensor.
+    lease: Option<Arc<Lease>>,
 }
 
 impl<T: Elem> OutBuf<T> {
@@ -238,6 +258,7 @@ impl<T: Elem> OutBuf<T> {
             dtype: T::DT,
             shape: shape.to_vec(),
             mem: Mem::Heap(v),
+            lease: None,
         })
     }
 
@@ -253,6 +274,7 @@ impl<T: Elem> OutBuf<T> {
             dtype: T::DT,
             shape: shape.to_vec(),
             mem: Mem::Heap(v),
+            lease: None,
         })
     }
 
@@ -278,8 +300,14 @@ impl<T: Elem> OutBuf<T> {
 
     pub fn into_tensor(self) -> Tensor {
         match self.mem {
-            Mem::Heap(v) => Tensor::from_vec(&self.shape, v)
-                .expect("an OutBuf's vector always matches its shape"),
+            Mem::Heap(v) => {
+                let mut t = Tensor::from_vec(&self.shape, v)
+                    .expect("an OutBuf's vector always matches its shape");
+                if let Some(l) = self.lease {
+                    t.set_lease(l);
+                }
+                t
+            }
             Mem::Arena(r) => Tensor::from_arena(self.dtype, self.shape, r),
         }
     }
@@ -293,6 +321,7 @@ pub struct RawOut<T: Elem> {
     fresh: Vec<T>,
     shape: Vec<usize>,
     n: usize,
+    lease: Option<Arc<Lease>>,
 }
 
 impl<T: Elem> RawOut<T> {
@@ -336,7 +365,9 @@ impl<T: Elem> RawOut<T> {
                 // SAFETY: capacity n (reserved in output_raw), all n written (the caller's
                 // promise)
                 unsafe { v.set_len(self.n) };
-                OutBuf::from_vec(&self.shape, v)
+                let mut b = OutBuf::from_vec(&self.shape, v)?;
+                b.lease = self.lease;
+                Ok(b)
             }
         }
     }
@@ -369,7 +400,11 @@ impl<T: Elem> DerefMut for OutBuf<T> {
 impl<'a> KernelCx<'a> {
     /// A context for running a kernel outside a planned run (outputs on the heap).
     pub fn new(cpu: &'a dyn CpuBackend) -> KernelCx<'a> {
-        KernelCx { cpu, mem: None }
+        KernelCx {
+            cpu,
+            mem: None,
+            account: None,
+        }
     }
 
     fn planned(&self, k: usize, dt: DataType, shape: &[usize]) -> Option<ArenaRegion> {
@@ -399,9 +434,26 @@ impl<'a> KernelCx<'a> {
                 dtype: T::DT,
                 shape: shape.to_vec(),
                 mem: Mem::Arena(r),
+                lease: None,
             }),
-            None => OutBuf::heap(shape),
+            None => {
+                let lease = self.lease_output(dt_bytes(T::DT, shape)?)?;
+                let mut b = OutBuf::heap(shape)?;
+                b.lease = Some(lease);
+                Ok(b)
+            }
         }
+    }
+
+    /// Leases `bytes` of host memory for an output this kernel is about to make on the heap
+    /// (from the session's account, or the process's budget alone): over a budget, the error
+    /// comes before the memory is allocated. [`KernelCx::output`] and
+    /// [`KernelCx::output_raw`] do it themselves.
+    pub fn lease_output(&self, bytes: usize) -> Result<Arc<Lease>> {
+        Lease::take(self.account, Tier::Host, Holder::Outputs, bytes, &|| {
+            crate::governor::KERNEL.into()
+        })
+        .map(Arc::new)
     }
 
     /// Memory for output `k` of `shape` that the kernel writes whole through a raw pointer
@@ -409,16 +461,18 @@ impl<'a> KernelCx<'a> {
     pub fn output_raw<T: Elem>(&self, k: usize, shape: &[usize]) -> Result<RawOut<T>> {
         let n = numel(shape)?;
         let planned = self.output_planned::<T>(k, shape);
-        let fresh = if planned.is_some() {
-            Vec::new()
+        let (fresh, lease) = if planned.is_some() {
+            (Vec::new(), None)
         } else {
-            Vec::with_capacity(n)
+            let lease = self.lease_output(dt_bytes(T::DT, shape)?)?;
+            (crate::governor::try_with_capacity(n)?, Some(lease))
         };
         Ok(RawOut {
             planned,
             fresh,
             shape: shape.to_vec(),
             n,
+            lease,
         })
     }
 
@@ -439,6 +493,7 @@ impl<'a> KernelCx<'a> {
             dtype: T::DT,
             shape: shape.to_vec(),
             mem: Mem::Arena(r),
+            lease: None,
         })
     }
 
@@ -465,6 +520,7 @@ impl<'a> KernelCx<'a> {
             dtype: T::DT,
             shape: x.shape().to_vec(),
             mem: Mem::Arena(xr.clone()),
+            lease: None,
         })
     }
 }

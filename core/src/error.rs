@@ -56,6 +56,20 @@ pub enum Error {
     Provider(String),
     /// A tokenizer file that cannot be read or used, or ids it cannot decode.
     Tokenizer(String),
+    /// A lease over a memory budget, or an allocation the system refused (see
+    /// [`crate::governor`]): raised before anything is written; the session stays usable.
+    OutOfMemory {
+        /// Whose budget refused: `host memory of the process`, `host memory of session 'x'`...
+        tier: String,
+        /// Bytes asked for.
+        requested: u64,
+        /// Bytes already leased under that budget.
+        in_use: u64,
+        /// The budget's limit (`u64::MAX`: none).
+        limit: u64,
+        /// What asked (a node's output, the weights, a memory plan's arena...).
+        holder: String,
+    },
     /// Anything else, with a message.
     Other(String),
 }
@@ -86,6 +100,19 @@ impl Error {
                 ctx: ctx.clone(),
                 detail,
             },
+            Error::OutOfMemory {
+                tier,
+                requested,
+                in_use,
+                limit,
+                holder,
+            } if holder == crate::governor::KERNEL => Error::OutOfMemory {
+                tier,
+                requested,
+                in_use,
+                limit,
+                holder: alloc::format!("an output of {ctx}"),
+            },
             e => e,
         }
     }
@@ -104,6 +131,7 @@ impl Error {
             Error::Io(_) => "io",
             Error::Provider(_) => "provider",
             Error::Tokenizer(_) => "tokenizer",
+            Error::OutOfMemory { .. } => "out_of_memory",
             Error::Other(_) => "other",
         }
     }
@@ -131,6 +159,24 @@ impl fmt::Display for Error {
             Error::Io(d) => write!(f, "i/o: {d}"),
             Error::Provider(d) => write!(f, "provider: {d}"),
             Error::Tokenizer(d) => write!(f, "tokenizer: {d}"),
+            Error::OutOfMemory {
+                tier,
+                requested,
+                in_use,
+                limit,
+                holder,
+            } => {
+                write!(f, "out of memory: {holder} asked for {requested} bytes of {tier}")?;
+                if *limit == u64::MAX {
+                    write!(f, " ({in_use} bytes leased)")
+                } else {
+                    write!(
+                        f,
+                        ", which has {in_use} of its {limit}-byte limit in use ({} bytes free)",
+                        limit.saturating_sub(*in_use)
+                    )
+                }
+            }
             Error::Other(d) => f.write_str(d),
         }
     }

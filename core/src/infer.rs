@@ -815,44 +815,56 @@ fn conv_shape(node: &Node, x: &Option<Vec<Dim>>, w: Option<Vec<Dim>>) -> Option<
             out.push(Dim::Unknown);
             continue;
         };
-        let n = n as i64;
-        let k = *kernel.get(i)?;
-        let s = *strides.get(i)?;
-        let d = *dil.get(i)?;
-        let ek = (k - 1) * d + 1;
-        let o = if op == "ConvTranspose" {
-            if let Some(os) = node.attr_ints("output_shape").ok().flatten() {
-                *os.get(os.len() - nsp + i)?
-            } else {
-                let op_ = node
-                    .attr_ints("output_padding")
-                    .ok()
-                    .flatten()
-                    .unwrap_or(vec![0; nsp]);
-                if auto_pad == "SAME_UPPER" || auto_pad == "SAME_LOWER" {
-                    n * s
-                } else {
-                    s * (n - 1) + op_[i] + ek - pads[i] - pads[i + nsp]
-                }
+        // checked throughout: hostile attributes (a zero stride, pads missing, sizes that
+        // overflow) leave the dimension unknown for the kernel to reject
+        let o = (|| -> Option<i64> {
+            let n = i64::try_from(n).ok()?;
+            let (k, s, d) = (*kernel.get(i)?, *strides.get(i)?, *dil.get(i)?);
+            if k <= 0 || s <= 0 || d <= 0 {
+                return None;
             }
-        } else {
-            match auto_pad.as_str() {
-                "SAME_UPPER" | "SAME_LOWER" => (n + s - 1) / s,
-                "VALID" => (n - ek) / s + 1,
-                _ => {
-                    let num = n + pads[i] + pads[i + nsp] - ek;
-                    if ceil {
-                        let mut o = (num + s - 1) / s + 1;
-                        if (o - 1) * s >= n + pads[i] {
-                            o -= 1;
-                        }
-                        o
+            let (pb, pe) = (*pads.get(i)?, *pads.get(i + nsp)?);
+            let ek = (k - 1).checked_mul(d)?.checked_add(1)?;
+            Some(if op == "ConvTranspose" {
+                if let Some(os) = node.attr_ints("output_shape").ok().flatten() {
+                    *os.get((os.len() + i).checked_sub(nsp)?)?
+                } else {
+                    let op_ = node
+                        .attr_ints("output_padding")
+                        .ok()
+                        .flatten()
+                        .unwrap_or(vec![0; nsp]);
+                    if auto_pad == "SAME_UPPER" || auto_pad == "SAME_LOWER" {
+                        n.checked_mul(s)?
                     } else {
-                        num / s + 1
+                        s.checked_mul(n - 1)?
+                            .checked_add(*op_.get(i)?)?
+                            .checked_add(ek)?
+                            .checked_sub(pb)?
+                            .checked_sub(pe)?
                     }
                 }
-            }
-        };
+            } else {
+                match auto_pad.as_str() {
+                    "SAME_UPPER" | "SAME_LOWER" => n.checked_add(s - 1)? / s,
+                    "VALID" => n.checked_sub(ek)? / s + 1,
+                    _ => {
+                        let padded = n.checked_add(pb)?;
+                        let num = padded.checked_add(pe)?.checked_sub(ek)?;
+                        if ceil {
+                            let mut o = num.checked_add(s - 1)? / s + 1;
+                            if (o - 1).checked_mul(s)? >= padded {
+                                o -= 1;
+                            }
+                            o
+                        } else {
+                            num / s + 1
+                        }
+                    }
+                }
+            })
+        })()
+        .unwrap_or(-1);
         out.push(if o >= 0 {
             Dim::Known(o as usize)
         } else {

@@ -14,6 +14,7 @@ pub mod embedded;
 pub mod error;
 pub mod fuse;
 pub mod genai;
+pub mod governor;
 pub mod infer;
 pub mod ir;
 pub mod kernels;

@@ -79,6 +79,9 @@ pub trait CpuBackend: Send + Sync {
 pub struct KernelCx<'a> {
     pub cpu: &'a dyn CpuBackend,
     pub(crate) mem: Option<crate::arena::StepMem<'a>>,
+    /// The session's memory account, which heap outputs are leased from (the process's
+    /// budget alone without one).
+    pub(crate) account: Option<&'a alloc::sync::Arc<crate::governor::Account>>,
 }
 
 /// A compiled operator instance (attributes parsed, ready to run).

@@ -10,6 +10,7 @@ use alloc::vec::Vec;
 use crate::arena::{arena_dtype, HostArena, StepMem};
 use crate::dtype::DataType;
 use crate::error::{Error, Result};
+use crate::governor::{Account, Holder, Lease, MemorySnapshot, Tier};
 use crate::infer;
 use crate::ir::{Graph, Node, ValueId};
 use crate::loader::Model;
@@ -74,6 +75,10 @@ pub struct SessionOptions {
     /// Keep kernels from packing constant weights at load (`Kernel::prepare`): less memory
     /// (packed copies sit next to the initializers), slower Conv/MatMul/Gemm.
     pub disable_prepacking: bool,
+    /// This session's host memory budget in bytes (`None`: only the process's, see
+    /// [`crate::governor`]). Its weights, arenas and heap outputs are leased from it; over it,
+    /// loading or a run fails with [`Error::OutOfMemory`] and the session stays usable.
+    pub memory_limit: Option<usize>,
 }
 
 /// A public description of a graph input or output.
@@ -330,6 +335,8 @@ pub struct Session {
     plans_built: AtomicUsize,
     last_stats: spin::Mutex<Option<MemoryPlanStats>>,
     log: spin::Mutex<ProfileLog>,
+    /// The session's memory account (see [`crate::governor`]).
+    account: Arc<Account>,
 }
 
 /// Model metadata kept after load.
@@ -421,6 +428,13 @@ impl Session {
                 report.devices.push((p.name().to_string(), d));
             }
         }
+        let name = if model.graph.name.is_empty() {
+            "session"
+        } else {
+            model.graph.name.as_str()
+        };
+        let account = Account::new(name, opts.memory_limit);
+        lease_weights(&account, &mut model.graph)?;
         let graph = Arc::new(model.graph);
         let t1 = clock();
         let prepack = !opts.disable_prepacking;
@@ -458,6 +472,7 @@ impl Session {
                 plans_built: AtomicUsize::new(0),
                 last_stats: spin::Mutex::new(None),
                 log: spin::Mutex::new(log),
+                account,
             },
             report,
         ))
@@ -503,6 +518,17 @@ impl Session {
         for p in &self.providers {
             p.release_cached();
         }
+    }
+
+    /// What this session holds, tier by tier and holder by holder, with peaks and its limit
+    /// (`nxrt run --memory-report` prints it).
+    pub fn memory_snapshot(&self) -> MemorySnapshot {
+        self.account.snapshot()
+    }
+
+    /// The session's memory account (its budgets; see [`crate::governor`]).
+    pub fn memory_account(&self) -> &Arc<Account> {
+        &self.account
     }
 
     pub fn partition(&self) -> &PartitionReport {
@@ -831,7 +857,17 @@ impl Session {
                 let taken = rp.arena.lock().take();
                 let arena = match taken {
                     Some(a) if Arc::strong_count(&a) == 1 => a,
-                    _ => HostArena::new(rp.mem.stats.arena_bytes)?,
+                    _ => {
+                        let bytes = rp.mem.stats.arena_bytes;
+                        let lease = Lease::take(
+                            Some(&self.account),
+                            Tier::Host,
+                            Holder::Arena,
+                            bytes,
+                            &|| alloc::format!("the activation arena of '{}'", plan.graph.name),
+                        )?;
+                        HostArena::leased(bytes, Some(lease))?
+                    }
                 };
                 let cx = RunCx {
                     arena: Some((&arena, &rp)),
@@ -1088,6 +1124,7 @@ impl Session {
                     let cx = KernelCx {
                         cpu: self.providers[provider].cpu_backend(),
                         mem: None,
+                        account: Some(&self.account),
                     };
                     kernel
                         .compute_owned(&cx, owned)
@@ -1119,6 +1156,7 @@ impl Session {
                             let cx = KernelCx {
                                 cpu: self.providers[*provider].cpu_backend(),
                                 mem,
+                                account: Some(&self.account),
                             };
                             kernel
                                 .compute(&cx, &inputs)
@@ -1198,8 +1236,14 @@ impl Session {
                         rec.observe(plan, si, step, &env, &outs, &self.providers);
                     }
                 }
-                for (slot, v) in node.outputs.iter().zip(outs) {
+                for (slot, mut v) in node.outputs.iter().zip(outs) {
                     if let Some(id) = slot {
+                        // heap memory a kernel made without a lease is leased now
+                        v.try_for_each_tensor_mut(&mut |t| {
+                            lease_tensor(&self.account, t, &|| {
+                                alloc::format!("an output of {}", node.ctx())
+                            })
+                        })?;
                         env[*id] = Some(v);
                     }
                 }
@@ -1217,6 +1261,12 @@ impl Session {
                 })?;
                 if let Some((arena, _)) = rc.arena {
                     settle(&mut v, arena, None)?;
+                    // what left the arena is on the heap now
+                    v.try_for_each_tensor_mut(&mut |t| {
+                        lease_tensor(&self.account, t, &|| {
+                            alloc::format!("graph output '{}'", g.values[id].name)
+                        })
+                    })?;
                 }
                 outs.push(v);
             }
@@ -2034,6 +2084,52 @@ fn span_since(clock: Clock, phase: Phase, what: u32, t0: u64) -> RawSpan {
         start_ns: t0,
         dur_ns: clock().saturating_sub(t0),
     }
+}
+
+/// Leases `t`'s heap storage from `account` when no lease covers it yet.
+fn lease_tensor(account: &Arc<Account>, t: &mut Tensor, what: &dyn Fn() -> String) -> Result<()> {
+    if t.needs_lease() {
+        let bytes = t.storage_bytes();
+        if bytes > 0 {
+            let l = Lease::take(Some(account), Tier::Host, Holder::Outputs, bytes, what)?;
+            t.set_lease(Arc::new(l));
+        }
+    }
+    Ok(())
+}
+
+/// Leases the host storage of `g`'s initializers (once per storage shared by several) from
+/// `account` as its weights.
+fn lease_weights(account: &Arc<Account>, g: &mut Graph) -> Result<()> {
+    let mut seen: alloc::collections::BTreeMap<usize, Arc<Lease>> = Default::default();
+    for (id, v) in &mut g.initializers {
+        let name = &g.values[*id].name;
+        v.try_for_each_tensor_mut(&mut |t| {
+            if !t.needs_lease() {
+                return Ok(());
+            }
+            let Some(addr) = t.host_storage_addr() else {
+                return Ok(());
+            };
+            let l = match seen.get(&addr) {
+                Some(l) => l.clone(),
+                None => {
+                    let l = Arc::new(Lease::take(
+                        Some(account),
+                        Tier::Host,
+                        Holder::Weights,
+                        t.storage_bytes(),
+                        &|| alloc::format!("initializer '{name}'"),
+                    )?);
+                    seen.insert(addr, l.clone());
+                    l
+                }
+            };
+            t.set_lease(l);
+            Ok(())
+        })?;
+    }
+    Ok(())
 }
 
 /// Leaves `v` as is when it is on the heap or exactly at `planned` in `arena`; otherwise copies

@@ -70,29 +70,32 @@ impl Data {
         }
     }
 
-    /// Zero-filled storage for `n` elements of `dt`.
+    /// Zero-filled storage for `n` elements of `dt`: an error, never an abort, when the
+    /// system allocator refuses it ([`crate::governor::try_zeroed`]).
     pub fn zeros(dt: DataType, n: usize) -> Result<Data> {
+        use crate::governor::try_zeroed as z;
         Ok(match dt {
-            DataType::Float => Data::F32(vec![0.0; n]),
-            DataType::Double => Data::F64(vec![0.0; n]),
-            DataType::Float16 => Data::F16(vec![f16::ZERO; n]),
-            DataType::Bfloat16 => Data::BF16(vec![bf16::ZERO; n]),
-            DataType::Int8 => Data::I8(vec![0; n]),
-            DataType::Int16 => Data::I16(vec![0; n]),
-            DataType::Int32 => Data::I32(vec![0; n]),
-            DataType::Int64 => Data::I64(vec![0; n]),
-            DataType::Uint8 => Data::U8(vec![0; n]),
-            DataType::Uint16 => Data::U16(vec![0; n]),
-            DataType::Uint32 => Data::U32(vec![0; n]),
-            DataType::Uint64 => Data::U64(vec![0; n]),
-            DataType::Bool => Data::Bool(vec![false; n]),
-            DataType::String => Data::Str(vec![String::new(); n]),
-            other => Data::Raw(vec![
-                0;
-                other.storage_bytes(n).ok_or_else(|| Error::Shape(
-                    "size overflow".into()
-                ))?
-            ]),
+            DataType::Float => Data::F32(z(n)?),
+            DataType::Double => Data::F64(z(n)?),
+            DataType::Float16 => Data::F16(z(n)?),
+            DataType::Bfloat16 => Data::BF16(z(n)?),
+            DataType::Int8 => Data::I8(z(n)?),
+            DataType::Int16 => Data::I16(z(n)?),
+            DataType::Int32 => Data::I32(z(n)?),
+            DataType::Int64 => Data::I64(z(n)?),
+            DataType::Uint8 => Data::U8(z(n)?),
+            DataType::Uint16 => Data::U16(z(n)?),
+            DataType::Uint32 => Data::U32(z(n)?),
+            DataType::Uint64 => Data::U64(z(n)?),
+            DataType::Bool => Data::Bool(z(n)?),
+            DataType::String => {
+                let mut v = crate::governor::try_with_capacity(n)?;
+                v.resize(n, String::new());
+                Data::Str(v)
+            }
+            other => Data::Raw(z(other
+                .storage_bytes(n)
+                .ok_or_else(|| Error::Shape("size overflow".into()))?)?),
         })
     }
 }
@@ -201,6 +204,9 @@ pub struct Tensor {
     strides: Vec<isize>,
     offset: usize,
     buf: Buffer,
+    /// The memory governor's lease on this tensor's host storage (shared by its views), when
+    /// a session's executor or a kernel took one ([`crate::governor`]).
+    lease: Option<Arc<crate::governor::Lease>>,
 }
 
 impl fmt::Debug for Tensor {
@@ -265,6 +271,7 @@ impl Tensor {
             strides,
             offset: 0,
             buf: Buffer::Host(Arc::new(data)),
+            lease: None,
         }
     }
 
@@ -296,6 +303,7 @@ impl Tensor {
             strides,
             offset: 0,
             buf: Buffer::Device { provider, buf },
+            lease: None,
         }
     }
 
@@ -340,6 +348,33 @@ impl Tensor {
 
     pub fn buffer(&self) -> &Buffer {
         &self.buf
+    }
+    /// The memory governor's lease on this tensor's storage, if one was taken.
+    pub fn lease(&self) -> Option<&crate::governor::Lease> {
+        self.lease.as_deref()
+    }
+    /// Whether this is heap storage no lease covers yet.
+    pub(crate) fn needs_lease(&self) -> bool {
+        self.lease.is_none() && matches!(self.buf, Buffer::Host(_))
+    }
+    /// Gives this tensor's storage `lease` (its views made from now on share it).
+    pub(crate) fn set_lease(&mut self, lease: Arc<crate::governor::Lease>) {
+        self.lease = Some(lease);
+    }
+    /// The address of this tensor's heap storage (the same for every tensor sharing it).
+    pub(crate) fn host_storage_addr(&self) -> Option<usize> {
+        match &self.buf {
+            Buffer::Host(d) => Some(Arc::as_ptr(d) as usize),
+            _ => None,
+        }
+    }
+    /// Bytes of the whole storage behind this tensor (all of it, not only this view's).
+    pub fn storage_bytes(&self) -> usize {
+        match &self.buf {
+            Buffer::Host(d) => d.byte_len(),
+            Buffer::Arena(r) => r.bytes(),
+            Buffer::Device { buf, .. } => buf.byte_len(),
+        }
     }
     /// Host storage, or `None` for device tensors.
     pub fn host_data(&self) -> Option<&Data> {
@@ -417,6 +452,7 @@ impl Tensor {
             strides,
             offset: 0,
             buf: Buffer::Arena(region),
+            lease: None,
         }
     }
 
@@ -446,6 +482,7 @@ impl Tensor {
             strides: self.strides.clone(),
             offset: self.offset,
             buf: Buffer::Host(Arc::new(data)),
+            lease: None,
         };
         if t.is_full_contiguous() {
             Ok(t)
@@ -526,6 +563,7 @@ impl Tensor {
             strides: contiguous_strides(shape),
             offset: 0,
             buf: Buffer::Host(Arc::new(Data::U8(Vec::new()))),
+            lease: None,
         }
     }
 
@@ -600,6 +638,7 @@ impl Tensor {
             strides: contiguous_strides(shape),
             offset: base.offset,
             buf: base.buf,
+            lease: base.lease,
         })
     }
 
@@ -630,6 +669,7 @@ impl Tensor {
             strides: perm.iter().map(|&p| self.strides[p]).collect(),
             offset: self.offset,
             buf: self.buf.clone(),
+            lease: self.lease.clone(),
         })
     }
 
@@ -683,6 +723,7 @@ impl Tensor {
             strides,
             offset: self.offset,
             buf: self.buf.clone(),
+            lease: self.lease.clone(),
         })
     }
 

@@ -126,6 +126,30 @@ impl From<Tensor> for Value {
 }
 
 impl Value {
+    /// Calls `f` on every tensor inside (sequence items, map keys and values, an optional's
+    /// content), stopping at the first error.
+    pub fn try_for_each_tensor_mut(
+        &mut self,
+        f: &mut dyn FnMut(&mut Tensor) -> crate::error::Result<()>,
+    ) -> crate::error::Result<()> {
+        match self {
+            Value::Tensor(t) => f(t),
+            Value::Sequence { items, .. } => items
+                .iter_mut()
+                .try_for_each(|v| v.try_for_each_tensor_mut(f)),
+            Value::Map(m) => {
+                f(&mut m.keys)?;
+                m.values
+                    .iter_mut()
+                    .try_for_each(|v| v.try_for_each_tensor_mut(f))
+            }
+            Value::Optional { value, .. } => match value {
+                Some(b) => b.try_for_each_tensor_mut(f),
+                None => Ok(()),
+            },
+        }
+    }
+
     pub fn as_tensor(&self) -> Result<&Tensor> {
         match self {
             Value::Tensor(t) => Ok(t),

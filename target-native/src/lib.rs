@@ -18,6 +18,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 pub use alloc::LargePages;
+pub use nxrt_core::governor;
 pub use nxrt_core::planner::MemoryPlanStats;
 pub use nxrt_core::profile::{
     activation_memory_plan_enabled, disable_activation_memory_plan_for_process,
@@ -225,6 +226,7 @@ pub struct SessionBuilder {
     phase_profile: bool,
     keep_freed_memory: bool,
     prepack_weights: bool,
+    memory_limit: Option<usize>,
 }
 
 impl Default for SessionBuilder {
@@ -237,6 +239,7 @@ impl Default for SessionBuilder {
             phase_profile: false,
             keep_freed_memory: true,
             prepack_weights: true,
+            memory_limit: None,
         }
     }
 }
@@ -283,6 +286,15 @@ impl SessionBuilder {
         self
     }
 
+    /// This session's host memory budget in bytes (default none: only the process's, which
+    /// [`governor::set_process_limit`] sets). Its weights, activation arenas and heap outputs
+    /// are leased from it; over it, loading or a run fails with `Error::OutOfMemory` and the
+    /// session stays usable. `Session::memory_snapshot` reports what it holds.
+    pub fn memory_limit(mut self, bytes: Option<usize>) -> Self {
+        self.memory_limit = bytes;
+        self
+    }
+
     fn options(&self) -> SessionOptions {
         SessionOptions {
             optimization: self.optimization,
@@ -290,6 +302,7 @@ impl SessionBuilder {
             phase_profile: self.phase_profile,
             clock: Some(now_ns),
             disable_prepacking: !self.prepack_weights,
+            memory_limit: self.memory_limit,
         }
     }
 
@@ -491,6 +504,16 @@ impl Session {
     /// Memory plans built so far (planned-mode shape misses plus eager diagnostic re-plans).
     pub fn memory_plans_built(&self) -> usize {
         self.inner.memory_plans_built()
+    }
+    /// What this session holds by tier and holder (weights, arenas, outputs), with peaks and
+    /// its limit (see [`governor`]).
+    pub fn memory_snapshot(&self) -> governor::MemorySnapshot {
+        self.inner.memory_snapshot()
+    }
+    /// Frees what the session caches between runs (its memory plans' arenas, providers'
+    /// pooled buffers) now; the next run allocates again.
+    pub fn release_cached(&self) {
+        self.inner.release_cached()
     }
     pub fn mode(&self) -> ExecMode {
         self.inner.mode()

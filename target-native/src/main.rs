@@ -206,6 +206,11 @@ struct Common {
     /// With --phase-profile: how many of the slowest nodes the table lists (0 = all).
     #[arg(long, default_value_t = 15, value_name = "N")]
     profile_nodes: usize,
+    /// The process's host memory budget for what nxrt allocates (weights, activation arenas,
+    /// outputs), e.g. `64MiB`, `1.5GB`, `1000000` (bytes). Over it the command fails with an
+    /// out-of-memory error (exit code 1) instead of allocating.
+    #[arg(long, value_name = "SIZE")]
+    memory_limit: Option<String>,
 }
 
 #[derive(Args)]
@@ -274,6 +279,7 @@ fn main() -> ExitCode {
                 phase_profile: false,
                 trace: None,
                 profile_nodes: 15,
+                memory_limit: None,
             },
             output_dir: None,
             memory_report: false,
@@ -290,6 +296,78 @@ fn main() -> ExitCode {
         Err(e) => {
             eprintln!("error[{}]: {e}", e.kind());
             ExitCode::from(1)
+        }
+    }
+}
+
+/// A size as `--memory-limit` takes it: bytes, or a number with a unit (`KiB`, `MiB`, `GiB`,
+/// `TiB` in powers of 1024; `kB`, `KB`, `MB`, `GB`, `TB` in powers of 1000; `B`).
+fn parse_size(s: &str) -> Result<usize, Error> {
+    let t = s.trim();
+    let split = t
+        .find(|ch: char| !(ch.is_ascii_digit() || ch == '.'))
+        .unwrap_or(t.len());
+    let (num, unit) = (t[..split].trim(), t[split..].trim());
+    let bad = || {
+        Error::Input(format!(
+            "--memory-limit {s}: expected a size such as 64MiB, 1.5GB or 1000000"
+        ))
+    };
+    let v: f64 = num.parse().map_err(|_| bad())?;
+    let mult: f64 = match unit {
+        "" | "B" => 1.0,
+        "KiB" | "K" | "k" => 1024.0,
+        "MiB" | "M" => 1024.0 * 1024.0,
+        "GiB" | "G" => 1024.0 * 1024.0 * 1024.0,
+        "TiB" | "T" => 1024.0f64.powi(4),
+        "kB" | "KB" => 1e3,
+        "MB" => 1e6,
+        "GB" => 1e9,
+        "TB" => 1e12,
+        _ => return Err(bad()),
+    };
+    let b = v * mult;
+    if !b.is_finite() || b < 0.0 || b >= usize::MAX as f64 {
+        return Err(bad());
+    }
+    Ok(b as usize)
+}
+
+/// Applies `--memory-limit` to the process's host budget.
+fn apply_memory_limit(c: &Common) -> Result<(), Error> {
+    if let Some(s) = &c.memory_limit {
+        nxrt::governor::set_process_limit(nxrt::governor::Tier::Host, Some(parse_size(s)?));
+    }
+    Ok(())
+}
+
+/// The governor's figures for `--memory-report`.
+fn print_governor(session: &Session) {
+    let show = |b: usize| mib(b as u64);
+    let limit = |l: Option<usize>| l.map_or("none".to_string(), show);
+    for snap in [
+        session.memory_snapshot(),
+        nxrt::governor::process_snapshot(),
+    ] {
+        for t in &snap.tiers {
+            println!(
+                "memory leases ({} {}): in use {}, peak {}, limit {}, {} leases",
+                snap.name,
+                t.tier,
+                show(t.in_use),
+                show(t.peak),
+                limit(t.limit),
+                t.leases
+            );
+            for h in &t.holders {
+                println!(
+                    "  {}: in use {}, peak {}, {} leases",
+                    h.holder.name(),
+                    show(h.in_use),
+                    show(h.peak),
+                    h.leases
+                );
+            }
         }
     }
 }
@@ -554,6 +632,7 @@ fn summarize(v: &Value) -> String {
 
 fn run(a: RunArgs) -> Result<(), Error> {
     let c = &a.common;
+    apply_memory_limit(c)?;
     if a.memory_report && c.mode == "eager" {
         // an eager run reports its plan only through the planner's own diagnostics gate
         nxrt::enable_activation_memory_plan_for_process();
@@ -646,6 +725,7 @@ fn run(a: RunArgs) -> Result<(), Error> {
             Some(b) => println!("peak resident memory: {}", mib(b)),
             None => println!("peak resident memory: unknown on this OS"),
         }
+        print_governor(&session);
     }
     report_profile(&session, c)?;
     Ok(())
@@ -653,6 +733,7 @@ fn run(a: RunArgs) -> Result<(), Error> {
 
 fn bench(a: BenchArgs) -> Result<(), Error> {
     let c = &a.common;
+    apply_memory_limit(c)?;
     let session = builder(c)?.load(&a.model)?;
     let feeds = feeds_for(&session, c)?;
     for _ in 0..a.warmup {
@@ -780,6 +861,7 @@ fn generate(a: GenerateArgs) -> Result<(), Error> {
         phase_profile: a.phase_profile,
         trace: None,
         profile_nodes: a.profile_nodes,
+        memory_limit: None,
     };
     let mut g = Generator::from_folder(&a.model_dir, &builder(&common)?)?;
     let opts = GenOptions {

@@ -689,7 +689,7 @@ fn permuted(x: &Tensor, perm: &[usize]) -> Result<Tensor> {
     let strides: Vec<isize> = perm.iter().map(|&p| cs[p]).collect();
     let dt = x.dtype();
     dispatch_red!(dt, T => {
-        let v = copy_strided(&x.as_slice::<T>()?, &shape, &strides, 0);
+        let v = copy_strided(&x.as_slice::<T>()?, &shape, &strides, 0)?;
         Tensor::from_vec(&shape, v)
     }, else Err(bad_type("Reduce", dt)))
 }

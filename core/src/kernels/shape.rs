@@ -539,21 +539,22 @@ pub(crate) fn copy_strided<T: Clone>(
     shape: &[usize],
     strides: &[isize],
     offset: isize,
-) -> Vec<T> {
+) -> Result<Vec<T>> {
     let n = prod(shape);
-    let mut out = Vec::with_capacity(n);
+    if !core::mem::needs_drop::<T>() && n > 0 {
+        let dims = coalesce(shape, strides);
+        if let Some(a) = tiled_axis(&dims).filter(|_| !dims.is_empty()) {
+            return copy_tiled(src, &dims, a, offset, n);
+        }
+    }
+    let mut out = crate::governor::try_with_capacity(n)?;
     if n == 0 {
-        return out;
+        return Ok(out);
     }
     let dims = coalesce(shape, strides);
     if dims.is_empty() {
         out.push(src[offset as usize].clone());
-        return out;
-    }
-    if !core::mem::needs_drop::<T>() {
-        if let Some(a) = tiled_axis(&dims) {
-            return copy_tiled(src, &dims, a, offset, n);
-        }
+        return Ok(out);
     }
     let ld = dims[dims.len() - 1].0;
     for_each_run(&dims, offset, |b, ls| {
@@ -569,7 +570,7 @@ pub(crate) fn copy_strided<T: Clone>(
             }
         }
     });
-    out
+    Ok(out)
 }
 
 /// [`copy_strided`] into `out` (the view's length), except for views that take the tiled
@@ -639,7 +640,7 @@ fn copy_tiled<T: Clone>(
     a: usize,
     offset: isize,
     n: usize,
-) -> Vec<T> {
+) -> Result<Vec<T>> {
     const B: usize = 16;
     let r = dims.len();
     let mut ostr = vec![0usize; r];
@@ -648,7 +649,8 @@ fn copy_tiled<T: Clone>(
         ostr[i] = acc;
         acc *= dims[i].0;
     }
-    let mut out: Vec<T> = vec![src[offset as usize].clone(); n];
+    let mut out: Vec<T> = crate::governor::try_with_capacity(n)?;
+    out.resize(n, src[offset as usize].clone());
     let (da, oa) = (dims[a].0, ostr[a]);
     let (ld, ls) = dims[r - 1];
     // the other outer dims: (size, source stride, output stride)
@@ -679,7 +681,7 @@ fn copy_tiled<T: Clone>(
         let mut ax = others.len();
         loop {
             if ax == 0 {
-                return out;
+                return Ok(out);
             }
             ax -= 1;
             let (d, s, o) = others[ax];
@@ -721,10 +723,27 @@ fn view_copy(
             return Ok(t);
         }
     }
-    dispatch_item!(dt, T => {
+    // the copy's memory is leased first: a view can be far larger than its source (Expand
+    // and Tile to sizes read from data)
+    let bytes = dt
+        .storage_bytes(numel(shape)?)
+        .ok_or_else(|| Error::Shape(alloc::format!("{op}: the bytes of {shape:?} overflow")))?;
+    let lease = match cx {
+        Some(cx) => cx.lease_output(bytes)?,
+        None => alloc::sync::Arc::new(crate::governor::Lease::take(
+            None,
+            crate::governor::Tier::Host,
+            crate::governor::Holder::Outputs,
+            bytes,
+            &|| crate::governor::KERNEL.into(),
+        )?),
+    };
+    let mut t = dispatch_item!(dt, T => {
         let src = T::load(x)?;
-        T::store(dt, shape, copy_strided(&src, shape, strides, offset))
-    }, else unsupported_type(op, dt))
+        T::store(dt, shape, copy_strided(&src, shape, strides, offset)?)
+    }, else unsupported_type(op, dt))?;
+    t.set_lease(lease);
+    Ok(t)
 }
 
 /// Row-major copy of `x` with its axes permuted (`out[i] = in[perm[i]]`).
@@ -1663,16 +1682,16 @@ fn build_pad(node: &Node) -> Result<Box<dyn Kernel>> {
             bail!("Pad needs a '{name}' attribute before opset 11");
         };
         let value = node.get_f("value", 0.0)? as f64;
-        return kernel(move |_cx, inputs| {
+        return kernel(move |cx, inputs| {
             let x = tensor_in(inputs, 0)?;
             let dt = x.dtype();
             out1(
-                dispatch_num!(dt, T => pad_t::<T>(x, &pads, mode, T::from_f64(value)),
+                dispatch_num!(dt, T => pad_t::<T>(cx, x, &pads, mode, T::from_f64(value)),
                 else unsupported_type("Pad", dt))?,
             )
         });
     }
-    kernel(move |_cx, inputs| {
+    kernel(move |cx, inputs| {
         let x = tensor_in(inputs, 0)?;
         let r = x.rank();
         let raw = ints_of(tensor_in(inputs, 1)?)?;
@@ -1700,54 +1719,71 @@ fn build_pad(node: &Node) -> Result<Box<dyn Kernel>> {
                 Some(c) => cl(&T::load(c)?[0]),
                 None => T::zero(),
             };
-            pad_t::<T>(x, &pads, mode, c)
+            pad_t::<T>(cx, x, &pads, mode, c)
         }, else unsupported_type("Pad", dt))?)
     })
 }
 
-/// Source index along one axis for each output position (`None`: the constant).
-fn pad_axis_map(d: usize, pb: i64, pe: i64, mode: PadMode) -> Result<Vec<Option<usize>>> {
-    let d = d as i64;
+/// The uncropped range and the output length of one padded axis: `(lo, cd, pb, out)` with
+/// `lo` the first source index kept, `cd` the count kept, `pb` the zero-or-more leading pads.
+/// Checked arithmetic: absurd pads are an error, never an overflow.
+fn pad_axis(d: usize, pb: i64, pe: i64, mode: PadMode) -> Result<(i64, i64, i64, usize)> {
+    let too_big = || Error::Shape(alloc::format!("Pad of {pb} and {pe} around {d} overflows"));
+    let d = i64::try_from(d).map_err(|_| too_big())?;
     // negative pads crop first
-    let lo = (-pb).max(0);
-    let hi = d - (-pe).max(0);
-    let cd = hi - lo;
+    let lo = pb.checked_neg().ok_or_else(too_big)?.max(0);
+    let hi = d
+        .checked_sub(pe.checked_neg().ok_or_else(too_big)?.max(0))
+        .ok_or_else(too_big)?;
+    let cd = hi.checked_sub(lo).ok_or_else(too_big)?;
     if cd < 0 {
         bail!("Pad crops more than the dimension of {d}");
     }
     let (pb, pe) = (pb.max(0), pe.max(0));
-    let out = cd + pb + pe;
+    let out = cd
+        .checked_add(pb)
+        .and_then(|o| o.checked_add(pe))
+        .ok_or_else(too_big)?;
     if out > 0 && cd == 0 && mode != PadMode::Constant {
         bail!("Pad mode {mode:?} cannot pad an empty dimension");
     }
-    Ok((0..out)
-        .map(|o| {
-            let j = o - pb;
-            let k = if (0..cd).contains(&j) {
-                j
-            } else {
-                match mode {
-                    PadMode::Constant => return None,
-                    PadMode::Edge => j.clamp(0, cd - 1),
-                    PadMode::Wrap => j.rem_euclid(cd),
-                    PadMode::Reflect => {
-                        if cd == 1 {
-                            0
+    Ok((lo, cd, pb, usize::try_from(out).map_err(|_| too_big())?))
+}
+
+/// Source index along one axis for each output position (`None`: the constant), for the
+/// geometry [`pad_axis`] checked.
+fn pad_axis_map(
+    (lo, cd, pb, out): (i64, i64, i64, usize),
+    mode: PadMode,
+) -> Result<Vec<Option<usize>>> {
+    let mut m = crate::governor::try_with_capacity(out)?;
+    m.extend((0..out as i64).map(|o| {
+        let j = o - pb;
+        let k = if (0..cd).contains(&j) {
+            j
+        } else {
+            match mode {
+                PadMode::Constant => return None,
+                PadMode::Edge => j.clamp(0, cd - 1),
+                PadMode::Wrap => j.rem_euclid(cd),
+                PadMode::Reflect => {
+                    if cd == 1 {
+                        0
+                    } else {
+                        let p = 2 * (cd - 1);
+                        let m = j.rem_euclid(p);
+                        if m >= cd {
+                            p - m
                         } else {
-                            let p = 2 * (cd - 1);
-                            let m = j.rem_euclid(p);
-                            if m >= cd {
-                                p - m
-                            } else {
-                                m
-                            }
+                            m
                         }
                     }
                 }
-            };
-            Some((lo + k) as usize)
-        })
-        .collect())
+            }
+        };
+        Some((lo + k) as usize)
+    }));
+    Ok(m)
 }
 
 fn push_mapped<T: Clone>(out: &mut Vec<T>, src: &[T], b: usize, map: &[Option<usize>], c: &T) {
@@ -1757,22 +1793,38 @@ fn push_mapped<T: Clone>(out: &mut Vec<T>, src: &[T], b: usize, map: &[Option<us
     }));
 }
 
-fn pad_t<T: Item>(x: &Tensor, pads: &[i64], mode: PadMode, cval: T) -> Result<Tensor> {
+fn pad_t<T: Item>(
+    cx: &KernelCx<'_>,
+    x: &Tensor,
+    pads: &[i64],
+    mode: PadMode,
+    cval: T,
+) -> Result<Tensor> {
     let shape = x.shape();
     let r = shape.len();
     if pads.len() != 2 * r {
         bail!("Pad has {} pads for rank {r}", pads.len());
     }
-    let maps: Vec<Vec<Option<usize>>> = (0..r)
-        .map(|i| pad_axis_map(shape[i], pads[i], pads[r + i], mode))
+    let axes: Vec<_> = (0..r)
+        .map(|i| pad_axis(shape[i], pads[i], pads[r + i], mode))
         .collect::<Result<_>>()?;
-    let oshape: Vec<usize> = maps.iter().map(|m| m.len()).collect();
+    let oshape: Vec<usize> = axes.iter().map(|a| a.3).collect();
     let n = numel(&oshape)?;
     let dt = x.dtype();
     if r == 0 {
         return Ok(x.clone());
     }
-    let mut out = Vec::with_capacity(n);
+    // the output's memory is leased before anything is built (every axis map is at most `n`
+    // long once `n > 0`)
+    let lease = cx.lease_output(n.saturating_mul(core::mem::size_of::<T>()))?;
+    let mut out = crate::governor::try_with_capacity(n)?;
+    let maps: Vec<Vec<Option<usize>>> = if n > 0 {
+        axes.iter()
+            .map(|&a| pad_axis_map(a, mode))
+            .collect::<Result<_>>()?
+    } else {
+        Vec::new()
+    };
     if n > 0 {
         let src = T::load(x)?;
         let cs = contiguous_strides(shape);
@@ -1819,7 +1871,9 @@ fn pad_t<T: Item>(x: &Tensor, pads: &[i64], mode: PadMode, cval: T) -> Result<Te
             }
         }
     }
-    T::store(dt, &oshape, out)
+    let mut t = T::store(dt, &oshape, out)?;
+    t.set_lease(lease);
+    Ok(t)
 }
 
 // ----------------------------------------------------------------------------- generators
@@ -1834,21 +1888,41 @@ fn build_constant_of_shape(node: &Node) -> Result<Box<dyn Kernel>> {
         }
         None => Tensor::scalar(0f32),
     };
-    kernel(move |_cx, inputs| {
+    kernel(move |cx, inputs| {
         let shape = dims_of(&ints_of(tensor_in(inputs, 0)?)?)?;
-        out1(fill(&value, &shape)?)
+        out1(fill(cx, &value, &shape)?)
     })
 }
 
+/// `n` copies of `e`, in memory leased from `cx` first (an error, not an abort, when the shape
+/// is absurd); the lease goes on the tensor `store` makes of them.
+fn filled<T: Clone>(
+    cx: &KernelCx<'_>,
+    e: T,
+    n: usize,
+    store: impl FnOnce(Vec<T>) -> Result<Tensor>,
+) -> Result<Tensor> {
+    let lease = cx.lease_output(n.saturating_mul(core::mem::size_of::<T>()))?;
+    let mut v = crate::governor::try_with_capacity(n)?;
+    v.resize(n, e);
+    let mut t = store(v)?;
+    t.set_lease(lease);
+    Ok(t)
+}
+
 /// A tensor of `shape` filled with the single element of `v`.
-fn fill(v: &Tensor, shape: &[usize]) -> Result<Tensor> {
+fn fill(cx: &KernelCx<'_>, v: &Tensor, shape: &[usize]) -> Result<Tensor> {
     let n = numel(shape)?;
     let dt = v.dtype();
     if dt.is_sub_byte() {
         let bits = dt.bits();
         let e = v.raw_bytes()?.first().copied().unwrap_or(0) & ((1u8 << bits) - 1);
         let pat = if bits == 4 { e | (e << 4) } else { e * 0x55 };
-        let mut bytes = vec![pat; dt.storage_bytes(n).unwrap_or(0)];
+        let len = dt
+            .storage_bytes(n)
+            .ok_or_else(|| Error::Shape(alloc::format!("the bytes of {shape:?} overflow")))?;
+        let mut bytes = crate::governor::try_with_capacity(len)?;
+        bytes.resize(len, pat);
         let tail = (n * bits) % 8;
         if let (Some(l), true) = (bytes.last_mut(), tail != 0) {
             *l &= (1u8 << tail) - 1;
@@ -1857,7 +1931,7 @@ fn fill(v: &Tensor, shape: &[usize]) -> Result<Tensor> {
     }
     dispatch_item!(dt, T => {
         let e = cl(&T::load(v)?[0]);
-        T::store(dt, shape, vec![e; n])
+        filled(cx, e, n, |v| T::store(dt, shape, v))
     }, else unsupported_type("ConstantOfShape", dt))
 }
 
@@ -1866,7 +1940,7 @@ fn build_range(node: &Node) -> Result<Box<dyn Kernel>> {
     if stash != 1 && stash != 11 {
         unsupported!("Range stash_type {stash} is not supported");
     }
-    kernel(move |_cx, inputs| {
+    kernel(move |cx, inputs| {
         let s = tensor_in(inputs, 0)?;
         let l = tensor_in(inputs, 1)?;
         let d = tensor_in(inputs, 2)?;
@@ -1881,12 +1955,18 @@ fn build_range(node: &Node) -> Result<Box<dyn Kernel>> {
             return out1(unsupported_type("Range", dt)?);
         }
         out1(
-            dispatch_num!(dt, T => range_t::<T>(s, l, d, stash), else unsupported_type("Range", dt))?,
+            dispatch_num!(dt, T => range_t::<T>(cx, s, l, d, stash), else unsupported_type("Range", dt))?,
         )
     })
 }
 
-fn range_t<T: Num>(s: &Tensor, l: &Tensor, d: &Tensor, stash: i64) -> Result<Tensor> {
+fn range_t<T: Num>(
+    cx: &KernelCx<'_>,
+    s: &Tensor,
+    l: &Tensor,
+    d: &Tensor,
+    stash: i64,
+) -> Result<Tensor> {
     let dt = s.dtype();
     if dt.is_float() {
         let (s, l, d) = (
@@ -1904,16 +1984,18 @@ fn range_t<T: Num>(s: &Tensor, l: &Tensor, d: &Tensor, stash: i64) -> Result<Ten
             bail!("Range output of {n} elements is too large");
         }
         let low = matches!(dt, DataType::Float16 | DataType::Bfloat16) && stash == 1;
-        let v: Vec<T> = (0..n)
-            .map(|i| {
-                if low {
-                    T::from_f64((s as f32 + i as f32 * d as f32) as f64)
-                } else {
-                    T::from_f64(s + i as f64 * d)
-                }
-            })
-            .collect();
-        return T::store(dt, &[n], v);
+        let lease = cx.lease_output(n.saturating_mul(core::mem::size_of::<T>()))?;
+        let mut v: Vec<T> = crate::governor::try_with_capacity(n)?;
+        v.extend((0..n).map(|i| {
+            if low {
+                T::from_f64((s as f32 + i as f32 * d as f32) as f64)
+            } else {
+                T::from_f64(s + i as f64 * d)
+            }
+        }));
+        let mut t = T::store(dt, &[n], v)?;
+        t.set_lease(lease);
+        return Ok(t);
     }
     let (s, l, d) = (
         scalar_i64(s, "start")? as i128,
@@ -1932,8 +2014,13 @@ fn range_t<T: Num>(s: &Tensor, l: &Tensor, d: &Tensor, stash: i64) -> Result<Ten
     if n > (isize::MAX as i128) / 16 {
         bail!("Range output of {n} elements is too large");
     }
-    let v: Vec<T> = (0..n).map(|i| T::from_i64((s + i * d) as i64)).collect();
-    T::store(dt, &[n as usize], v)
+    let n = n as usize;
+    let lease = cx.lease_output(n.saturating_mul(core::mem::size_of::<T>()))?;
+    let mut v: Vec<T> = crate::governor::try_with_capacity(n)?;
+    v.extend((0..n as i128).map(|i| T::from_i64((s + i * d) as i64)));
+    let mut t = T::store(dt, &[n], v)?;
+    t.set_lease(lease);
+    Ok(t)
 }
 
 fn build_constant(node: &Node) -> Result<Box<dyn Kernel>> {
@@ -2234,7 +2321,7 @@ fn unique_t<T: Plain>(x: &Tensor, axis: Option<i64>, sorted: bool) -> Result<Vec
             let shape: Vec<usize> = perm.iter().map(|&p| x.shape()[p]).collect();
             let cs = contiguous_strides(x.shape());
             let strides: Vec<isize> = perm.iter().map(|&p| cs[p]).collect();
-            let v = copy_strided(&T::load(x)?, &shape, &strides, 0);
+            let v = copy_strided(&T::load(x)?, &shape, &strides, 0)?;
             let n = x.shape()[a];
             (v, n, prod(&shape[1..]), Some(a))
         }
@@ -3365,7 +3452,7 @@ mod tests {
         let src: Vec<u32> = (0..2 * 9 * 10).collect();
         let shape = [10, 3, 9, 2];
         let strides = [1isize, 0, 10, 90];
-        let out = copy_strided(&src, &shape, &strides, 0);
+        let out = copy_strided(&src, &shape, &strides, 0).unwrap();
         let mut p = 0;
         for a in 0..10 {
             for b in 0..3 {

@@ -1,0 +1,576 @@
+//! The memory governor: budgets per memory tier, and leases that hold part of them.
+//!
+//! Every allocation nxrt makes for a session (its weights, the activation arena of each memory
+//! plan, the outputs kernels make on the heap) first takes a [`Lease`] of its size. A lease is
+//! charged against two budgets of its [`Tier`] at once: the process's (one per tier, shared by
+//! every session, [`set_process_limit`]) and the session's own [`Account`] (its limit,
+//! `SessionOptions::memory_limit`). It is returned to both when it drops, exactly once (a
+//! `Lease` is not `Clone`; tensors share one through an `Arc`).
+//!
+//! Taking a lease either charges both budgets or neither: when the process budget has room but
+//! the session's has not, the process charge is returned before the error leaves, so a refused
+//! lease changes no other holder's figures. Over a budget is [`Error::OutOfMemory`], raised
+//! before the memory is allocated; the session stays usable (its next run with smaller inputs
+//! succeeds).
+//!
+//! Everything here is atomics (no locks, no OS), so the governor is the same on every target.
+//! Limits are `usize::MAX` (none) unless set; the figures are counted either way, for
+//! [`Account::snapshot`] and `nxrt run --memory-report`.
+//!
+//! The allocation itself is fallible too ([`try_zeroed`]): a size the system allocator refuses
+//! is an error, never an abort, whether or not a limit is set.
+
+use alloc::alloc::{alloc_zeroed, Layout};
+use alloc::string::{String, ToString};
+use alloc::sync::Arc;
+use alloc::vec::Vec;
+use core::fmt;
+use core::sync::atomic::{AtomicUsize, Ordering};
+
+use half::{bf16, f16};
+
+use crate::error::{Error, Result};
+
+/// A kind of memory with its own budget.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Tier {
+    /// Host (CPU) memory.
+    Host,
+    /// Memory of the device of a session's provider `i` (see [`crate::Location::Device`]).
+    Device(u16),
+}
+
+impl fmt::Display for Tier {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Tier::Host => f.write_str("host"),
+            Tier::Device(i) => write!(f, "device {i}"),
+        }
+    }
+}
+
+/// The holder name of a lease a kernel takes for its output; the executor replaces it with the
+/// node's name in an [`Error::OutOfMemory`].
+pub const KERNEL: &str = "a kernel";
+
+/// Device tiers with budgets of their own; devices past the last share its budget.
+pub const MAX_DEVICES: usize = 8;
+const TIERS: usize = 1 + MAX_DEVICES;
+
+fn tier_index(t: Tier) -> usize {
+    match t {
+        Tier::Host => 0,
+        Tier::Device(i) => 1 + (i as usize).min(MAX_DEVICES - 1),
+    }
+}
+
+fn tier_at(i: usize) -> Tier {
+    if i == 0 {
+        Tier::Host
+    } else {
+        Tier::Device((i - 1) as u16)
+    }
+}
+
+/// What a lease pays for; an account reports each apart.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Holder {
+    /// The model's initializers (constant weights).
+    Weights,
+    /// The activation arenas of the memory plans.
+    Arena,
+    /// Values kernels made on the heap (eager runs, graph outputs, what the plan does not
+    /// place).
+    Outputs,
+    /// A decoder's key/value cache.
+    Cache,
+    /// Anything else.
+    Other,
+}
+
+const HOLDERS: [Holder; 5] = [
+    Holder::Weights,
+    Holder::Arena,
+    Holder::Outputs,
+    Holder::Cache,
+    Holder::Other,
+];
+
+impl Holder {
+    pub fn name(self) -> &'static str {
+        match self {
+            Holder::Weights => "weights",
+            Holder::Arena => "arena",
+            Holder::Outputs => "outputs",
+            Holder::Cache => "cache",
+            Holder::Other => "other",
+        }
+    }
+    fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// A limit, what is in use under it, its peak and the number of live leases.
+#[derive(Debug)]
+pub struct Budget {
+    limit: AtomicUsize,
+    in_use: AtomicUsize,
+    peak: AtomicUsize,
+    leases: AtomicUsize,
+}
+
+impl Budget {
+    /// A budget with `limit` bytes (`None`: no limit).
+    pub const fn new(limit: Option<usize>) -> Budget {
+        Budget {
+            limit: AtomicUsize::new(match limit {
+                Some(l) => l,
+                None => usize::MAX,
+            }),
+            in_use: AtomicUsize::new(0),
+            peak: AtomicUsize::new(0),
+            leases: AtomicUsize::new(0),
+        }
+    }
+
+    pub fn limit(&self) -> Option<usize> {
+        match self.limit.load(Ordering::Relaxed) {
+            usize::MAX => None,
+            l => Some(l),
+        }
+    }
+
+    /// Sets the limit. Memory already leased stays leased (a limit below it refuses new leases
+    /// until enough is returned).
+    pub fn set_limit(&self, limit: Option<usize>) {
+        self.limit
+            .store(limit.unwrap_or(usize::MAX), Ordering::Relaxed);
+    }
+
+    pub fn in_use(&self) -> usize {
+        self.in_use.load(Ordering::Acquire)
+    }
+
+    pub fn peak(&self) -> usize {
+        self.peak.load(Ordering::Relaxed)
+    }
+
+    /// Live leases.
+    pub fn leases(&self) -> usize {
+        self.leases.load(Ordering::Acquire)
+    }
+
+    /// Starts a new peak from what is in use now.
+    pub fn reset_peak(&self) {
+        self.peak.store(self.in_use(), Ordering::Relaxed);
+    }
+
+    /// Charges `bytes` if they fit under the limit; otherwise changes nothing and returns what
+    /// was in use.
+    fn take(&self, bytes: usize) -> core::result::Result<(), usize> {
+        let limit = self.limit.load(Ordering::Relaxed);
+        let mut cur = self.in_use.load(Ordering::Relaxed);
+        loop {
+            let new = match cur.checked_add(bytes) {
+                Some(n) if n <= limit => n,
+                _ => return Err(cur),
+            };
+            match self
+                .in_use
+                .compare_exchange_weak(cur, new, Ordering::AcqRel, Ordering::Relaxed)
+            {
+                Ok(_) => {
+                    self.peak.fetch_max(new, Ordering::Relaxed);
+                    self.leases.fetch_add(1, Ordering::AcqRel);
+                    return Ok(());
+                }
+                Err(c) => cur = c,
+            }
+        }
+    }
+
+    fn give(&self, bytes: usize) {
+        self.in_use.fetch_sub(bytes, Ordering::AcqRel);
+        self.leases.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+static PROCESS: [Budget; TIERS] = [const { Budget::new(None) }; TIERS];
+
+/// The process-wide budget of `tier`, which every session's leases are charged against.
+pub fn process_budget(tier: Tier) -> &'static Budget {
+    &PROCESS[tier_index(tier)]
+}
+
+/// Sets the process-wide limit of `tier` (`None`: no limit).
+pub fn set_process_limit(tier: Tier, limit: Option<usize>) {
+    process_budget(tier).set_limit(limit);
+}
+
+/// A session's memory: its own budget per tier, and per tier what each [`Holder`] holds.
+#[derive(Debug)]
+pub struct Account {
+    name: String,
+    tiers: [Budget; TIERS],
+    holders: [[Budget; HOLDERS.len()]; TIERS],
+}
+
+impl Account {
+    /// An account named `name` (errors and reports say whose memory it is) with a host limit.
+    pub fn new(name: &str, host_limit: Option<usize>) -> Arc<Account> {
+        let a = Account {
+            name: name.to_string(),
+            tiers: [const { Budget::new(None) }; TIERS],
+            holders: [const { [const { Budget::new(None) }; HOLDERS.len()] }; TIERS],
+        };
+        a.tiers[0].set_limit(host_limit);
+        Arc::new(a)
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// This account's budget of `tier`.
+    pub fn budget(&self, tier: Tier) -> &Budget {
+        &self.tiers[tier_index(tier)]
+    }
+
+    /// What `holder` holds of `tier` (its limit is never set).
+    pub fn holder(&self, tier: Tier, holder: Holder) -> &Budget {
+        &self.holders[tier_index(tier)][holder.index()]
+    }
+
+    /// The account's figures, tier by tier (tiers it never used are left out, except the host).
+    pub fn snapshot(&self) -> MemorySnapshot {
+        let mut tiers = Vec::new();
+        for (i, b) in self.tiers.iter().enumerate() {
+            if i != 0 && b.peak() == 0 && b.limit().is_none() {
+                continue;
+            }
+            tiers.push(TierUsage {
+                tier: tier_at(i),
+                in_use: b.in_use(),
+                peak: b.peak(),
+                limit: b.limit(),
+                leases: b.leases(),
+                holders: HOLDERS
+                    .iter()
+                    .map(|&h| {
+                        let hb = &self.holders[i][h.index()];
+                        HolderUsage {
+                            holder: h,
+                            in_use: hb.in_use(),
+                            peak: hb.peak(),
+                            leases: hb.leases(),
+                        }
+                    })
+                    .collect(),
+            });
+        }
+        MemorySnapshot {
+            name: self.name.clone(),
+            tiers,
+        }
+    }
+}
+
+/// The process's figures, tier by tier (device tiers only where used or limited).
+pub fn process_snapshot() -> MemorySnapshot {
+    let mut tiers = Vec::new();
+    for (i, b) in PROCESS.iter().enumerate() {
+        if i != 0 && b.peak() == 0 && b.limit().is_none() {
+            continue;
+        }
+        tiers.push(TierUsage {
+            tier: tier_at(i),
+            in_use: b.in_use(),
+            peak: b.peak(),
+            limit: b.limit(),
+            leases: b.leases(),
+            holders: Vec::new(),
+        });
+    }
+    MemorySnapshot {
+        name: "process".into(),
+        tiers,
+    }
+}
+
+/// Figures of a process or of one session ([`Account::snapshot`], [`process_snapshot`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MemorySnapshot {
+    /// `process`, or the session's account name.
+    pub name: String,
+    pub tiers: Vec<TierUsage>,
+}
+
+/// One tier of a [`MemorySnapshot`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TierUsage {
+    pub tier: Tier,
+    /// Bytes leased now.
+    pub in_use: usize,
+    /// The most bytes leased at once since the start (or [`Budget::reset_peak`]).
+    pub peak: usize,
+    pub limit: Option<usize>,
+    /// Live leases.
+    pub leases: usize,
+    /// Per holder (a session's snapshot; empty for the process).
+    pub holders: Vec<HolderUsage>,
+}
+
+/// What one [`Holder`] holds of a tier.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HolderUsage {
+    pub holder: Holder,
+    pub in_use: usize,
+    pub peak: usize,
+    pub leases: usize,
+}
+
+/// Bytes of a tier held for a holder: charged to the process and (with one) to a session's
+/// account when taken, returned to both when dropped.
+#[derive(Debug)]
+pub struct Lease {
+    tier: Tier,
+    holder: Holder,
+    bytes: usize,
+    account: Option<Arc<Account>>,
+}
+
+impl Lease {
+    /// Charges `bytes` of `tier` for `holder` to the process and to `account`, or returns
+    /// [`Error::OutOfMemory`] naming the budget that refused, with nothing charged.
+    /// `what` names the holder in that error (a node's output, say).
+    pub fn take(
+        account: Option<&Arc<Account>>,
+        tier: Tier,
+        holder: Holder,
+        bytes: usize,
+        what: &dyn Fn() -> String,
+    ) -> Result<Lease> {
+        let process = process_budget(tier);
+        if let Err(in_use) = process.take(bytes) {
+            return Err(Error::OutOfMemory {
+                tier: alloc::format!("{tier} memory of the process"),
+                requested: bytes as u64,
+                in_use: in_use as u64,
+                limit: process.limit().map_or(u64::MAX, |l| l as u64),
+                holder: what(),
+            });
+        }
+        if let Some(a) = account {
+            let b = a.budget(tier);
+            if let Err(in_use) = b.take(bytes) {
+                process.give(bytes);
+                return Err(Error::OutOfMemory {
+                    tier: alloc::format!("{tier} memory of session '{}'", a.name),
+                    requested: bytes as u64,
+                    in_use: in_use as u64,
+                    limit: b.limit().map_or(u64::MAX, |l| l as u64),
+                    holder: what(),
+                });
+            }
+            // a holder's budget has no limit: this always succeeds
+            let _ = a.holder(tier, holder).take(bytes);
+        }
+        Ok(Lease {
+            tier,
+            holder,
+            bytes,
+            account: account.cloned(),
+        })
+    }
+
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    pub fn tier(&self) -> Tier {
+        self.tier
+    }
+
+    pub fn holder(&self) -> Holder {
+        self.holder
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        process_budget(self.tier).give(self.bytes);
+        if let Some(a) = &self.account {
+            a.budget(self.tier).give(self.bytes);
+            a.holder(self.tier, self.holder).give(self.bytes);
+        }
+    }
+}
+
+/// Element types whose all-zero bit pattern is a valid value (zero, or `false`).
+///
+/// # Safety
+/// Implementors must be plain data for which every zero byte pattern is a valid value.
+pub unsafe trait ZeroBits: Sized {}
+
+macro_rules! zero_bits {
+    ($($t:ty),*) => { $(unsafe impl ZeroBits for $t {})* };
+}
+zero_bits!(f32, f64, f16, bf16, i8, i16, i32, i64, u8, u16, u32, u64, bool);
+
+/// A vector of `n` zeros, or an error (never an abort) when its size overflows or the system
+/// allocator refuses it. Large blocks come zeroed from the allocator (untouched pages), as
+/// `vec![0; n]` does.
+pub fn try_zeroed<T: ZeroBits>(n: usize) -> Result<Vec<T>> {
+    let layout = Layout::array::<T>(n).map_err(|_| {
+        Error::Shape(alloc::format!(
+            "{n} elements of {} bytes overflow the address space",
+            core::mem::size_of::<T>()
+        ))
+    })?;
+    if layout.size() == 0 {
+        let mut v = Vec::new();
+        v.resize_with(n, || {
+            // SAFETY: `T: ZeroBits` (and zero-sized here)
+            unsafe { core::mem::zeroed() }
+        });
+        return Ok(v);
+    }
+    // SAFETY: the layout has a non-zero size.
+    let p = unsafe { alloc_zeroed(layout) } as *mut T;
+    if p.is_null() {
+        return Err(refused(layout.size()));
+    }
+    // SAFETY: allocated by the global allocator with `Layout::array::<T>(n)`, so a `Vec` of
+    // capacity `n` owns it; its `n` elements are zero bits, valid for `T: ZeroBits`.
+    Ok(unsafe { Vec::from_raw_parts(p, n, n) })
+}
+
+/// An empty vector with room for `n` elements, or an error where `try_reserve` fails.
+pub fn try_with_capacity<T>(n: usize) -> Result<Vec<T>> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(n)
+        .map_err(|_| refused(n.saturating_mul(core::mem::size_of::<T>())))?;
+    Ok(v)
+}
+
+/// The error of an allocation the system allocator refused.
+pub fn refused(bytes: usize) -> Error {
+    Error::OutOfMemory {
+        tier: "host memory (the system allocator refused it)".into(),
+        requested: bytes as u64,
+        in_use: process_budget(Tier::Host).in_use() as u64,
+        limit: u64::MAX,
+        holder: KERNEL.into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn what() -> String {
+        "test".into()
+    }
+
+    #[test]
+    fn a_lease_is_returned_exactly_once_to_both_budgets() {
+        let a = Account::new("t", Some(1000));
+        let p0 = process_budget(Tier::Device(5)).in_use();
+        let l = Lease::take(Some(&a), Tier::Device(5), Holder::Arena, 300, &what).unwrap();
+        assert_eq!(a.budget(Tier::Device(5)).in_use(), 300);
+        assert_eq!(a.holder(Tier::Device(5), Holder::Arena).in_use(), 300);
+        assert_eq!(a.budget(Tier::Device(5)).leases(), 1);
+        assert!(process_budget(Tier::Device(5)).in_use() >= p0 + 300);
+        drop(l);
+        assert_eq!(a.budget(Tier::Device(5)).in_use(), 0);
+        assert_eq!(a.budget(Tier::Device(5)).leases(), 0);
+        assert_eq!(a.holder(Tier::Device(5), Holder::Arena).in_use(), 0);
+        assert_eq!(a.budget(Tier::Device(5)).peak(), 300);
+    }
+
+    #[test]
+    fn a_refused_lease_charges_nothing_and_names_the_budget() {
+        let a = Account::new("small", None);
+        a.budget(Tier::Device(6)).set_limit(Some(100));
+        let held = Lease::take(Some(&a), Tier::Device(6), Holder::Weights, 60, &what).unwrap();
+        let p = process_budget(Tier::Device(6)).in_use();
+        let e = Lease::take(Some(&a), Tier::Device(6), Holder::Outputs, 41, &what).unwrap_err();
+        match e {
+            Error::OutOfMemory {
+                tier,
+                requested,
+                in_use,
+                limit,
+                holder,
+            } => {
+                assert_eq!((requested, in_use, limit), (41, 60, 100));
+                assert!(tier.contains("session 'small'"), "{tier}");
+                assert_eq!(holder, "test");
+            }
+            e => panic!("{e}"),
+        }
+        // nothing moved: not the session, not the process, not the other holder
+        assert_eq!(process_budget(Tier::Device(6)).in_use(), p);
+        assert_eq!(a.budget(Tier::Device(6)).in_use(), 60);
+        assert_eq!(a.holder(Tier::Device(6), Holder::Outputs).in_use(), 0);
+        assert_eq!(a.holder(Tier::Device(6), Holder::Weights).in_use(), 60);
+        // what fits still fits
+        let l = Lease::take(Some(&a), Tier::Device(6), Holder::Outputs, 40, &what).unwrap();
+        drop((l, held));
+        assert_eq!(a.budget(Tier::Device(6)).in_use(), 0);
+    }
+
+    #[test]
+    fn the_process_limit_binds_every_account() {
+        let t = Tier::Device(7);
+        set_process_limit(t, Some(process_budget(t).in_use() + 50));
+        let (a, b) = (Account::new("a", None), Account::new("b", None));
+        let la = Lease::take(Some(&a), t, Holder::Other, 30, &what).unwrap();
+        let e = Lease::take(Some(&b), t, Holder::Other, 30, &what).unwrap_err();
+        assert!(matches!(&e, Error::OutOfMemory { tier, .. } if tier.contains("process")));
+        assert_eq!(b.budget(t).in_use(), 0);
+        drop(la);
+        let lb = Lease::take(Some(&b), t, Holder::Other, 30, &what).unwrap();
+        drop(lb);
+        set_process_limit(t, None);
+    }
+
+    #[test]
+    fn concurrent_leases_never_oversubscribe() {
+        extern crate std;
+        let a = Account::new("c", None);
+        let t = Tier::Device(4);
+        a.budget(t).set_limit(Some(1000));
+        let hs: Vec<_> = (0..8)
+            .map(|i| {
+                let a = a.clone();
+                std::thread::spawn(move || {
+                    let mut ok = 0;
+                    for j in 0..2000 {
+                        let n = 1 + (i * 37 + j * 11) % 300;
+                        if let Ok(l) = Lease::take(Some(&a), t, Holder::Other, n, &what) {
+                            assert!(a.budget(t).in_use() <= 1000);
+                            ok += 1;
+                            drop(l);
+                        }
+                    }
+                    ok
+                })
+            })
+            .collect();
+        let ok: usize = hs.into_iter().map(|h| h.join().unwrap()).sum();
+        assert!(ok > 0);
+        assert!(a.budget(t).peak() <= 1000);
+        assert_eq!((a.budget(t).in_use(), a.budget(t).leases()), (0, 0));
+    }
+
+    #[test]
+    fn refused_allocations_are_errors() {
+        assert!(try_zeroed::<u64>(usize::MAX / 4).is_err());
+        assert!(try_zeroed::<u8>(usize::MAX / 2).is_err());
+        assert!(try_with_capacity::<u32>(usize::MAX / 2).is_err());
+        let v = try_zeroed::<f32>(1 << 20).unwrap();
+        assert!(v.len() == 1 << 20 && v.iter().all(|&x| x == 0.0));
+    }
+}

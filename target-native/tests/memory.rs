@@ -1,0 +1,292 @@
+//! The memory governor seen from the API and the CLI: budgets give typed errors before memory
+//! is allocated and leave the session usable, every lease is returned, hostile sizes are errors
+//! (never aborts), and `--memory-limit` bounds the command.
+
+mod common;
+
+use common::{f32s, node, opset17_model, vi, xorshift_data};
+use nxrt::governor::{Holder, Tier};
+use nxrt::{Error, Session, Tensor};
+use nxrt_core::proto::GraphProto;
+
+/// `z = Relu(Pad(x, pads))` with `x` float `[n]` and `pads` int64 `[2]` both fed.
+fn pad_model() -> Vec<u8> {
+    opset17_model(GraphProto {
+        name: "pad".into(),
+        node: vec![
+            node("Pad", &["x", "pads"], &["y"]),
+            node("Relu", &["y"], &["z"]),
+        ],
+        input: vec![vi("x", 1, &["n"]), vi("pads", 7, &["2"])],
+        output: vec![vi("z", 1, &["m"])],
+        ..Default::default()
+    })
+}
+
+/// `y = x * w` with a constant `w` of `n` floats (`4n` bytes of weights).
+fn weights_model(n: usize) -> Vec<u8> {
+    opset17_model(GraphProto {
+        name: "weights".into(),
+        node: vec![node("Mul", &["x", "w"], &["y"])],
+        input: vec![vi("x", 1, &["1", &n.to_string()])],
+        output: vec![vi("y", 1, &["1", &n.to_string()])],
+        initializer: vec![f32s("w", &[n as i64], &xorshift_data(n, 7))],
+        ..Default::default()
+    })
+}
+
+fn pad_feeds(pads: [i64; 2]) -> [(&'static str, Tensor); 2] {
+    [
+        (
+            "x",
+            Tensor::from_vec(&[4], vec![1.0f32, -2.0, 3.0, -4.0]).unwrap(),
+        ),
+        ("pads", Tensor::from_vec(&[2], pads.to_vec()).unwrap()),
+    ]
+}
+
+fn host_in_use(s: &Session, h: Holder) -> usize {
+    let a = s.core().memory_account();
+    a.holder(Tier::Host, h).in_use()
+}
+
+#[test]
+fn a_run_over_the_session_budget_is_a_typed_error_and_the_session_stays_usable() {
+    let bytes = pad_model();
+    let free = Session::builder().load_bytes(&bytes).unwrap();
+    let s = Session::builder()
+        .memory_limit(Some(1 << 20))
+        .load_bytes(&bytes)
+        .unwrap();
+    // 2^20 + 4 floats: 4 MiB, four times the session's budget
+    let e = s.run(pad_feeds([0, 1 << 20])).expect_err("over the budget");
+    match &e {
+        Error::OutOfMemory {
+            tier,
+            requested,
+            in_use,
+            limit,
+            holder,
+        } => {
+            assert!(tier.contains("session 'pad'"), "{e}");
+            assert_eq!(*limit, 1 << 20, "{e}");
+            assert!(*requested >= 4 << 20 && *in_use < 1 << 20, "{e}");
+            assert!(holder.contains("Pad"), "names the node: {e}");
+        }
+        e => panic!("expected an out-of-memory error, got {e}"),
+    }
+    assert_eq!(e.kind(), "out_of_memory");
+    assert_eq!(
+        host_in_use(&s, Holder::Outputs),
+        0,
+        "the refused run holds nothing"
+    );
+    // the same session, a run that fits: the answer of a session without a budget
+    for pads in [[1, 2], [0, 3], [2, 0]] {
+        let got = s.run(pad_feeds(pads)).expect("a run that fits");
+        let want = free.run(pad_feeds(pads)).unwrap();
+        let (g, w) = (
+            got["z"].as_tensor().unwrap(),
+            want["z"].as_tensor().unwrap(),
+        );
+        assert_eq!(g.shape(), w.shape());
+        assert_eq!(g.to_f32_vec().unwrap(), w.to_f32_vec().unwrap());
+        assert!(
+            host_in_use(&s, Holder::Outputs) > 0,
+            "the returned output is leased"
+        );
+    }
+    assert_eq!(host_in_use(&s, Holder::Outputs), 0);
+}
+
+#[test]
+fn hostile_pads_are_errors_not_aborts() {
+    let s = Session::builder().load_bytes(&pad_model()).unwrap();
+    for pads in [
+        [0, 1 << 40],         // 4 TiB of output: the allocator refuses it
+        [0, 1 << 61],         // its bytes overflow
+        [i64::MAX, i64::MAX], // the length overflows
+        [i64::MIN, 0],        // the crop overflows
+        [-5, 0],              // crops more than the axis
+    ] {
+        let e = s.run(pad_feeds(pads)).expect_err("a hostile pad");
+        assert!(
+            matches!(
+                e,
+                Error::OutOfMemory { .. } | Error::Node { .. } | Error::Shape(_)
+            ),
+            "{pads:?}: {e}"
+        );
+    }
+    // and the session still runs
+    let ok = s.run(pad_feeds([0, 2])).unwrap();
+    assert_eq!(ok["z"].as_tensor().unwrap().shape(), &[6]);
+}
+
+/// One node `op(inputs...) -> y` whose inputs are all fed (`(name, elem type, dims)`).
+fn one_op(op: &str, inputs: &[(&str, i32, &[&str])]) -> Vec<u8> {
+    let names: Vec<&str> = inputs.iter().map(|i| i.0).collect();
+    opset17_model(GraphProto {
+        name: op.into(),
+        node: vec![node(op, &names, &["y"])],
+        input: inputs.iter().map(|(n, t, d)| vi(n, *t, d)).collect(),
+        output: vec![vi("y", 0, &[])],
+        ..Default::default()
+    })
+}
+
+#[test]
+fn shapes_read_from_data_are_errors_when_absurd() {
+    let i64s = |v: &[i64]| Tensor::from_vec(&[v.len()], v.to_vec()).unwrap();
+    let scalar = |v: i64| Tensor::from_vec(&[], vec![v]).unwrap();
+    let x = || Tensor::from_vec(&[1], vec![1.0f32]).unwrap();
+    type Case = (Vec<u8>, Vec<(&'static str, Tensor)>);
+    let cases: Vec<Case> = vec![
+        (
+            one_op("ConstantOfShape", &[("s", 7, &["1"])]),
+            vec![("s", i64s(&[1 << 40]))],
+        ),
+        (
+            one_op("ConstantOfShape", &[("s", 7, &["2"])]),
+            vec![("s", i64s(&[1 << 31, 1 << 31]))],
+        ),
+        (
+            one_op("Range", &[("a", 7, &[]), ("b", 7, &[]), ("c", 7, &[])]),
+            vec![("a", scalar(0)), ("b", scalar(1 << 40)), ("c", scalar(1))],
+        ),
+        (
+            one_op("Range", &[("a", 7, &[]), ("b", 7, &[]), ("c", 7, &[])]),
+            vec![
+                ("a", scalar(i64::MIN)),
+                ("b", scalar(i64::MAX)),
+                ("c", scalar(1)),
+            ],
+        ),
+        (
+            one_op("Expand", &[("x", 1, &["1"]), ("s", 7, &["1"])]),
+            vec![("x", x()), ("s", i64s(&[1 << 40]))],
+        ),
+        (
+            one_op("Tile", &[("x", 1, &["1"]), ("s", 7, &["1"])]),
+            vec![("x", x()), ("s", i64s(&[1 << 40]))],
+        ),
+        (
+            one_op("Reshape", &[("x", 1, &["1"]), ("s", 7, &["2"])]),
+            vec![("x", x()), ("s", i64s(&[1 << 40, 0]))],
+        ),
+    ];
+    for (model, feeds) in cases {
+        for limit in [None, Some(1 << 30)] {
+            let s = Session::builder()
+                .memory_limit(limit)
+                .load_bytes(&model)
+                .unwrap();
+            let e = s.run(feeds.clone()).err();
+            assert!(
+                matches!(
+                    e,
+                    Some(Error::OutOfMemory { .. } | Error::Node { .. } | Error::Shape(_))
+                ),
+                "{:?}: {e:?}",
+                feeds
+            );
+        }
+    }
+}
+
+#[test]
+fn every_lease_is_returned_and_release_cached_gives_the_arena_back() {
+    let n = 1 << 14;
+    let s = Session::builder().load_bytes(&weights_model(n)).unwrap();
+    let account = s.core().memory_account().clone();
+    assert!(
+        host_in_use(&s, Holder::Weights) >= 4 * n,
+        "the weights are leased"
+    );
+    let x = Tensor::from_vec(&[1, n], xorshift_data(n, 3)).unwrap();
+    for _ in 0..3 {
+        s.run([("x", x.clone())]).unwrap();
+    }
+    let outs = s.run([("x", x.clone())]).unwrap();
+    assert!(
+        host_in_use(&s, Holder::Outputs) >= 4 * n,
+        "the output is leased"
+    );
+    let snap = s.memory_snapshot();
+    let host = snap.tiers.iter().find(|t| t.tier == Tier::Host).unwrap();
+    assert!(host.peak >= host.in_use && host.in_use >= 8 * n, "{snap:?}");
+    drop(outs);
+    assert_eq!(
+        host_in_use(&s, Holder::Outputs),
+        0,
+        "dropping the output returns it"
+    );
+    s.release_cached();
+    assert_eq!(
+        host_in_use(&s, Holder::Arena),
+        0,
+        "release_cached returns the arenas"
+    );
+    s.run([("x", x)]).expect("runs again after release_cached");
+    drop(s);
+    let b = account.budget(Tier::Host);
+    assert_eq!((b.in_use(), b.leases()), (0, 0), "everything returned once");
+}
+
+#[test]
+fn weights_over_the_budget_fail_at_load() {
+    let e = Session::builder()
+        .memory_limit(Some(100 << 10))
+        .load_bytes(&weights_model(1 << 16))
+        .err()
+        .expect("256 KiB of weights under a 100 KiB budget");
+    assert!(
+        matches!(&e, Error::OutOfMemory { holder, requested, .. } if holder == "initializer 'w'" && *requested == 1 << 18),
+        "{e}"
+    );
+    // with room, the same model loads and runs
+    let s = Session::builder()
+        .memory_limit(Some(1 << 20))
+        .load_bytes(&weights_model(1 << 16))
+        .unwrap();
+    let x = Tensor::from_vec(&[1, 1 << 16], xorshift_data(1 << 16, 1)).unwrap();
+    s.run([("x", x)]).unwrap();
+}
+
+#[test]
+fn the_cli_memory_limit_bounds_the_command() {
+    let dir = std::env::temp_dir().join(format!("nxrt-memory-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let model = dir.join("m.onnx");
+    std::fs::write(&model, weights_model(1 << 16)).unwrap();
+    let nxrt = env!("CARGO_BIN_EXE_nxrt");
+    let run = |extra: &[&str], out: &str| {
+        std::process::Command::new(nxrt)
+            .arg("run")
+            .arg(&model)
+            .args(["--output-dir", dir.join(out).to_str().unwrap()])
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    let low = run(&["--memory-limit", "100KiB"], "low");
+    assert_eq!(
+        low.status.code(),
+        Some(1),
+        "below the model's need: exit code 1"
+    );
+    let err = String::from_utf8_lossy(&low.stderr);
+    assert!(
+        err.contains("error[out_of_memory]") && err.contains("102400-byte limit"),
+        "{err}"
+    );
+    let high = run(&["--memory-limit", "64MiB"], "high");
+    let free = run(&[], "free");
+    assert!(high.status.success() && free.status.success());
+    let a = std::fs::read(dir.join("high/y.npy")).unwrap();
+    let b = std::fs::read(dir.join("free/y.npy")).unwrap();
+    assert_eq!(a, b, "above the need the outputs are unchanged");
+    let bad = run(&["--memory-limit", "lots"], "bad");
+    assert_eq!(bad.status.code(), Some(1));
+    std::fs::remove_dir_all(&dir).ok();
+}
