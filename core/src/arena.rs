@@ -439,7 +439,7 @@ impl<'a> KernelCx<'a> {
             None => {
                 let lease = self.lease_output(dt_bytes(T::DT, shape)?)?;
                 let mut b = OutBuf::heap(shape)?;
-                b.lease = Some(lease);
+                b.lease = lease;
                 Ok(b)
             }
         }
@@ -449,11 +449,15 @@ impl<'a> KernelCx<'a> {
     /// (from the session's account, or the process's budget alone): over a budget, the error
     /// comes before the memory is allocated. [`KernelCx::output`] and
     /// [`KernelCx::output_raw`] do it themselves.
-    pub fn lease_output(&self, bytes: usize) -> Result<Arc<Lease>> {
+    /// Storage under [`crate::governor::SMALL`] bytes takes no lease (`None`).
+    pub fn lease_output(&self, bytes: usize) -> Result<Option<Arc<Lease>>> {
+        if bytes < crate::governor::SMALL {
+            return Ok(None);
+        }
         Lease::take(self.account, Tier::Host, Holder::Outputs, bytes, &|| {
             crate::governor::KERNEL.into()
         })
-        .map(Arc::new)
+        .map(|l| Some(Arc::new(l)))
     }
 
     /// Memory for output `k` of `shape` that the kernel writes whole through a raw pointer
@@ -465,7 +469,7 @@ impl<'a> KernelCx<'a> {
             (Vec::new(), None)
         } else {
             let lease = self.lease_output(dt_bytes(T::DT, shape)?)?;
-            (crate::governor::try_with_capacity(n)?, Some(lease))
+            (crate::governor::try_with_capacity(n)?, lease)
         };
         Ok(RawOut {
             planned,

@@ -337,6 +337,8 @@ pub struct Session {
     log: spin::Mutex<ProfileLog>,
     /// The session's memory account (see [`crate::governor`]).
     account: Arc<Account>,
+    /// The lease on the kernels' prepacked weights.
+    _prepacked: Lease,
 }
 
 /// Model metadata kept after load.
@@ -439,6 +441,14 @@ impl Session {
         let t1 = clock();
         let prepack = !opts.disable_prepacking;
         let plan = compile(&graph, &providers, &mut report, None, prepack)?;
+        // the kernels' packed copies of constant weights sit next to the initializers
+        let prepacked = Lease::take(
+            Some(&account),
+            Tier::Host,
+            Holder::Weights,
+            report.prepacked_bytes,
+            &|| "the prepacked weights".into(),
+        )?;
         let feed_readers = feed_readers(&plan, &providers);
         let t2 = clock();
         let mut log = ProfileLog::default();
@@ -473,6 +483,7 @@ impl Session {
                 last_stats: spin::Mutex::new(None),
                 log: spin::Mutex::new(log),
                 account,
+                _prepacked: prepacked,
             },
             report,
         ))
@@ -1239,10 +1250,8 @@ impl Session {
                 for (slot, mut v) in node.outputs.iter().zip(outs) {
                     if let Some(id) = slot {
                         // heap memory a kernel made without a lease is leased now
-                        v.try_for_each_tensor_mut(&mut |t| {
-                            lease_tensor(&self.account, t, &|| {
-                                alloc::format!("an output of {}", node.ctx())
-                            })
+                        lease_value(&self.account, &mut v, &|| {
+                            alloc::format!("an output of {}", node.ctx())
                         })?;
                         env[*id] = Some(v);
                     }
@@ -1262,10 +1271,8 @@ impl Session {
                 if let Some((arena, _)) = rc.arena {
                     settle(&mut v, arena, None)?;
                     // what left the arena is on the heap now
-                    v.try_for_each_tensor_mut(&mut |t| {
-                        lease_tensor(&self.account, t, &|| {
-                            alloc::format!("graph output '{}'", g.values[id].name)
-                        })
+                    lease_value(&self.account, &mut v, &|| {
+                        alloc::format!("graph output '{}'", g.values[id].name)
                     })?;
                 }
                 outs.push(v);
@@ -2086,16 +2093,24 @@ fn span_since(clock: Clock, phase: Phase, what: u32, t0: u64) -> RawSpan {
     }
 }
 
-/// Leases `t`'s heap storage from `account` when no lease covers it yet.
-fn lease_tensor(account: &Arc<Account>, t: &mut Tensor, what: &dyn Fn() -> String) -> Result<()> {
-    if t.needs_lease() {
-        let bytes = t.storage_bytes();
-        if bytes > 0 {
-            let l = Lease::take(Some(account), Tier::Host, Holder::Outputs, bytes, what)?;
-            t.set_lease(Arc::new(l));
+/// Leases the heap storage in `v` (each tensor inside a sequence, map or optional too) that no
+/// lease covers yet from `account`. Storage under [`crate::governor::SMALL`] bytes is left
+/// unleased, so values of many scalars (a classifier's maps) cost one walk and nothing more.
+fn lease_value(account: &Arc<Account>, v: &mut Value, what: &dyn Fn() -> String) -> Result<()> {
+    let mut one = |t: &mut Tensor| -> Result<()> {
+        if t.needs_lease() {
+            let bytes = t.storage_bytes();
+            if bytes >= crate::governor::SMALL {
+                let l = Lease::take(Some(account), Tier::Host, Holder::Outputs, bytes, what)?;
+                t.set_lease(Arc::new(l));
+            }
         }
+        Ok(())
+    };
+    match v {
+        Value::Tensor(t) => one(t),
+        _ => v.try_for_each_tensor_mut(&mut one),
     }
-    Ok(())
 }
 
 /// Leases the host storage of `g`'s initializers (once per storage shared by several) from

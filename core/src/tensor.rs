@@ -168,7 +168,10 @@ pub trait DeviceBuffer: Send + Sync + fmt::Debug {
 /// The storage behind a tensor.
 #[derive(Clone, Debug)]
 pub enum Buffer {
-    Host(Arc<Data>),
+    /// Heap storage, with the memory governor's lease on it when a session's executor or a
+    /// kernel took one ([`crate::governor`]; shared by every view, returned when the last
+    /// one drops).
+    Host(Arc<Data>, Option<Arc<crate::governor::Lease>>),
     /// A region of a planned run's host arena (see [`crate::arena`]); numeric types only.
     Arena(crate::arena::ArenaRegion),
     Device {
@@ -204,9 +207,6 @@ pub struct Tensor {
     strides: Vec<isize>,
     offset: usize,
     buf: Buffer,
-    /// The memory governor's lease on this tensor's host storage (shared by its views), when
-    /// a session's executor or a kernel took one ([`crate::governor`]).
-    lease: Option<Arc<crate::governor::Lease>>,
 }
 
 impl fmt::Debug for Tensor {
@@ -270,8 +270,7 @@ impl Tensor {
             shape,
             strides,
             offset: 0,
-            buf: Buffer::Host(Arc::new(data)),
-            lease: None,
+            buf: Buffer::Host(Arc::new(data), None),
         }
     }
 
@@ -303,7 +302,6 @@ impl Tensor {
             strides,
             offset: 0,
             buf: Buffer::Device { provider, buf },
-            lease: None,
         }
     }
 
@@ -334,7 +332,7 @@ impl Tensor {
     }
     pub fn location(&self) -> Location {
         match &self.buf {
-            Buffer::Host(_) | Buffer::Arena(_) => Location::Host,
+            Buffer::Host(..) | Buffer::Arena(_) => Location::Host,
             Buffer::Device { provider, .. } => Location::Device(*provider),
         }
     }
@@ -351,27 +349,36 @@ impl Tensor {
     }
     /// The memory governor's lease on this tensor's storage, if one was taken.
     pub fn lease(&self) -> Option<&crate::governor::Lease> {
-        self.lease.as_deref()
+        match &self.buf {
+            Buffer::Host(_, l) => l.as_deref(),
+            _ => None,
+        }
     }
     /// Whether this is heap storage no lease covers yet.
     pub(crate) fn needs_lease(&self) -> bool {
-        self.lease.is_none() && matches!(self.buf, Buffer::Host(_))
+        matches!(self.buf, Buffer::Host(_, None))
     }
     /// Gives this tensor's storage `lease` (its views made from now on share it).
-    pub(crate) fn set_lease(&mut self, lease: Arc<crate::governor::Lease>) {
-        self.lease = Some(lease);
+    pub(crate) fn set_lease(&mut self, lease: impl Into<Option<Arc<crate::governor::Lease>>>) {
+        if let (Some(l), Buffer::Host(_, slot)) = (lease.into(), &mut self.buf) {
+            *slot = Some(l);
+        }
     }
     /// The address of this tensor's heap storage (the same for every tensor sharing it).
     pub(crate) fn host_storage_addr(&self) -> Option<usize> {
         match &self.buf {
-            Buffer::Host(d) => Some(Arc::as_ptr(d) as usize),
+            Buffer::Host(d, _) => Some(Arc::as_ptr(d) as usize),
             _ => None,
         }
     }
     /// Bytes of the whole storage behind this tensor (all of it, not only this view's).
+    /// (Strings count their `String` values, not the text they hold.)
     pub fn storage_bytes(&self) -> usize {
         match &self.buf {
-            Buffer::Host(d) => d.byte_len(),
+            Buffer::Host(d, _) => match &**d {
+                Data::Str(v) => v.len() * core::mem::size_of::<String>(),
+                d => d.byte_len(),
+            },
             Buffer::Arena(r) => r.bytes(),
             Buffer::Device { buf, .. } => buf.byte_len(),
         }
@@ -379,14 +386,14 @@ impl Tensor {
     /// Host storage, or `None` for device tensors.
     pub fn host_data(&self) -> Option<&Data> {
         match &self.buf {
-            Buffer::Host(d) => Some(d),
+            Buffer::Host(d, _) => Some(d),
             _ => None,
         }
     }
     /// True when both tensors view the same storage.
     pub fn shares_storage(&self, other: &Tensor) -> bool {
         match (&self.buf, &other.buf) {
-            (Buffer::Host(a), Buffer::Host(b)) => Arc::ptr_eq(a, b),
+            (Buffer::Host(a, _), Buffer::Host(b, _)) => Arc::ptr_eq(a, b),
             (Buffer::Arena(a), Buffer::Arena(b)) => a.overlaps(b),
             (Buffer::Device { buf: a, .. }, Buffer::Device { buf: b, .. }) => {
                 core::ptr::addr_eq(Arc::as_ptr(a), Arc::as_ptr(b))
@@ -418,7 +425,7 @@ impl Tensor {
         self.offset == 0
             && self.is_contiguous()
             && match &self.buf {
-                Buffer::Host(d) => data_len(d) == self.len(),
+                Buffer::Host(d, _) => data_len(d) == self.len(),
                 Buffer::Arena(r) => Some(r.bytes()) == self.dtype.storage_bytes(self.len()),
                 Buffer::Device { .. } => false,
             }
@@ -428,7 +435,7 @@ impl Tensor {
     /// [`Tensor::into_vec`] takes the storage without a copy.
     pub fn is_unique_host(&self) -> bool {
         self.is_full_contiguous()
-            && matches!(&self.buf, Buffer::Host(d) if Arc::strong_count(d) == 1 && Arc::weak_count(d) == 0)
+            && matches!(&self.buf, Buffer::Host(d, _) if Arc::strong_count(d) == 1 && Arc::weak_count(d) == 0)
     }
 
     /// Whether this tensor is the only user of its device buffer (no view, no other tensor
@@ -452,7 +459,6 @@ impl Tensor {
             strides,
             offset: 0,
             buf: Buffer::Arena(region),
-            lease: None,
         }
     }
 
@@ -481,8 +487,7 @@ impl Tensor {
             shape: self.shape.clone(),
             strides: self.strides.clone(),
             offset: self.offset,
-            buf: Buffer::Host(Arc::new(data)),
-            lease: None,
+            buf: Buffer::Host(Arc::new(data), None),
         };
         if t.is_full_contiguous() {
             Ok(t)
@@ -534,7 +539,7 @@ impl Tensor {
     /// its only, full, contiguous user.
     pub fn into_vec<T: Elem>(self) -> Result<Vec<T>> {
         if self.is_full_contiguous() {
-            if let Buffer::Host(arc) = self.buf {
+            if let Buffer::Host(arc, lease) = self.buf {
                 return match Arc::try_unwrap(arc) {
                     Ok(d) => T::take(d).ok_or_else(|| {
                         Error::Other(alloc::format!(
@@ -545,7 +550,7 @@ impl Tensor {
                     }),
                     Err(arc) => {
                         let t = Tensor {
-                            buf: Buffer::Host(arc),
+                            buf: Buffer::Host(arc, lease),
                             ..Tensor::zeros_like_meta(self.dtype, &self.shape)
                         };
                         Ok(t.as_slice::<T>()?.into_owned())
@@ -562,8 +567,7 @@ impl Tensor {
             shape: shape.to_vec(),
             strides: contiguous_strides(shape),
             offset: 0,
-            buf: Buffer::Host(Arc::new(Data::U8(Vec::new()))),
-            lease: None,
+            buf: Buffer::Host(Arc::new(Data::U8(Vec::new())), None),
         }
     }
 
@@ -638,7 +642,6 @@ impl Tensor {
             strides: contiguous_strides(shape),
             offset: base.offset,
             buf: base.buf,
-            lease: base.lease,
         })
     }
 
@@ -669,7 +672,6 @@ impl Tensor {
             strides: perm.iter().map(|&p| self.strides[p]).collect(),
             offset: self.offset,
             buf: self.buf.clone(),
-            lease: self.lease.clone(),
         })
     }
 
@@ -723,7 +725,6 @@ impl Tensor {
             strides,
             offset: self.offset,
             buf: self.buf.clone(),
-            lease: self.lease.clone(),
         })
     }
 

@@ -82,7 +82,8 @@ fn a_run_over_the_session_budget_is_a_typed_error_and_the_session_stays_usable()
         "the refused run holds nothing"
     );
     // the same session, a run that fits: the answer of a session without a budget
-    for pads in [[1, 2], [0, 3], [2, 0]] {
+    // (outputs of at least governor::SMALL bytes: smaller ones take no lease)
+    for pads in [[100, 2], [0, 300], [64, 0]] {
         let got = s.run(pad_feeds(pads)).expect("a run that fits");
         let want = free.run(pad_feeds(pads)).unwrap();
         let (g, w) = (
@@ -251,6 +252,28 @@ fn weights_over_the_budget_fail_at_load() {
         .unwrap();
     let x = Tensor::from_vec(&[1, 1 << 16], xorshift_data(1 << 16, 1)).unwrap();
     s.run([("x", x)]).unwrap();
+}
+
+#[test]
+fn prepacked_weights_are_leased_as_weights() {
+    let n = 64;
+    let bytes = opset17_model(GraphProto {
+        name: "mm".into(),
+        node: vec![node("MatMul", &["x", "w"], &["y"])],
+        input: vec![vi("x", 1, &["8", "64"])],
+        output: vec![vi("y", 1, &["8", "64"])],
+        initializer: vec![f32s("w", &[n, n], &xorshift_data((n * n) as usize, 5))],
+        ..Default::default()
+    });
+    let s = Session::builder().load_bytes(&bytes).unwrap();
+    let packed = s.partition().prepacked_bytes;
+    assert!(packed > 0, "MatMul packs its constant B");
+    assert_eq!(host_in_use(&s, Holder::Weights), 4 * 64 * 64 + packed);
+    let unpacked = Session::builder()
+        .prepack_weights(false)
+        .load_bytes(&bytes)
+        .unwrap();
+    assert_eq!(host_in_use(&unpacked, Holder::Weights), 4 * 64 * 64);
 }
 
 #[test]

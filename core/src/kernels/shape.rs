@@ -541,17 +541,16 @@ pub(crate) fn copy_strided<T: Clone>(
     offset: isize,
 ) -> Result<Vec<T>> {
     let n = prod(shape);
-    if !core::mem::needs_drop::<T>() && n > 0 {
-        let dims = coalesce(shape, strides);
-        if let Some(a) = tiled_axis(&dims).filter(|_| !dims.is_empty()) {
+    if n == 0 {
+        return Ok(Vec::new());
+    }
+    let dims = coalesce(shape, strides);
+    if !core::mem::needs_drop::<T>() && !dims.is_empty() {
+        if let Some(a) = tiled_axis(&dims) {
             return copy_tiled(src, &dims, a, offset, n);
         }
     }
     let mut out = crate::governor::try_with_capacity(n)?;
-    if n == 0 {
-        return Ok(out);
-    }
-    let dims = coalesce(shape, strides);
     if dims.is_empty() {
         out.push(src[offset as usize].clone());
         return Ok(out);
@@ -730,13 +729,13 @@ fn view_copy(
         .ok_or_else(|| Error::Shape(alloc::format!("{op}: the bytes of {shape:?} overflow")))?;
     let lease = match cx {
         Some(cx) => cx.lease_output(bytes)?,
-        None => alloc::sync::Arc::new(crate::governor::Lease::take(
+        None => Some(alloc::sync::Arc::new(crate::governor::Lease::take(
             None,
             crate::governor::Tier::Host,
             crate::governor::Holder::Outputs,
             bytes,
             &|| crate::governor::KERNEL.into(),
-        )?),
+        )?)),
     };
     let mut t = dispatch_item!(dt, T => {
         let src = T::load(x)?;
