@@ -259,56 +259,50 @@ impl Account {
 
     /// The account's figures, tier by tier (tiers it never used are left out, except the host).
     pub fn snapshot(&self) -> MemorySnapshot {
-        let mut tiers = Vec::new();
-        for (i, b) in self.tiers.iter().enumerate() {
-            if i != 0 && b.peak() == 0 && b.limit().is_none() {
-                continue;
-            }
-            tiers.push(TierUsage {
-                tier: tier_at(i),
-                in_use: b.in_use(),
-                peak: b.peak(),
-                limit: b.limit(),
-                leases: b.leases(),
-                holders: HOLDERS
-                    .iter()
-                    .map(|&h| {
-                        let hb = &self.holders[i][h.index()];
-                        HolderUsage {
-                            holder: h,
-                            in_use: hb.in_use(),
-                            peak: hb.peak(),
-                            leases: hb.leases(),
-                        }
-                    })
-                    .collect(),
-            });
-        }
-        MemorySnapshot {
-            name: self.name.clone(),
-            tiers,
-        }
+        snapshot(&self.name, &self.tiers, |i| {
+            HOLDERS
+                .iter()
+                .map(|&h| {
+                    let hb = &self.holders[i][h.index()];
+                    HolderUsage {
+                        holder: h,
+                        in_use: hb.in_use(),
+                        peak: hb.peak(),
+                        leases: hb.leases(),
+                    }
+                })
+                .collect()
+        })
     }
 }
 
 /// The process's figures, tier by tier (device tiers only where used or limited).
 pub fn process_snapshot() -> MemorySnapshot {
-    let mut tiers = Vec::new();
-    for (i, b) in PROCESS.iter().enumerate() {
-        if i != 0 && b.peak() == 0 && b.limit().is_none() {
-            continue;
-        }
-        tiers.push(TierUsage {
+    snapshot("process", &PROCESS, |_| Vec::new())
+}
+
+/// The figures of `tiers` (the host always; a device tier where used or limited), with
+/// `holders(i)` for tier `i`.
+fn snapshot(
+    name: &str,
+    tiers: &[Budget; TIERS],
+    holders: impl Fn(usize) -> Vec<HolderUsage>,
+) -> MemorySnapshot {
+    let tiers = tiers
+        .iter()
+        .enumerate()
+        .filter(|(i, b)| *i == 0 || b.peak() != 0 || b.limit().is_some())
+        .map(|(i, b)| TierUsage {
             tier: tier_at(i),
             in_use: b.in_use(),
             peak: b.peak(),
             limit: b.limit(),
             leases: b.leases(),
-            holders: Vec::new(),
-        });
-    }
+            holders: holders(i),
+        })
+        .collect();
     MemorySnapshot {
-        name: "process".into(),
+        name: name.to_string(),
         tiers,
     }
 }
