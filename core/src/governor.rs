@@ -21,8 +21,9 @@
 //! is an error, never an abort, whether or not a limit is set.
 
 use alloc::alloc::{alloc_zeroed, Layout};
+use alloc::collections::BTreeMap;
 use alloc::string::{String, ToString};
-use alloc::sync::Arc;
+use alloc::sync::{Arc, Weak};
 use alloc::vec::Vec;
 use core::fmt;
 use core::sync::atomic::{AtomicUsize, Ordering};
@@ -30,6 +31,7 @@ use core::sync::atomic::{AtomicUsize, Ordering};
 use half::{bf16, f16};
 
 use crate::error::{Error, Result};
+use crate::tensor::Data;
 
 /// A kind of memory with its own budget.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -223,19 +225,45 @@ pub fn set_process_limit(tier: Tier, limit: Option<usize>) {
     process_budget(tier).set_limit(limit);
 }
 
-/// A session's memory: its own budget per tier, and per tier what each [`Holder`] holds.
+/// A session's (or a shared pool's) memory: its own budget per tier, and per tier what each
+/// [`Holder`] holds. A session in a [`MemoryPool`] has the pool's account as its parent: its
+/// leases are charged to both (and to the process), so the pool's limit binds every session in
+/// it together.
 #[derive(Debug)]
 pub struct Account {
     name: String,
+    kind: &'static str,
+    parent: Option<Arc<Account>>,
     tiers: [Budget; TIERS],
     holders: [[Budget; HOLDERS.len()]; TIERS],
 }
 
 impl Account {
-    /// An account named `name` (errors and reports say whose memory it is) with a host limit.
+    /// A session's account named `name` (errors and reports say whose memory it is) with a host
+    /// limit.
     pub fn new(name: &str, host_limit: Option<usize>) -> Arc<Account> {
+        Account::build(name, "session", host_limit, None)
+    }
+
+    /// A session's account whose leases are also charged to `parent` (a pool's account).
+    pub fn with_parent(
+        name: &str,
+        host_limit: Option<usize>,
+        parent: &Arc<Account>,
+    ) -> Arc<Account> {
+        Account::build(name, "session", host_limit, Some(parent.clone()))
+    }
+
+    fn build(
+        name: &str,
+        kind: &'static str,
+        host_limit: Option<usize>,
+        parent: Option<Arc<Account>>,
+    ) -> Arc<Account> {
         let a = Account {
             name: name.to_string(),
+            kind,
+            parent,
             tiers: [const { Budget::new(None) }; TIERS],
             holders: [const { [const { Budget::new(None) }; HOLDERS.len()] }; TIERS],
         };
@@ -245,6 +273,50 @@ impl Account {
 
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// The account this one's leases are charged to as well (a pool's), if any.
+    pub fn parent(&self) -> Option<&Arc<Account>> {
+        self.parent.as_ref()
+    }
+
+    /// Charges `bytes` of `tier` for `holder` here and in every parent, or charges none of
+    /// them and returns the refusing account with what it had in use.
+    fn charge(
+        &self,
+        tier: Tier,
+        holder: Holder,
+        bytes: usize,
+    ) -> core::result::Result<(), (&Account, usize)> {
+        let mut a = Some(self);
+        while let Some(acc) = a {
+            if let Err(in_use) = acc.budget(tier).take(bytes) {
+                // give back what the accounts below this one took
+                let mut b = Some(self);
+                while let Some(done) = b {
+                    if core::ptr::eq(done, acc) {
+                        break;
+                    }
+                    done.budget(tier).give(bytes);
+                    done.holder(tier, holder).give(bytes);
+                    b = done.parent.as_deref();
+                }
+                return Err((acc, in_use));
+            }
+            // a holder's budget has no limit: this always succeeds
+            let _ = acc.holder(tier, holder).take(bytes);
+            a = acc.parent.as_deref();
+        }
+        Ok(())
+    }
+
+    fn discharge(&self, tier: Tier, holder: Holder, bytes: usize) {
+        let mut a = Some(self);
+        while let Some(acc) = a {
+            acc.budget(tier).give(bytes);
+            acc.holder(tier, holder).give(bytes);
+            a = acc.parent.as_deref();
+        }
     }
 
     /// This account's budget of `tier`.
@@ -339,6 +411,120 @@ pub struct HolderUsage {
     pub leases: usize,
 }
 
+/// Memory shared by several sessions (opt in with `SessionOptions::pool`, as ONNX Runtime's
+/// `session.use_env_allocators` does): one budget per tier that binds all of them together,
+/// and one copy of each initializer they hold byte for byte the same (the same model loaded
+/// twice holds its weights once).
+///
+/// A session in a pool charges its leases to its own account, the pool's and the process's.
+/// Shared weights are charged to the pool alone (no one session holds them) and live until the
+/// last session using them drops; the pool itself lives until its last session has gone
+/// (every session holds it), whatever order the caller drops them in.
+pub struct MemoryPool {
+    account: Arc<Account>,
+    /// Live shared weights by (storage kind, bytes, content hash): the storage and its lease,
+    /// held weakly (the sessions hold them).
+    weights: spin::Mutex<BTreeMap<(u8, usize, u64), Vec<SharedWeight>>>,
+}
+
+type SharedWeight = (Weak<Data>, Weak<Lease>);
+
+impl fmt::Debug for MemoryPool {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "MemoryPool({:?})", self.account.name)
+    }
+}
+
+impl MemoryPool {
+    /// A pool named `name` with a host limit (`None`: only the process's).
+    pub fn new(name: &str, host_limit: Option<usize>) -> Arc<MemoryPool> {
+        Arc::new(MemoryPool {
+            account: Account::build(name, "pool", host_limit, None),
+            weights: spin::Mutex::new(BTreeMap::new()),
+        })
+    }
+
+    /// The pool's account: its budgets (set a device tier's limit on it) and figures.
+    pub fn account(&self) -> &Arc<Account> {
+        &self.account
+    }
+
+    /// What every session in the pool holds together, with the shared weights.
+    pub fn snapshot(&self) -> MemorySnapshot {
+        self.account.snapshot()
+    }
+
+    /// The storage of a live shared weight holding exactly `data`'s bytes, or `data` itself,
+    /// now shared, with a new lease of its bytes charged to the pool (an error over a budget).
+    pub(crate) fn share(
+        &self,
+        data: Arc<Data>,
+        what: &dyn Fn() -> String,
+    ) -> Result<(Arc<Data>, Arc<Lease>)> {
+        let Some(bytes) = data.as_bytes() else {
+            let bytes = match &*data {
+                Data::Str(v) => v.len() * core::mem::size_of::<String>(),
+                d => d.byte_len(),
+            };
+            let l = Lease::take(
+                Some(&self.account),
+                Tier::Host,
+                Holder::Weights,
+                bytes,
+                what,
+            )?;
+            return Ok((data, Arc::new(l)));
+        };
+        let key = (data.kind_code(), bytes.len(), content_hash(bytes));
+        let mut map = self.weights.lock();
+        let list = map.entry(key).or_default();
+        list.retain(|(d, l)| d.strong_count() > 0 && l.strong_count() > 0);
+        for (d, l) in list.iter() {
+            if let (Some(d), Some(l)) = (d.upgrade(), l.upgrade()) {
+                // a hash names candidates; only the same bytes share
+                if d.kind_code() == key.0 && d.as_bytes() == Some(bytes) {
+                    return Ok((d, l));
+                }
+            }
+        }
+        let l = Arc::new(Lease::take(
+            Some(&self.account),
+            Tier::Host,
+            Holder::Weights,
+            bytes.len(),
+            what,
+        )?);
+        list.push((Arc::downgrade(&data), Arc::downgrade(&l)));
+        Ok((data, l))
+    }
+
+    /// Shared weights alive now (distinct storages).
+    pub fn shared_weights(&self) -> usize {
+        self.weights
+            .lock()
+            .values()
+            .flatten()
+            .filter(|(d, l)| d.strong_count() > 0 && l.strong_count() > 0)
+            .count()
+    }
+}
+
+/// A 64-bit hash of `b`, eight bytes at a time (it only picks candidates; equality is checked
+/// byte for byte).
+fn content_hash(b: &[u8]) -> u64 {
+    const K: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut h = b.len() as u64;
+    let mut chunks = b.chunks_exact(8);
+    for c in &mut chunks {
+        let w = u64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]);
+        h = (h.rotate_left(5) ^ w).wrapping_mul(K);
+    }
+    for &x in chunks.remainder() {
+        h = (h.rotate_left(5) ^ x as u64).wrapping_mul(K);
+    }
+    h ^ (h >> 29)
+}
+
 /// Bytes of a tier held for a holder: charged to the process and (with one) to a session's
 /// account when taken, returned to both when dropped.
 #[derive(Debug)]
@@ -371,19 +557,16 @@ impl Lease {
             });
         }
         if let Some(a) = account {
-            let b = a.budget(tier);
-            if let Err(in_use) = b.take(bytes) {
+            if let Err((refused, in_use)) = a.charge(tier, holder, bytes) {
                 process.give(bytes);
                 return Err(Error::OutOfMemory {
-                    tier: alloc::format!("{tier} memory of session '{}'", a.name),
+                    tier: alloc::format!("{tier} memory of {} '{}'", refused.kind, refused.name),
                     requested: bytes as u64,
                     in_use: in_use as u64,
-                    limit: b.limit().map_or(u64::MAX, |l| l as u64),
+                    limit: refused.budget(tier).limit().map_or(u64::MAX, |l| l as u64),
                     holder: what(),
                 });
             }
-            // a holder's budget has no limit: this always succeeds
-            let _ = a.holder(tier, holder).take(bytes);
         }
         Ok(Lease {
             tier,
@@ -410,8 +593,7 @@ impl Drop for Lease {
     fn drop(&mut self) {
         process_budget(self.tier).give(self.bytes);
         if let Some(a) = &self.account {
-            a.budget(self.tier).give(self.bytes);
-            a.holder(self.tier, self.holder).give(self.bytes);
+            a.discharge(self.tier, self.holder, self.bytes);
         }
     }
 }
@@ -572,6 +754,76 @@ mod tests {
         assert!(ok > 0);
         assert!(a.budget(t).peak() <= 1000);
         assert_eq!((a.budget(t).in_use(), a.budget(t).leases()), (0, 0));
+    }
+
+    #[test]
+    fn a_pool_charges_with_its_sessions_and_refuses_for_all_of_them() {
+        let t = Tier::Device(3);
+        let pool = MemoryPool::new("shared", None);
+        pool.account().budget(t).set_limit(Some(100));
+        let a = Account::with_parent("a", None, pool.account());
+        let b = Account::with_parent("b", None, pool.account());
+        b.budget(t).set_limit(Some(30));
+        let la = Lease::take(Some(&a), t, Holder::Arena, 80, &what).unwrap();
+        assert_eq!(pool.account().budget(t).in_use(), 80);
+        assert_eq!(pool.account().holder(t, Holder::Arena).in_use(), 80);
+        // b's own budget refuses first; then the pool's; neither charges anything
+        let e = Lease::take(Some(&b), t, Holder::Other, 31, &what).unwrap_err();
+        assert!(
+            matches!(&e, Error::OutOfMemory { tier, .. } if tier.contains("session 'b'")),
+            "{e}"
+        );
+        let e = Lease::take(Some(&b), t, Holder::Other, 30, &what).unwrap_err();
+        assert!(
+            matches!(&e, Error::OutOfMemory { tier, in_use: 80, limit: 100, .. } if tier.contains("pool 'shared'")),
+            "{e}"
+        );
+        assert_eq!(
+            (b.budget(t).in_use(), b.holder(t, Holder::Other).in_use()),
+            (0, 0)
+        );
+        assert_eq!(pool.account().budget(t).in_use(), 80);
+        drop(la);
+        let lb = Lease::take(Some(&b), t, Holder::Other, 30, &what).unwrap();
+        assert_eq!(
+            (pool.account().budget(t).in_use(), a.budget(t).in_use()),
+            (30, 0)
+        );
+        drop(lb);
+        assert_eq!(pool.account().budget(t).leases(), 0);
+    }
+
+    #[test]
+    fn a_pool_shares_only_the_same_bytes_of_the_same_kind() {
+        let pool = MemoryPool::new("w", None);
+        let x = Arc::new(Data::F32(alloc::vec![1.0, -0.0, 3.0]));
+        let (d1, l1) = pool.share(x.clone(), &what).unwrap();
+        assert!(Arc::ptr_eq(&d1, &x));
+        // equal values, but -0.0 and 0.0 are different bytes
+        let (d2, _l2) = pool
+            .share(Arc::new(Data::F32(alloc::vec![1.0, 0.0, 3.0])), &what)
+            .unwrap();
+        assert!(!Arc::ptr_eq(&d2, &x));
+        // the same bytes as another kind of storage
+        let bits = alloc::vec![
+            1.0f32.to_bits() as i32,
+            (-0.0f32).to_bits() as i32,
+            3.0f32.to_bits() as i32
+        ];
+        let (d3, _l3) = pool.share(Arc::new(Data::I32(bits)), &what).unwrap();
+        assert!(!Arc::ptr_eq(&d3, &x));
+        // the same bytes and kind: the first copy and its lease
+        let (d4, l4) = pool
+            .share(Arc::new(Data::F32(alloc::vec![1.0, -0.0, 3.0])), &what)
+            .unwrap();
+        assert!(Arc::ptr_eq(&d4, &x) && Arc::ptr_eq(&l4, &l1));
+        assert_eq!(pool.shared_weights(), 3);
+        assert_eq!(
+            pool.account().holder(Tier::Host, Holder::Weights).in_use(),
+            36
+        );
+        drop((d1, l1, d4, l4, x));
+        assert_eq!(pool.shared_weights(), 2);
     }
 
     #[test]

@@ -79,6 +79,10 @@ pub struct SessionOptions {
     /// [`crate::governor`]). Its weights, arenas and heap outputs are leased from it; over it,
     /// loading or a run fails with [`Error::OutOfMemory`] and the session stays usable.
     pub memory_limit: Option<usize>,
+    /// A pool shared with other sessions ([`crate::governor::MemoryPool`]): its limit binds
+    /// them together, and initializers identical to one a live session of the pool holds are
+    /// held once.
+    pub pool: Option<Arc<crate::governor::MemoryPool>>,
 }
 
 /// A public description of a graph input or output.
@@ -435,8 +439,11 @@ impl Session {
         } else {
             model.graph.name.as_str()
         };
-        let account = Account::new(name, opts.memory_limit);
-        lease_weights(&account, &mut model.graph)?;
+        let account = match &opts.pool {
+            Some(p) => Account::with_parent(name, opts.memory_limit, p.account()),
+            None => Account::new(name, opts.memory_limit),
+        };
+        lease_weights(&account, opts.pool.as_deref(), &mut model.graph)?;
         let graph = Arc::new(model.graph);
         let t1 = clock();
         let prepack = !opts.disable_prepacking;
@@ -2114,33 +2121,47 @@ fn lease_value(account: &Arc<Account>, v: &mut Value, what: &dyn Fn() -> String)
 }
 
 /// Leases the host storage of `g`'s initializers (once per storage shared by several) from
-/// `account` as its weights.
-fn lease_weights(account: &Arc<Account>, g: &mut Graph) -> Result<()> {
-    let mut seen: alloc::collections::BTreeMap<usize, Arc<Lease>> = Default::default();
+/// `account` as its weights; in a `pool`, shares each with the pool's other sessions instead
+/// (the pool holds one copy of each distinct storage and its lease).
+fn lease_weights(
+    account: &Arc<Account>,
+    pool: Option<&crate::governor::MemoryPool>,
+    g: &mut Graph,
+) -> Result<()> {
+    type Held = (Arc<crate::tensor::Data>, Arc<Lease>);
+    let mut seen: alloc::collections::BTreeMap<usize, Held> = Default::default();
     for (id, v) in &mut g.initializers {
         let name = &g.values[*id].name;
         v.try_for_each_tensor_mut(&mut |t| {
             if !t.needs_lease() {
                 return Ok(());
             }
-            let Some(addr) = t.host_storage_addr() else {
+            let Some(data) = t.host_storage() else {
                 return Ok(());
             };
-            let l = match seen.get(&addr) {
-                Some(l) => l.clone(),
+            let addr = Arc::as_ptr(data) as usize;
+            let (d, l) = match seen.get(&addr) {
+                Some(h) => h.clone(),
                 None => {
-                    let l = Arc::new(Lease::take(
-                        Some(account),
-                        Tier::Host,
-                        Holder::Weights,
-                        t.storage_bytes(),
-                        &|| alloc::format!("initializer '{name}'"),
-                    )?);
-                    seen.insert(addr, l.clone());
-                    l
+                    let what = || alloc::format!("initializer '{name}'");
+                    let h = match pool {
+                        Some(p) => p.share(data.clone(), &what)?,
+                        None => {
+                            let l = Lease::take(
+                                Some(account),
+                                Tier::Host,
+                                Holder::Weights,
+                                t.storage_bytes(),
+                                &what,
+                            )?;
+                            (data.clone(), Arc::new(l))
+                        }
+                    };
+                    seen.insert(addr, h.clone());
+                    h
                 }
             };
-            t.set_lease(l);
+            t.set_host_storage(d, l);
             Ok(())
         })?;
     }

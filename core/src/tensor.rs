@@ -70,6 +70,56 @@ impl Data {
         }
     }
 
+    /// The storage's bytes (numeric and raw storage; `None` for strings).
+    pub fn as_bytes(&self) -> Option<&[u8]> {
+        fn b<T: Copy>(v: &[T]) -> &[u8] {
+            // SAFETY: every T here is plain data without padding (numbers, bool, half floats);
+            // the bytes are read only, for as long as `v` is borrowed
+            unsafe {
+                core::slice::from_raw_parts(v.as_ptr().cast::<u8>(), core::mem::size_of_val(v))
+            }
+        }
+        Some(match self {
+            Data::F32(v) => b(v),
+            Data::F64(v) => b(v),
+            Data::F16(v) => b(v),
+            Data::BF16(v) => b(v),
+            Data::I8(v) => b(v),
+            Data::I16(v) => b(v),
+            Data::I32(v) => b(v),
+            Data::I64(v) => b(v),
+            Data::U8(v) => v,
+            Data::U16(v) => b(v),
+            Data::U32(v) => b(v),
+            Data::U64(v) => b(v),
+            Data::Bool(v) => b(v),
+            Data::Raw(v) => v,
+            Data::Str(_) => return None,
+        })
+    }
+
+    /// A number per storage variant (two storages hold the same values only when the variant
+    /// and the bytes agree).
+    pub(crate) fn kind_code(&self) -> u8 {
+        match self {
+            Data::F32(_) => 0,
+            Data::F64(_) => 1,
+            Data::F16(_) => 2,
+            Data::BF16(_) => 3,
+            Data::I8(_) => 4,
+            Data::I16(_) => 5,
+            Data::I32(_) => 6,
+            Data::I64(_) => 7,
+            Data::U8(_) => 8,
+            Data::U16(_) => 9,
+            Data::U32(_) => 10,
+            Data::U64(_) => 11,
+            Data::Bool(_) => 12,
+            Data::Str(_) => 13,
+            Data::Raw(_) => 14,
+        }
+    }
+
     /// Zero-filled storage for `n` elements of `dt`: an error, never an abort, when the
     /// system allocator refuses it ([`crate::governor::try_zeroed`]).
     pub fn zeros(dt: DataType, n: usize) -> Result<Data> {
@@ -364,10 +414,18 @@ impl Tensor {
             *slot = Some(l);
         }
     }
-    /// The address of this tensor's heap storage (the same for every tensor sharing it).
-    pub(crate) fn host_storage_addr(&self) -> Option<usize> {
+    /// Replaces the heap storage behind this tensor with `data` and its `lease` (the same
+    /// bytes, shared with other holders).
+    pub(crate) fn set_host_storage(&mut self, data: Arc<Data>, lease: Arc<crate::governor::Lease>) {
+        if let Buffer::Host(d, l) = &mut self.buf {
+            *d = data;
+            *l = Some(lease);
+        }
+    }
+    /// The heap storage behind this tensor.
+    pub(crate) fn host_storage(&self) -> Option<&Arc<Data>> {
         match &self.buf {
-            Buffer::Host(d, _) => Some(Arc::as_ptr(d) as usize),
+            Buffer::Host(d, _) => Some(d),
             _ => None,
         }
     }

@@ -227,6 +227,7 @@ pub struct SessionBuilder {
     keep_freed_memory: bool,
     prepack_weights: bool,
     memory_limit: Option<usize>,
+    pool: Option<Arc<governor::MemoryPool>>,
 }
 
 impl Default for SessionBuilder {
@@ -240,6 +241,7 @@ impl Default for SessionBuilder {
             keep_freed_memory: true,
             prepack_weights: true,
             memory_limit: None,
+            pool: None,
         }
     }
 }
@@ -295,6 +297,15 @@ impl SessionBuilder {
         self
     }
 
+    /// Loads the session into a memory pool shared with other sessions (opt-in, like ONNX
+    /// Runtime's `session.use_env_allocators`): the pool's limit binds them together, and an
+    /// initializer byte for byte the same as one a live session of the pool holds is held once
+    /// (the same model loaded twice holds its weights once). See [`governor::MemoryPool`].
+    pub fn pool(mut self, pool: &Arc<governor::MemoryPool>) -> Self {
+        self.pool = Some(pool.clone());
+        self
+    }
+
     fn options(&self) -> SessionOptions {
         SessionOptions {
             optimization: self.optimization,
@@ -303,6 +314,7 @@ impl SessionBuilder {
             clock: Some(now_ns),
             disable_prepacking: !self.prepack_weights,
             memory_limit: self.memory_limit,
+            pool: self.pool.clone(),
         }
     }
 

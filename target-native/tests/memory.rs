@@ -25,14 +25,27 @@ fn pad_model() -> Vec<u8> {
 
 /// `y = x * w` with a constant `w` of `n` floats (`4n` bytes of weights).
 fn weights_model(n: usize) -> Vec<u8> {
+    weights_model_seeded(n, 7)
+}
+
+/// [`weights_model`] with the weights drawn from `seed`.
+fn weights_model_seeded(n: usize, seed: u32) -> Vec<u8> {
     opset17_model(GraphProto {
         name: "weights".into(),
         node: vec![node("Mul", &["x", "w"], &["y"])],
         input: vec![vi("x", 1, &["1", &n.to_string()])],
         output: vec![vi("y", 1, &["1", &n.to_string()])],
-        initializer: vec![f32s("w", &[n as i64], &xorshift_data(n, 7))],
+        initializer: vec![f32s("w", &[n as i64], &xorshift_data(n, seed))],
         ..Default::default()
     })
+}
+
+/// The storage of the session's first initializer.
+fn first_weight(s: &Session) -> Tensor {
+    match &s.core().graph().initializers[0].1 {
+        nxrt::Value::Tensor(t) => t.clone(),
+        v => panic!("{v:?}"),
+    }
 }
 
 fn pad_feeds(pads: [i64; 2]) -> [(&'static str, Tensor); 2] {
@@ -312,4 +325,55 @@ fn the_cli_memory_limit_bounds_the_command() {
     let bad = run(&["--memory-limit", "lots"], "bad");
     assert_eq!(bad.status.code(), Some(1));
     std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn sessions_in_a_pool_hold_identical_weights_once_and_share_its_limit() {
+    use nxrt::governor::MemoryPool;
+    let n = 1 << 16; // 256 KiB of weights
+    let w = 4 * n;
+    let pool = MemoryPool::new("p", Some(3 * w + w / 2));
+    let account = pool.account().clone();
+    let in_pool = || Session::builder().pool(&pool);
+    let weights = |a: &nxrt::governor::Account| a.holder(Tier::Host, Holder::Weights).in_use();
+    let a = in_pool().load_bytes(&weights_model(n)).unwrap();
+    let b = in_pool().load_bytes(&weights_model(n)).unwrap();
+    let c = in_pool().load_bytes(&weights_model_seeded(n, 8)).unwrap();
+    // the same model twice: one copy, charged to the pool, not to either session
+    assert!(first_weight(&a).shares_storage(&first_weight(&b)));
+    assert!(!first_weight(&a).shares_storage(&first_weight(&c)));
+    assert_eq!(pool.shared_weights(), 2);
+    assert_eq!(weights(&account), 2 * w);
+    assert_eq!(host_in_use(&a, Holder::Weights), 0);
+    // outputs agree with a session outside the pool
+    let alone = Session::builder().load_bytes(&weights_model(n)).unwrap();
+    let x = || [("x", Tensor::from_vec(&[1, n], xorshift_data(n, 3)).unwrap())];
+    let want = alone.run(x()).unwrap()["y"].clone().into_tensor().unwrap();
+    for s in [&a, &b] {
+        let got = s.run(x()).unwrap()["y"].clone().into_tensor().unwrap();
+        assert_eq!(
+            got.as_slice::<f32>().unwrap(),
+            want.as_slice::<f32>().unwrap()
+        );
+    }
+    // the pool's limit binds its sessions together: 2w more weights do not fit
+    let e = in_pool()
+        .load_bytes(&weights_model_seeded(2 * n, 9))
+        .err()
+        .expect("over the pool's limit");
+    assert!(
+        matches!(&e, Error::OutOfMemory { tier, .. } if tier.contains("pool 'p'")),
+        "{e}"
+    );
+    assert_eq!(weights(&account), 2 * w, "a refused load holds nothing");
+    // the shared copy lives while any session holds it, whatever the order of the drops
+    drop(a);
+    assert_eq!(weights(&account), 2 * w);
+    drop(pool);
+    b.run(x()).unwrap();
+    drop(b);
+    assert_eq!(weights(&account), w);
+    drop(c);
+    let h = account.budget(Tier::Host);
+    assert_eq!((h.in_use(), h.leases()), (0, 0));
 }
