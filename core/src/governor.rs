@@ -213,6 +213,14 @@ impl Budget {
     }
 }
 
+static TEARDOWN_FAULTS: AtomicUsize = AtomicUsize::new(0);
+
+/// How many times a session went while cache pages charged to it were still live (see
+/// [`Account::close`]); 0 unless something tore down out of order.
+pub fn teardown_faults() -> usize {
+    TEARDOWN_FAULTS.load(Ordering::Acquire)
+}
+
 static PROCESS: [Budget; TIERS] = [const { Budget::new(None) }; TIERS];
 
 /// The process-wide budget of `tier`, which every session's leases are charged against.
@@ -273,6 +281,20 @@ impl Account {
 
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// Marks the end of the account's owner (a session dropping). Cache pages (a KV pool's)
+    /// depend on their session and must be returned before it goes; pages still charged here
+    /// are a teardown-order fault, counted in [`teardown_faults`] (their memory stays valid:
+    /// each lease pins this account). Returns the cache bytes still charged.
+    pub fn close(&self) -> usize {
+        let live: usize = (0..TIERS)
+            .map(|i| self.holders[i][Holder::Cache.index()].in_use())
+            .sum();
+        if live != 0 {
+            TEARDOWN_FAULTS.fetch_add(1, Ordering::AcqRel);
+        }
+        live
     }
 
     /// The account this one's leases are charged to as well (a pool's), if any.

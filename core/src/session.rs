@@ -2100,6 +2100,13 @@ fn span_since(clock: Clock, phase: Phase, what: u32, t0: u64) -> RawSpan {
     }
 }
 
+impl Drop for Session {
+    fn drop(&mut self) {
+        // what depends on the session (a KV pool's pages) must have gone before it
+        self.account.close();
+    }
+}
+
 /// Leases the heap storage in `v` (each tensor inside a sequence, map or optional too) that no
 /// lease covers yet from `account`. Storage under [`crate::governor::SMALL`] bytes is left
 /// unleased, so values of many scalars (a classifier's maps) cost one walk and nothing more.

@@ -370,4 +370,17 @@ impl PagedGenerator {
     pub fn stats(&self) -> PoolStats {
         self.inner.pool().stats()
     }
+
+    /// What the decoder's session holds, the pages among it (holder `cache`; see
+    /// [`crate::governor`]). A session memory limit (`SessionBuilder::memory_limit`) bounds
+    /// the pages too: a page over it is `Error::OutOfMemory`.
+    pub fn memory_snapshot(&self) -> crate::governor::MemorySnapshot {
+        self.inner.generator().session().memory_snapshot()
+    }
+
+    /// Gives back the free pages' memory and what the session caches between runs; returns
+    /// the pages' bytes given back.
+    pub fn release_cached(&mut self) -> usize {
+        self.inner.release_cached()
+    }
 }

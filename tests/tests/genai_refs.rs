@@ -548,6 +548,32 @@ fn paged_sequences_give_the_reference_ids() {
     assert_eq!(end.page_allocs, end.page_frees);
     println!("released: {end:?}");
 
+    // the pages are the session's cache (leased from its account), given back on request,
+    // and returned before the session goes
+    let cache_of = |pg: &nxrt::genai::PagedGenerator| {
+        let snap = pg.memory_snapshot();
+        let host = &snap.tiers[0];
+        assert_eq!(host.tier, nxrt::governor::Tier::Host);
+        host.holders
+            .iter()
+            .find(|h| h.holder == nxrt::governor::Holder::Cache)
+            .map_or(0, |h| h.in_use)
+    };
+    assert_eq!(cache_of(&pg), end.pages_allocated * end.page_bytes);
+    assert_eq!(pg.release_cached(), end.pages_allocated * end.page_bytes);
+    assert_eq!(cache_of(&pg), 0);
+    let (x, y) = (pg.create(), pg.create());
+    pg.append_tokens(x, &cases[0].0, 0).unwrap();
+    pg.append_tokens(y, &cases[0].0, 0).unwrap();
+    assert!(pg.stats().prefix_tokens_shared > 0 && cache_of(&pg) > 0);
+    let faults = nxrt::governor::teardown_faults();
+    drop(pg); // it holds the only pin on its session, and live shared pages
+    assert_eq!(
+        nxrt::governor::teardown_faults(),
+        faults,
+        "KV pages outlived the session they depend on"
+    );
+
     // the budget: two pages of 16 rows cannot hold a 64-id prompt
     let g = Generator::from_folder(&dir, &nxrt::Session::builder()).unwrap();
     let mut small = g.into_paged(16, 2).unwrap();

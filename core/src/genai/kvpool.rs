@@ -20,12 +20,14 @@
 
 use alloc::boxed::Box;
 use alloc::collections::BTreeMap;
+use alloc::sync::Arc;
 use alloc::vec;
 use alloc::vec::Vec;
 use core::borrow::Borrow;
 
 use super::engine::{GenOptions, Generation, Generator};
 use super::sampling::LogitsProcessor;
+use crate::governor::{Account, Holder, Lease, Tier};
 use crate::session::Session;
 use crate::tensor::Tensor;
 use crate::value::Value;
@@ -68,7 +70,11 @@ pub struct KvPool {
     head_size: usize,
     page_rows: usize,
     max_pages: usize,
+    /// Each page's rows (empty once [`KvPool::trim`] gave a free page back) and its lease.
     pages: Vec<Box<[f32]>>,
+    leases: Vec<Option<Lease>>,
+    /// The account pages are leased from ([`Holder::Cache`]), if any.
+    account: Option<Arc<Account>>,
     refs: Vec<u32>,
     free: Vec<u32>,
     /// Full pages by (parent page, the ids they hold), and each page's key while indexed.
@@ -108,6 +114,8 @@ impl KvPool {
             page_rows,
             max_pages,
             pages: Vec::new(),
+            leases: Vec::new(),
+            account: None,
             refs: Vec::new(),
             free: Vec::new(),
             index: BTreeMap::new(),
@@ -118,6 +126,58 @@ impl KvPool {
                 ..PoolStats::default()
             },
         })
+    }
+
+    /// Leases every page from now on from `account` (a session's: its [`Holder::Cache`]), so
+    /// its budget bounds the pool: a page over it is [`Error::OutOfMemory`].
+    pub fn set_account(&mut self, account: Arc<Account>) {
+        self.account = Some(account);
+    }
+
+    /// Gives back the memory of the free pages (those no sequence holds; they are allocated
+    /// again when needed). Returns the bytes given back.
+    pub fn trim(&mut self) -> usize {
+        let mut n = 0;
+        for &p in &self.free {
+            let p = p as usize;
+            if !self.pages[p].is_empty() {
+                n += self.stats.page_bytes;
+                self.pages[p] = Box::default();
+                self.leases[p] = None;
+            }
+        }
+        n
+    }
+
+    /// Gives back every page (the sequences end first, children before the pages they
+    /// share), so the pages' leases return before whatever holds the pool goes.
+    pub fn clear(&mut self) {
+        for s in (0..self.seqs.len()).rev() {
+            let _ = self.release(s);
+        }
+        self.index.clear();
+        self.pages.clear();
+        self.leases.clear();
+        self.refs.clear();
+        self.key_of.clear();
+        self.free.clear();
+    }
+
+    /// Storage and lease for one page: charged first, then allocated (both fallible).
+    fn new_page(&self) -> Result<(Box<[f32]>, Option<Lease>)> {
+        let bytes = self.stats.page_bytes;
+        let lease = match &self.account {
+            Some(a) => Some(Lease::take(
+                Some(a),
+                Tier::Host,
+                Holder::Cache,
+                bytes,
+                &|| "a KV page".into(),
+            )?),
+            None => None,
+        };
+        let page = crate::governor::try_zeroed::<f32>(self.page_elems())?.into_boxed_slice();
+        Ok((page, lease))
     }
 
     fn page_elems(&self) -> usize {
@@ -214,23 +274,31 @@ impl KvPool {
     }
 
     fn alloc(&mut self) -> Result<u32> {
-        self.stats.page_allocs += 1;
-        if let Some(p) = self.free.pop() {
+        if let Some(&p) = self.free.last() {
+            if self.pages[p as usize].is_empty() {
+                // trimmed: allocated again
+                let (page, lease) = self.new_page()?;
+                self.pages[p as usize] = page;
+                self.leases[p as usize] = lease;
+            }
+            self.free.pop();
             self.refs[p as usize] = 1;
+            self.stats.page_allocs += 1;
             return Ok(p);
         }
         if self.pages.len() >= self.max_pages {
-            self.stats.page_allocs -= 1;
             return Err(Error::Shape(alloc::format!(
                 "the KV pool's {} pages ({} bytes each) are all in use",
                 self.max_pages,
                 self.stats.page_bytes
             )));
         }
-        self.pages
-            .push(vec![0.0f32; self.page_elems()].into_boxed_slice());
+        let (page, lease) = self.new_page()?;
+        self.pages.push(page);
+        self.leases.push(lease);
         self.refs.push(1);
         self.key_of.push(None);
+        self.stats.page_allocs += 1;
         Ok((self.pages.len() - 1) as u32)
     }
 
@@ -438,7 +506,8 @@ impl<S: Borrow<Session>> PagedGenerator<S> {
         // the pool copies rows between pages and the decoder's buffers on the host
         gen.set_device_kv(false);
         let c = gen.config();
-        let pool = KvPool::new(c.layers, c.kv_heads, c.head_size, page_rows, max_pages)?;
+        let mut pool = KvPool::new(c.layers, c.kv_heads, c.head_size, page_rows, max_pages)?;
+        pool.set_account(gen.session().memory_account().clone());
         Ok(PagedGenerator {
             gen,
             pool,
@@ -449,6 +518,13 @@ impl<S: Borrow<Session>> PagedGenerator<S> {
     /// The pool (ids, logits and figures per sequence).
     pub fn pool(&self) -> &KvPool {
         &self.pool
+    }
+
+    /// Gives back the memory of the pool's free pages and what the session caches between
+    /// runs (see [`Session::release_cached`]). Returns the pages' bytes given back.
+    pub fn release_cached(&mut self) -> usize {
+        self.gen.session().release_cached();
+        self.pool.trim()
     }
 
     /// The decoder's generator (its state is the resident sequence's).
@@ -597,6 +673,14 @@ impl<S: Borrow<Session>> PagedGenerator<S> {
             g.prompt_ids = prompt.to_vec();
             g
         })
+    }
+}
+
+impl<S: Borrow<Session>> Drop for PagedGenerator<S> {
+    /// Teardown order: the pages (shared prefixes included) go back to the session's account
+    /// before the generator, which may hold the last pin on the session, drops.
+    fn drop(&mut self) {
+        self.pool.clear();
     }
 }
 
@@ -751,5 +835,50 @@ mod tests {
         );
         assert!(KvPool::new(1 << 20, 1 << 20, 1 << 20, 1 << 20, 4).is_err());
         assert!(KvPool::new(1, 1, 1, 1, 0).is_err());
+    }
+
+    #[test]
+    fn pages_are_leased_as_cache_trimmed_and_bounded_by_the_session_budget() {
+        let a = Account::new("kv", None);
+        let mut p = pool(8);
+        p.set_account(a.clone());
+        let page = p.stats().page_bytes;
+        let cache = || a.holder(Tier::Host, Holder::Cache).in_use();
+        let s = p.create();
+        let ids: Vec<i64> = (0..10).collect();
+        write(&mut p, s, &ids, 0, &rows(10, 0.0));
+        assert_eq!(p.stats().pages_allocated, 3);
+        assert_eq!(cache(), 3 * page);
+        // ended, the pages stay allocated for reuse until trimmed
+        p.release(s).unwrap();
+        assert_eq!(cache(), 3 * page);
+        assert_eq!(p.trim(), 3 * page);
+        assert_eq!((cache(), a.budget(Tier::Host).leases()), (0, 0));
+        // trimmed pages come back on demand, with the right rows
+        let s = p.create();
+        write(&mut p, s, &ids[..6], 0, &rows(6, 5.0));
+        assert_eq!(cache(), 2 * page);
+        assert_eq!(read(&p, s), rows(6, 5.0));
+        // a budget of three pages: the fourth is a typed error and the sequence keeps its rows
+        a.budget(Tier::Host).set_limit(Some(3 * page));
+        let t = p.create();
+        write(&mut p, t, &ids[..4], 0, &rows(4, 7.0));
+        let refs: Vec<Vec<f32>> = rows(8, 7.0);
+        let r: Vec<&[f32]> = refs.iter().map(|v| &v[..]).collect();
+        let e = p.write_rows(t, &ids[..8], 4, &r, 8, &[0.5]).unwrap_err();
+        assert!(
+            matches!(&e, Error::OutOfMemory { holder, .. } if holder == "a KV page"),
+            "{e}"
+        );
+        assert_eq!(read(&p, t), rows(4, 7.0));
+        assert_eq!(cache(), 3 * page);
+        // the owner's end while pages are live is a counted teardown fault; after clear() not
+        let f0 = crate::governor::teardown_faults();
+        assert_eq!(a.close(), 3 * page);
+        assert_eq!(crate::governor::teardown_faults(), f0 + 1);
+        p.clear();
+        assert_eq!((cache(), a.budget(Tier::Host).leases()), (0, 0));
+        assert_eq!(a.close(), 0);
+        assert_eq!(crate::governor::teardown_faults(), f0 + 1);
     }
 }
