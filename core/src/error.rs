@@ -54,6 +54,15 @@ pub enum Error {
     Io(String),
     /// A provider error (device lost, out of memory, ...).
     Provider(String),
+    /// A provider's device went away (a lost WebGPU device, a reset GPU): the call that saw
+    /// it fails, and so does every later one on that provider; a new session (on a new
+    /// device) works, and dropping the old one frees what it held.
+    DeviceLost {
+        /// The provider (`webgpu`, `cuda`).
+        provider: String,
+        /// Why, as the platform said it.
+        reason: String,
+    },
     /// A tokenizer file that cannot be read or used, or ids it cannot decode.
     Tokenizer(String),
     /// A lease over a memory budget, or an allocation the system refused (see
@@ -130,6 +139,7 @@ impl Error {
             Error::Shape(_) => "shape",
             Error::Io(_) => "io",
             Error::Provider(_) => "provider",
+            Error::DeviceLost { .. } => "device_lost",
             Error::Tokenizer(_) => "tokenizer",
             Error::OutOfMemory { .. } => "out_of_memory",
             Error::Other(_) => "other",
@@ -158,6 +168,10 @@ impl fmt::Display for Error {
             Error::Shape(d) => write!(f, "bad shape: {d}"),
             Error::Io(d) => write!(f, "i/o: {d}"),
             Error::Provider(d) => write!(f, "provider: {d}"),
+            Error::DeviceLost { provider, reason } => write!(
+                f,
+                "device lost: the {provider} device was lost ({reason}); create a new session"
+            ),
             Error::Tokenizer(d) => write!(f, "tokenizer: {d}"),
             Error::OutOfMemory {
                 tier,

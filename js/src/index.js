@@ -179,7 +179,10 @@ export class InferenceSession {
    * Options: `executionProviders` (default `['wasm']`), `graphOptimizationLevel`
    * (`disabled`, `basic`, `extended`, `all`; default `all`), `externalData` (`[{path, data}]`:
    * the bytes or URL of each external-data file the model names; files not given are fetched
-   * beside a model loaded from a URL or path).
+   * beside a model loaded from a URL or path), `memoryLimit` (bytes: the session's host
+   * memory budget; its weights, activation memory and outputs are charged to it, and loading
+   * or a run over it rejects with an `out of memory` error naming what asked, the session
+   * staying usable).
    */
   static async create(src, options = {}) {
     await ensureWasm();
@@ -187,11 +190,15 @@ export class InferenceSession {
     const [bytes, url] = await modelSource(src);
     const providers = providerNames(options.executionProviders);
     const level = options.graphOptimizationLevel ?? 'all';
+    const limit = options.memoryLimit;
+    if (limit !== undefined && !(Number.isSafeInteger(limit) && limit >= 0)) {
+      throw new TypeError(`memoryLimit must be a whole number of bytes, not ${limit}`);
+    }
     const [extNames, extData] = await externalFiles(bytes, options.externalData, url);
     try {
       // async: 'webgpu' opens the adapter (navigator.gpu.requestAdapter) first
       return new InferenceSession(
-        await wasm.WasmSession.create(bytes, providers, level, extNames, extData),
+        await wasm.WasmSession.create(bytes, providers, level, extNames, extData, limit),
       );
     } catch (e) {
       throw asError(e);
@@ -218,6 +225,15 @@ export class InferenceSession {
    */
   partitionReport() {
     return this.#live().partitionReport();
+  }
+
+  /**
+   * What the session holds now, in bytes: `{name, tiers: [{tier: 'host', inUse, peak, limit,
+   * leases, holders: {weights, arena, outputs, cache, other}}]}` (each holder `{inUse, peak,
+   * leases}`; `limit` null when none was set).
+   */
+  memorySnapshot() {
+    return this.#live().memorySnapshot();
   }
 
   #live() {

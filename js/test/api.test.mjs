@@ -115,6 +115,26 @@ test('creating and releasing a session 50 times does not grow wasm memory', asyn
   assert.equal(sizes[49], sizes[4], `wasm memory grew after warm-up: ${sizes.join(',')}`);
 });
 
+test('memoryLimit bounds the session with a clear error; memorySnapshot reports its holders', async () => {
+  // silero_vad holds about 2 MB of weights
+  await assert.rejects(
+    InferenceSession.create(VAD, { memoryLimit: 64 * 1024 }),
+    /out of memory: initializer '.*' asked for \d+ bytes of host memory of session/,
+  );
+  await assert.rejects(InferenceSession.create(VAD, { memoryLimit: -1 }), TypeError);
+  const s = await InferenceSession.create(VAD, { memoryLimit: 64 << 20 });
+  const snap = s.memorySnapshot();
+  const host = snap.tiers[0];
+  assert.equal(host.tier, 'host');
+  assert.equal(host.limit, 64 << 20);
+  assert.ok(host.holders.weights.inUse > 1 << 20, JSON.stringify(host));
+  assert.equal(host.inUse, Object.values(host.holders).reduce((a, h) => a + h.inUse, 0));
+  const free = await InferenceSession.create(VAD);
+  assert.equal(free.memorySnapshot().tiers[0].limit, null);
+  await free.release();
+  await s.release();
+});
+
 test('asking for threads is reported, not silently dropped', async () => {
   const { env } = await import('../src/index.js');
   const warnings = [];

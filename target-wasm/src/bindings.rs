@@ -225,6 +225,7 @@ impl WasmSession {
     /// Loads a model, opening the WebGPU adapter first when `providers` names `webgpu`
     /// (async, as `requestAdapter` is). `ext_names[i]` is the external-data file whose bytes
     /// are `ext_data[i]` (a location the model names; none when it has no external data).
+    /// `memory_limit`: the session's host memory budget in bytes (none when undefined).
     /// Resolves to a `WasmSession`.
     pub fn create(
         bytes: Vec<u8>,
@@ -232,11 +233,22 @@ impl WasmSession {
         opt: String,
         ext_names: Vec<String>,
         ext_data: Vec<Uint8Array>,
+        memory_limit: Option<f64>,
     ) -> js_sys::Promise {
         wasm_bindgen_futures::future_to_promise(async move {
             let level = opt_level(&opt).map_err(js_err)?;
             let ext = JsFiles::new(ext_names, ext_data).map_err(js_err)?;
-            let s = crate::build_session_async(&bytes, &providers, level, &ext)
+            let limit = match memory_limit {
+                Some(b) if b.is_finite() && b >= 0.0 && b.fract() == 0.0 => Some(b as usize),
+                Some(b) => {
+                    return Err(input_err(format!(
+                        "memoryLimit must be a whole number of bytes, not {b}"
+                    ))
+                    .into())
+                }
+                None => None,
+            };
+            let s = crate::build_session_limited(&bytes, &providers, level, &ext, limit)
                 .await
                 .map_err(js_err)?;
             Ok(JsValue::from(WasmSession { inner: Rc::new(s) }))
@@ -247,6 +259,40 @@ impl WasmSession {
     #[wasm_bindgen(js_name = releaseCached)]
     pub fn release_cached(&self) {
         self.inner.release_cached();
+    }
+
+    /// What the session holds: `{name, tiers: [{tier, inUse, peak, limit, leases, holders:
+    /// {weights|arena|outputs|cache|other: {inUse, peak, leases}}}]}` (bytes; `limit` null
+    /// when none).
+    #[wasm_bindgen(js_name = memorySnapshot)]
+    pub fn memory_snapshot(&self) -> Object {
+        let snap = self.inner.memory_snapshot();
+        let o = Object::new();
+        set(&o, "name", &JsValue::from_str(&snap.name));
+        let tiers = Array::new();
+        for t in &snap.tiers {
+            let e = Object::new();
+            set(&e, "tier", &JsValue::from_str(&t.tier.to_string()));
+            set(&e, "inUse", &JsValue::from_f64(t.in_use as f64));
+            set(&e, "peak", &JsValue::from_f64(t.peak as f64));
+            let limit = t
+                .limit
+                .map_or(JsValue::NULL, |l| JsValue::from_f64(l as f64));
+            set(&e, "limit", &limit);
+            set(&e, "leases", &JsValue::from_f64(t.leases as f64));
+            let holders = Object::new();
+            for h in &t.holders {
+                let x = Object::new();
+                set(&x, "inUse", &JsValue::from_f64(h.in_use as f64));
+                set(&x, "peak", &JsValue::from_f64(h.peak as f64));
+                set(&x, "leases", &JsValue::from_f64(h.leases as f64));
+                let _ = Reflect::set(&holders, &JsValue::from_str(h.holder.name()), &x);
+            }
+            set(&e, "holders", &holders);
+            tiers.push(&e);
+        }
+        set(&o, "tiers", &tiers);
+        o
     }
 
     /// The partition as an object: `{nodes: [{node, op, provider}], copies: [{value, from, to,

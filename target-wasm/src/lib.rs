@@ -58,6 +58,7 @@ fn session_with(
     mut list: Vec<Arc<dyn ExecutionProvider>>,
     opt: OptLevel,
     ext: &dyn loader::ExternalDataSource,
+    memory_limit: Option<usize>,
 ) -> Result<Session> {
     let model = loader::load_model(bytes, ext)?;
     list.push(Arc::new(CpuProvider::new(Arc::new(ReferenceCpu))));
@@ -68,6 +69,7 @@ fn session_with(
             optimization: opt,
             #[cfg(target_arch = "wasm32")]
             clock: Some(bindings::now_ns),
+            memory_limit,
             ..Default::default()
         },
     )
@@ -82,7 +84,7 @@ pub fn build_session(bytes: &[u8], providers: &[String], opt: OptLevel) -> Resul
             "the webgpu provider is opened asynchronously: use build_session_async".into(),
         ));
     }
-    session_with(bytes, Vec::new(), opt, &loader::NoExternalData)
+    session_with(bytes, Vec::new(), opt, &loader::NoExternalData, None)
 }
 
 /// Builds a session for the named providers in preference order; `webgpu` opens the
@@ -93,13 +95,25 @@ pub async fn build_session_async(
     opt: OptLevel,
     ext: &dyn loader::ExternalDataSource,
 ) -> Result<Session> {
+    build_session_limited(bytes, providers, opt, ext, None).await
+}
+
+/// [`build_session_async`] with a host memory budget for the session (see
+/// `nxrt_core::governor`): over it, loading or a run is `Error::OutOfMemory`.
+pub async fn build_session_limited(
+    bytes: &[u8],
+    providers: &[String],
+    opt: OptLevel,
+    ext: &dyn loader::ExternalDataSource,
+    memory_limit: Option<usize>,
+) -> Result<Session> {
     check_providers(providers)?;
     let mut list: Vec<Arc<dyn ExecutionProvider>> = Vec::new();
     #[cfg(feature = "webgpu")]
     if providers.iter().any(|p| p == "webgpu") {
         list.push(Arc::new(webgpu::WebGpuProvider::new(0).await?));
     }
-    session_with(bytes, list, opt, ext)
+    session_with(bytes, list, opt, ext, memory_limit)
 }
 
 #[cfg(feature = "webgpu")]

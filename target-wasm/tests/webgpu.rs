@@ -329,10 +329,20 @@ fn a_lost_device_is_an_error_and_a_new_provider_works() {
     let feeds = || vec![("x0".to_string(), Value::Tensor(ft(&[17], 1)))];
     pollster::block_on(s.run_async(feeds())).unwrap();
     g.lose_device_for_test();
-    let e = pollster::block_on(s.run_async(feeds()))
-        .unwrap_err()
-        .to_string();
-    assert!(e.contains("lost") || e.contains("webgpu"), "{e}");
+    let e = pollster::block_on(s.run_async(feeds())).unwrap_err();
+    assert_eq!(e.kind(), "device_lost", "{e}");
+    assert!(e.to_string().contains("webgpu device was lost"), "{e}");
+    // every later call on it fails the same way
+    let e = pollster::block_on(s.run_async(feeds())).unwrap_err();
+    assert_eq!(e.kind(), "device_lost", "{e}");
+    // dropping the session and the provider frees what the old device held
+    let old = std::sync::Arc::downgrade(g.gpu());
+    drop(s);
+    drop(g);
+    assert!(
+        old.upgrade().is_none(),
+        "the lost device's buffers and context are gone"
+    );
     // a new provider (a new session) works
     let Some(g2) = fresh_gpu() else { return };
     let m = loader::load_model(&case.model(), &loader::NoExternalData).unwrap();

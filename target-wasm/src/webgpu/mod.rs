@@ -344,12 +344,25 @@ fn gpu_err(what: impl std::fmt::Display) -> Error {
 }
 
 impl Gpu {
+    /// `e`, or [`Error::DeviceLost`] when the device was lost (a failure that the loss caused
+    /// says so).
+    fn lost_or(&self, e: Error) -> Error {
+        match self.lost.lock().unwrap().clone() {
+            Some(m) => Error::DeviceLost {
+                provider: "webgpu".into(),
+                reason: m,
+            },
+            None => e,
+        }
+    }
+
     /// Fails when the device was lost or an earlier command raised an error.
     pub(crate) fn check(&self) -> Result<()> {
         if let Some(m) = self.lost.lock().unwrap().clone() {
-            return Err(gpu_err(format!(
-                "the device was lost ({m}); create a new session"
-            )));
+            return Err(Error::DeviceLost {
+                provider: "webgpu".into(),
+                reason: m,
+            });
         }
         if let Some(m) = self.error.lock().unwrap().take() {
             return Err(gpu_err(m));
@@ -848,14 +861,14 @@ impl Gpu {
             #[cfg(not(target_arch = "wasm32"))]
             self.device
                 .poll(wgpu::PollType::wait_indefinitely())
-                .map_err(|e| gpu_err(format!("waiting for the device: {e}")))?;
+                .map_err(|e| self.lost_or(gpu_err(format!("waiting for the device: {e}"))))?;
             rx.await
-                .map_err(|_| gpu_err("the read-back was cancelled"))?
-                .map_err(|e| gpu_err(format!("read-back failed: {e}")))?;
+                .map_err(|_| self.lost_or(gpu_err("the read-back was cancelled")))?
+                .map_err(|e| self.lost_or(gpu_err(format!("read-back failed: {e}"))))?;
             let v = {
                 let view = staging
                     .get_mapped_range(..)
-                    .map_err(|e| gpu_err(format!("read-back failed: {e}")))?;
+                    .map_err(|e| self.lost_or(gpu_err(format!("read-back failed: {e}"))))?;
                 bytemuck::cast_slice::<u8, u32>(&view).to_vec()
             };
             staging.unmap();
