@@ -346,6 +346,12 @@ pub trait ExecutionProvider: Send + Sync {
     /// Frees what the provider caches between runs (buffer pools); called by
     /// `Session::release`, and safe to call at any time: later runs allocate again.
     fn release_cached(&self) {}
+    /// The memory account of a session this provider serves (see [`crate::governor`]): a
+    /// device provider leases its device memory from it, under
+    /// `Tier::Device(its index in the session)`, and from the process's budget of that tier.
+    /// A provider serving several sessions keeps the first account it was given (a shared
+    /// device pool; a [`crate::governor::MemoryPool`] bounds such sessions together).
+    fn bind_account(&self, _account: &alloc::sync::Arc<crate::governor::Account>) {}
     /// Copies a tensor of this provider back to the host; async because device read-back is.
     fn download<'a>(&'a self, t: &'a Tensor) -> BoxFuture<'a, Result<Tensor>> {
         Box::pin(async move {

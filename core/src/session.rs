@@ -444,6 +444,9 @@ impl Session {
             None => Account::new(name, opts.memory_limit),
         };
         lease_weights(&account, opts.pool.as_deref(), &mut model.graph)?;
+        for p in &providers {
+            p.bind_account(&account);
+        }
         let graph = Arc::new(model.graph);
         let t1 = clock();
         let prepack = !opts.disable_prepacking;

@@ -1,5 +1,6 @@
-//! Stress: 8 threads x 4 sessions x 200 runs sharing the process's host budget, each session
-//! with its own, random `release_cached` calls, inputs whose outputs sometimes fit and
+//! Stress: 8 threads x 4 sessions x 200 runs sharing the process's host budget and one shared
+//! pool (`MemoryPool`, whose limit binds the four together and which holds their identical
+//! weights once), each session with its own, random `release_cached` calls, inputs whose outputs sometimes fit and
 //! sometimes do not. No budget is ever over-subscribed (peaks stay under the limits), every
 //! run either answers exactly as a single-threaded session without budgets or is refused with
 //! `OutOfMemory`, and when everything is dropped every lease has been returned.
@@ -9,7 +10,7 @@
 mod common;
 
 use common::{node, opset17_model, vi};
-use nxrt::governor::{process_budget, set_process_limit, Tier};
+use nxrt::governor::{process_budget, set_process_limit, MemoryPool, Tier};
 use nxrt::{Error, ExecMode, Session, Tensor};
 use nxrt_core::proto::GraphProto;
 
@@ -65,6 +66,8 @@ fn threads_sessions_and_releases_never_oversubscribe() {
     };
     const PROCESS: usize = 1 << 20;
     const SESSION: usize = 400 << 10;
+    const POOL: usize = 800 << 10;
+    let pool = MemoryPool::new("stress", Some(POOL));
     let base = process_budget(Tier::Host).in_use();
     set_process_limit(Tier::Host, Some(base + PROCESS));
     let sessions: Vec<Session> = (0..4)
@@ -76,10 +79,16 @@ fn threads_sessions_and_releases_never_oversubscribe() {
                     ExecMode::Eager
                 })
                 .memory_limit(Some(SESSION))
+                .pool(&pool)
                 .load_bytes(&bytes)
                 .unwrap()
         })
         .collect();
+    assert_eq!(
+        pool.shared_weights(),
+        1,
+        "the four sessions hold their weight once"
+    );
     let accounts: Vec<_> = sessions
         .iter()
         .map(|s| s.core().memory_account().clone())
@@ -87,7 +96,7 @@ fn threads_sessions_and_releases_never_oversubscribe() {
     let (ok, refused) = std::thread::scope(|sc| {
         let hs: Vec<_> = (0..8u64)
             .map(|t| {
-                let (sessions, reference) = (&sessions, &reference);
+                let (sessions, reference, pool) = (&sessions, &reference, &pool);
                 sc.spawn(move || {
                     let mut rng = 0x9e37_79b9_7f4a_7c15u64 ^ (t + 1);
                     let mut next = move || {
@@ -110,6 +119,7 @@ fn threads_sessions_and_releases_never_oversubscribe() {
                             Err(e) => panic!("{e}"),
                         }
                         assert!(process_budget(Tier::Host).in_use() <= base + PROCESS);
+                        assert!(pool.account().budget(Tier::Host).in_use() <= POOL);
                         if next() % 16 == 0 {
                             s.release_cached();
                         }
@@ -137,7 +147,14 @@ fn threads_sessions_and_releases_never_oversubscribe() {
         );
     }
     assert!(process_budget(Tier::Host).peak() <= base + PROCESS);
+    let pb = pool.account().budget(Tier::Host);
+    assert!(pb.peak() <= POOL, "pool peak {} over its limit", pb.peak());
     drop(sessions);
+    assert_eq!(
+        (pb.in_use(), pb.leases()),
+        (0, 0),
+        "every pool lease returned"
+    );
     for a in &accounts {
         let b = a.budget(Tier::Host);
         assert_eq!((b.in_use(), b.leases()), (0, 0), "every lease returned");

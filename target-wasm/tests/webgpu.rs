@@ -351,6 +351,49 @@ fn a_lost_device_is_an_error_and_a_new_provider_works() {
 }
 
 #[test]
+fn device_memory_is_leased_from_the_session_and_its_budget_binds() {
+    use nxrt_core::governor::{Holder, Tier};
+    let Some(g) = fresh_gpu() else { return };
+    let case = Case::new("Relu", vec![ft(&[1024], 1)]);
+    let m = loader::load_model(&case.model(), &loader::NoExternalData).unwrap();
+    let s = Session::new(m, vec![g.clone(), cpu()], &SessionOptions::default()).unwrap();
+    let feeds = || vec![("x0".to_string(), Value::Tensor(ft(&[1024], 1)))];
+    let want = pollster::block_on(s.run_async(feeds())).unwrap();
+    let dev = s.memory_account().budget(Tier::Device(0));
+    // the input's upload and Relu's output: 4 KiB each, returned when the run ends
+    assert!(dev.peak() >= 8192, "device peak {}", dev.peak());
+    assert_eq!((dev.in_use(), dev.leases()), (0, 0));
+    let snap = s.memory_snapshot();
+    assert!(snap
+        .tiers
+        .iter()
+        .any(|t| t.tier == Tier::Device(0) && t.peak >= 8192));
+    // under a 6 KiB device budget the second tensor is refused before it is allocated
+    dev.set_limit(Some(6 << 10));
+    let e = pollster::block_on(s.run_async(feeds())).unwrap_err();
+    match &e {
+        nxrt_core::Error::OutOfMemory {
+            tier, requested, ..
+        } => {
+            assert!(tier.contains("device 0 memory of session"), "{e}");
+            assert_eq!(*requested, 4096);
+        }
+        _ => panic!("{e}"),
+    }
+    assert_eq!(dev.in_use(), 0, "a refused run holds nothing");
+    let h = s.memory_account().holder(Tier::Device(0), Holder::Other);
+    assert_eq!(h.in_use(), 0);
+    // with room again, the same answer
+    dev.set_limit(None);
+    let got = pollster::block_on(s.run_async(feeds())).unwrap();
+    let (a, b) = (&want[0].1, &got[0].1);
+    assert_eq!(
+        a.as_tensor().unwrap().to_f32_vec().unwrap(),
+        b.as_tensor().unwrap().to_f32_vec().unwrap()
+    );
+}
+
+#[test]
 fn tensors_beyond_the_binding_limit_are_a_clear_error() {
     let Some(g) = gpu() else { return };
     let lim = g.gpu().summary().max_storage_buffer_binding_size;

@@ -37,6 +37,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
+use nxrt_core::governor::{Account, Holder, Lease, Tier};
 use nxrt_core::ir::Node;
 use nxrt_core::provider::{
     BoxFuture, CpuBackend, ExecutionProvider, InputPlacement, Kernel, KernelCx, ReferenceCpu,
@@ -197,6 +198,8 @@ pub struct Gpu {
     downloaded_bytes: AtomicU64,
     submits: AtomicU64,
     me: Weak<Gpu>,
+    /// The account of the first session this device serves (see `ExecutionProvider::bind_account`).
+    account: std::sync::OnceLock<Arc<Account>>,
 }
 
 /// Dispatches recorded before the batch is submitted (a real GPU starts on the first ones
@@ -247,6 +250,8 @@ pub struct GpuBuf {
     /// Bytes in use (the buffer itself may be larger: sizes round up to 4).
     bytes: u64,
     gpu: Weak<Gpu>,
+    /// The governor's lease on this tensor's device bytes (returned when it drops).
+    _lease: Lease,
     pending: Mutex<Option<ew::Pending>>,
     /// A kernel (MatMul, Gemm, Conv) whose output this is, not run yet: an element-wise chain
     /// that is its only reader runs it with the chain as its epilogue ([`Producer`]).
@@ -430,14 +435,29 @@ impl Gpu {
     /// A buffer of at least `bytes` bytes, from the pool when one of that size is free.
     pub fn buffer(&self, bytes: u64, what: &str) -> Result<Arc<GpuBuf>> {
         let size = self.checked_size(bytes, what)?;
+        let lease = self.lease(size, &|| what.to_string())?;
         Ok(Arc::new(GpuBuf {
             buf: std::sync::OnceLock::from(self.pooled_or_new(size)),
             size,
             bytes,
             gpu: self.me.clone(),
+            _lease: lease,
             pending: Mutex::new(None),
             producer: Mutex::new(None),
         }))
+    }
+
+    /// A lease of `size` device bytes from the bound session's account (and the process's
+    /// budget of this device): [`Error::OutOfMemory`] before anything is allocated when over.
+    /// Free buffers kept in the pool are not charged (a cache `release_cached` gives back).
+    fn lease(&self, size: u64, what: &dyn Fn() -> String) -> Result<Lease> {
+        Lease::take(
+            self.account.get(),
+            Tier::Device(self.id),
+            Holder::Other,
+            usize::try_from(size).unwrap_or(usize::MAX),
+            what,
+        )
     }
 
     /// The buffer size for `bytes` (rounded up to 4), an error above the adapter's limits.
@@ -512,11 +532,13 @@ impl Gpu {
     /// [`Gpu::alloc`] whose buffer is taken only when something needs its bytes.
     fn alloc_lazy(&self, dt: DataType, shape: &[usize]) -> Result<(Tensor, Arc<GpuBuf>)> {
         let (bytes, size) = self.tensor_bytes(dt, shape)?;
+        let lease = self.lease(size, &|| nxrt_core::governor::KERNEL.into())?;
         let b = Arc::new(GpuBuf {
             buf: std::sync::OnceLock::new(),
             size,
             bytes,
             gpu: self.me.clone(),
+            _lease: lease,
             pending: Mutex::new(None),
             producer: Mutex::new(None),
         });
@@ -1098,6 +1120,7 @@ impl WebGpuProvider {
             downloaded_bytes: AtomicU64::new(0),
             submits: AtomicU64::new(0),
             me: me.clone(),
+            account: std::sync::OnceLock::new(),
         });
         Ok(WebGpuProvider {
             gpu,
@@ -1249,6 +1272,9 @@ impl ExecutionProvider for WebGpuProvider {
     }
     fn release_cached(&self) {
         self.gpu.trim();
+    }
+    fn bind_account(&self, account: &Arc<Account>) {
+        let _ = self.gpu.account.set(account.clone());
     }
     fn describe(&self) -> String {
         let a = &self.gpu.summary;
