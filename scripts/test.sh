@@ -86,6 +86,16 @@ step "ONNX Runtime's uint8-weight twins of the int8 quantized models -> \$NXRT_C
 step "unit, API and real-model parity tests"
 NXRT_BIN="$ROOT/target/release/nxrt" cargo test --release -p nxrt-core -p nxrt -p nxrt-tests -p nxrt-wasm -p nxrt-wasm-tokenizer -- --nocapture
 
+step "LeakSanitizer over the memory tests (stable rustc's -Zsanitizer=leak via RUSTC_BOOTSTRAP; debug, own target dir)"
+# the governor's unit tests, the memory API/CLI tests, the counting-allocator leak check and
+# the 8x4x200 stress test, built with LeakSanitizer: any leaked allocation fails the step.
+# allocator_may_return_null: hostile sizes must reach nxrt's fallible allocation as a null,
+# not stop the sanitizer's allocator.
+LSAN_OPTIONS=allocator_may_return_null=1 RUSTC_BOOTSTRAP=1 RUSTFLAGS="-Zsanitizer=leak" \
+  NXRT_BIN="$ROOT/target/release/nxrt" \
+  cargo test -p nxrt --target x86_64-unknown-linux-gnu --target-dir target/lsan \
+  --test memory --test memory_stress --test leaks
+
 step "README's first command: the embedded model"
 ./target/release/nxrt
 

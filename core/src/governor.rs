@@ -178,10 +178,14 @@ impl Budget {
     /// was in use.
     fn take(&self, bytes: usize) -> core::result::Result<(), usize> {
         let limit = self.limit.load(Ordering::Relaxed);
-        let new = if limit == usize::MAX {
-            // no limit: one add (a byte count cannot reach usize::MAX in a real address space)
-            self.in_use.fetch_add(bytes, Ordering::AcqRel) + bytes
+        let new = if limit == usize::MAX && bytes <= HUGE {
+            // no limit and a size any address space could hold: one add (2^16 leases of this
+            // size at once could not overflow it)
+            self.in_use
+                .fetch_add(bytes, Ordering::AcqRel)
+                .wrapping_add(bytes)
         } else {
+            // a limit, or a hostile size: checked (an overflow is refused like an excess)
             let mut cur = self.in_use.load(Ordering::Relaxed);
             loop {
                 let new = match cur.checked_add(bytes) {
@@ -212,6 +216,14 @@ impl Budget {
         self.leases.fetch_sub(1, Ordering::AcqRel);
     }
 }
+
+/// Leases above this many bytes (256 TiB) are charged with checked arithmetic even without a
+/// limit: no allocation that large can succeed, and summing such sizes could overflow.
+const HUGE: usize = if usize::BITS >= 64 {
+    1 << 48
+} else {
+    usize::MAX / (1 << 16)
+};
 
 static TEARDOWN_FAULTS: AtomicUsize = AtomicUsize::new(0);
 
@@ -846,6 +858,19 @@ mod tests {
         );
         drop((d1, l1, d4, l4, x));
         assert_eq!(pool.shared_weights(), 2);
+    }
+
+    #[test]
+    fn hostile_sizes_never_wrap_a_budget() {
+        let a = Account::new("huge", None);
+        let t = Tier::Device(2);
+        let l = Lease::take(Some(&a), t, Holder::Other, 100, &what).unwrap();
+        // without a limit, a size near usize::MAX is refused, not added (which would wrap)
+        let e = Lease::take(Some(&a), t, Holder::Other, usize::MAX - 10, &what).unwrap_err();
+        assert!(matches!(e, Error::OutOfMemory { .. }), "{e}");
+        assert_eq!(a.budget(t).in_use(), 100);
+        drop(l);
+        assert_eq!((a.budget(t).in_use(), a.budget(t).leases()), (0, 0));
     }
 
     #[test]
