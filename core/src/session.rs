@@ -83,6 +83,11 @@ pub struct SessionOptions {
     /// them together, and initializers identical to one a live session of the pool holds are
     /// held once.
     pub pool: Option<Arc<crate::governor::MemoryPool>>,
+    /// Arena shrinking: a memory plan's arena larger than this many bytes is given back at the
+    /// end of each run that used it (the plan stays; its next run allocates the arena again),
+    /// so a run with unusually large inputs does not leave its memory held. `None` (default):
+    /// every plan keeps its arena until `release_cached`.
+    pub keep_arena_limit: Option<usize>,
 }
 
 /// A public description of a graph input or output.
@@ -332,6 +337,7 @@ pub struct Session {
     report: PartitionReport,
     mode: ExecMode,
     phase_profile: bool,
+    keep_arena_limit: Option<usize>,
     clock: Clock,
     /// Initializers already uploaded to a device provider: (plan address, value, provider).
     const_uploads: spin::Mutex<alloc::collections::BTreeMap<(usize, ValueId, usize), Tensor>>,
@@ -486,6 +492,7 @@ impl Session {
                 report: report.clone(),
                 mode: opts.mode,
                 phase_profile: opts.phase_profile,
+                keep_arena_limit: opts.keep_arena_limit,
                 clock,
                 const_uploads: spin::Mutex::new(alloc::collections::BTreeMap::new()),
                 runs: AtomicU64::new(0),
@@ -896,7 +903,12 @@ impl Session {
                     ..Default::default()
                 };
                 let outs = self.run_plan(plan, env, cx).await?;
-                *rp.arena.lock() = Some(arena);
+                if self
+                    .keep_arena_limit
+                    .is_none_or(|k| rp.mem.stats.arena_bytes <= k)
+                {
+                    *rp.arena.lock() = Some(arena);
+                }
                 return Ok(outs);
             }
             // Shapes change every run (a decoder's growing cache, say): after a few misses in

@@ -228,6 +228,7 @@ pub struct SessionBuilder {
     prepack_weights: bool,
     memory_limit: Option<usize>,
     pool: Option<Arc<governor::MemoryPool>>,
+    keep_arena_limit: Option<usize>,
 }
 
 impl Default for SessionBuilder {
@@ -242,6 +243,7 @@ impl Default for SessionBuilder {
             prepack_weights: true,
             memory_limit: None,
             pool: None,
+            keep_arena_limit: None,
         }
     }
 }
@@ -306,6 +308,15 @@ impl SessionBuilder {
         self
     }
 
+    /// Arena shrinking (ONNX Runtime's `memory.enable_memory_arena_shrinkage`, by size): a
+    /// memory plan's activation arena larger than `bytes` is given back at the end of each run
+    /// that used it, so a run with unusually large inputs does not leave its memory held
+    /// (default `None`: plans keep their arenas until `Session::release_cached`).
+    pub fn keep_arena_limit(mut self, bytes: Option<usize>) -> Self {
+        self.keep_arena_limit = bytes;
+        self
+    }
+
     fn options(&self) -> SessionOptions {
         SessionOptions {
             optimization: self.optimization,
@@ -315,6 +326,7 @@ impl SessionBuilder {
             disable_prepacking: !self.prepack_weights,
             memory_limit: self.memory_limit,
             pool: self.pool.clone(),
+            keep_arena_limit: self.keep_arena_limit,
         }
     }
 

@@ -377,3 +377,56 @@ fn sessions_in_a_pool_hold_identical_weights_once_and_share_its_limit() {
     let h = account.budget(Tier::Host);
     assert_eq!((h.in_use(), h.leases()), (0, 0));
 }
+
+/// `z = Sigmoid(Relu(x))`, `x` float `[n]`: its intermediate `y` lives in the arena.
+fn chain_model() -> Vec<u8> {
+    opset17_model(GraphProto {
+        name: "chain".into(),
+        node: vec![
+            node("Relu", &["x"], &["y"]),
+            node("Sigmoid", &["y"], &["z"]),
+        ],
+        input: vec![vi("x", 1, &["n"])],
+        output: vec![vi("z", 1, &["n"])],
+        ..Default::default()
+    })
+}
+
+#[test]
+fn arenas_over_the_keep_limit_are_given_back_after_their_run() {
+    let bytes = chain_model();
+    let s = Session::builder()
+        .keep_arena_limit(Some(64 << 10))
+        .load_bytes(&bytes)
+        .unwrap();
+    let plain = Session::builder().load_bytes(&bytes).unwrap();
+    let run = |s: &Session, n: usize| {
+        let x = Tensor::from_vec(&[n], xorshift_data(n, 4)).unwrap();
+        s.run([("x", x)]).unwrap()["z"]
+            .as_tensor()
+            .unwrap()
+            .to_f32_vec()
+            .unwrap()
+    };
+    for _ in 0..3 {
+        assert_eq!(run(&s, 16), run(&plain, 16));
+    }
+    let small = host_in_use(&s, Holder::Arena);
+    assert!(small > 0, "a small plan keeps its arena");
+    for _ in 0..3 {
+        assert_eq!(run(&s, 200_000), run(&plain, 200_000));
+    }
+    let arena = s.core().memory_account().holder(Tier::Host, Holder::Arena);
+    assert!(
+        arena.peak() > 800_000,
+        "the large plan ran from an arena (peak {})",
+        arena.peak()
+    );
+    assert_eq!(
+        host_in_use(&s, Holder::Arena),
+        small,
+        "the large arena is given back after each run"
+    );
+    // without the option it stays
+    assert!(host_in_use(&plain, Holder::Arena) > 800_000);
+}
