@@ -349,6 +349,8 @@ pub struct Session {
     account: Arc<Account>,
     /// The lease on the kernels' prepacked weights.
     _prepacked: Lease,
+    /// Leases on the initializers of subgraphs (If/Loop/Scan bodies), held for the session.
+    _subgraph_weights: Vec<Lease>,
 }
 
 /// Model metadata kept after load.
@@ -450,6 +452,7 @@ impl Session {
             None => Account::new(name, opts.memory_limit),
         };
         lease_weights(&account, opts.pool.as_deref(), &mut model.graph)?;
+        let subgraph_weights = lease_subgraph_weights(&account, &model.graph)?;
         for p in &providers {
             p.bind_account(&account);
         }
@@ -501,6 +504,7 @@ impl Session {
                 log: spin::Mutex::new(log),
                 account,
                 _prepacked: prepacked,
+                _subgraph_weights: subgraph_weights,
             },
             report,
         ))
@@ -2188,6 +2192,44 @@ fn lease_weights(
         })?;
     }
     Ok(())
+}
+
+/// Leases the host storage of the initializers of `g`'s subgraphs, at every depth (once per
+/// storage), from `account` as weights; the session holds the leases (subgraphs are shared,
+/// immutable graphs, so the lease cannot ride in their tensors).
+fn lease_subgraph_weights(account: &Arc<Account>, g: &Graph) -> Result<Vec<Lease>> {
+    let mut seen = alloc::collections::BTreeSet::new();
+    let mut leases = Vec::new();
+    let mut err = None;
+    g.walk_nodes(&mut |n, _| {
+        for (_, sg) in n.subgraphs() {
+            for (id, v) in &sg.initializers {
+                let Value::Tensor(t) = v else { continue };
+                if err.is_some() || t.lease().is_some() {
+                    continue;
+                }
+                let Some(d) = t.host_storage() else { continue };
+                if !seen.insert(Arc::as_ptr(d) as usize) {
+                    continue;
+                }
+                let name = &sg.values[*id].name;
+                match Lease::take(
+                    Some(account),
+                    Tier::Host,
+                    Holder::Weights,
+                    t.storage_bytes(),
+                    &|| alloc::format!("initializer '{name}' of a subgraph"),
+                ) {
+                    Ok(l) => leases.push(l),
+                    Err(e) => err = Some(e),
+                }
+            }
+        }
+    });
+    match err {
+        Some(e) => Err(e),
+        None => Ok(leases),
+    }
 }
 
 /// Leaves `v` as is when it is on the heap or exactly at `planned` in `arena`; otherwise copies

@@ -430,3 +430,69 @@ fn arenas_over_the_keep_limit_are_given_back_after_their_run() {
     // without the option it stays
     assert!(host_in_use(&plain, Holder::Arena) > 800_000);
 }
+
+#[test]
+fn subgraph_initializers_are_leased_as_weights() {
+    use nxrt_core::proto::AttributeProto;
+    let n = 4096;
+    let branch = |name: &str, seed: u32| GraphProto {
+        name: name.into(),
+        node: vec![node(
+            "Identity",
+            &[&format!("w_{name}")],
+            &[&format!("o_{name}")],
+        )],
+        output: vec![vi(&format!("o_{name}"), 1, &[&n.to_string()])],
+        initializer: vec![f32s(
+            &format!("w_{name}"),
+            &[n as i64],
+            &xorshift_data(n, seed),
+        )],
+        ..Default::default()
+    };
+    let mut if_node = node("If", &["c"], &["y"]);
+    for (attr, g) in [
+        ("then_branch", branch("then", 1)),
+        ("else_branch", branch("else", 2)),
+    ] {
+        if_node.attribute.push(AttributeProto {
+            name: attr.into(),
+            r#type: 5,
+            g: Some(Box::new(g)),
+            ..Default::default()
+        });
+    }
+    let bytes = opset17_model(GraphProto {
+        name: "if".into(),
+        node: vec![if_node],
+        input: vec![vi("c", 9, &[])],
+        output: vec![vi("y", 1, &[&n.to_string()])],
+        ..Default::default()
+    });
+    let s = Session::builder().load_bytes(&bytes).unwrap();
+    assert_eq!(
+        host_in_use(&s, Holder::Weights),
+        2 * 4 * n,
+        "both branches' weights"
+    );
+    let y = s
+        .run([("c", Tensor::from_vec(&[], vec![true]).unwrap())])
+        .unwrap()["y"]
+        .as_tensor()
+        .unwrap()
+        .to_f32_vec()
+        .unwrap();
+    assert_eq!(y, xorshift_data(n, 1));
+    let account = s.core().memory_account().clone();
+    drop(s);
+    assert_eq!(account.budget(Tier::Host).in_use(), 0);
+    let e = Session::builder()
+        .memory_limit(Some(6 * n))
+        .load_bytes(&bytes)
+        .err()
+        .expect("two 16 KiB branches under 24 KiB");
+    assert!(
+        matches!(&e, Error::OutOfMemory { holder, .. } if holder.contains("of a subgraph")),
+        "{e}"
+    );
+}
