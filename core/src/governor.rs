@@ -496,15 +496,11 @@ impl MemoryPool {
         what: &dyn Fn() -> String,
     ) -> Result<(Arc<Data>, Arc<Lease>)> {
         let Some(bytes) = data.as_bytes() else {
-            let bytes = match &*data {
-                Data::Str(v) => v.len() * core::mem::size_of::<String>(),
-                d => d.byte_len(),
-            };
             let l = Lease::take(
                 Some(&self.account),
                 Tier::Host,
                 Holder::Weights,
-                bytes,
+                data.storage_bytes(),
                 what,
             )?;
             return Ok((data, Arc::new(l)));

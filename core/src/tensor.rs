@@ -70,6 +70,15 @@ impl Data {
         }
     }
 
+    /// Bytes the storage holds for the memory governor (strings count their `String`
+    /// values, not the text they hold).
+    pub fn storage_bytes(&self) -> usize {
+        match self {
+            Data::Str(v) => v.len() * core::mem::size_of::<String>(),
+            d => d.byte_len(),
+        }
+    }
+
     /// The storage's bytes (numeric and raw storage; `None` for strings).
     pub fn as_bytes(&self) -> Option<&[u8]> {
         fn b<T: Copy>(v: &[T]) -> &[u8] {
@@ -433,10 +442,7 @@ impl Tensor {
     /// (Strings count their `String` values, not the text they hold.)
     pub fn storage_bytes(&self) -> usize {
         match &self.buf {
-            Buffer::Host(d, _) => match &**d {
-                Data::Str(v) => v.len() * core::mem::size_of::<String>(),
-                d => d.byte_len(),
-            },
+            Buffer::Host(d, _) => d.storage_bytes(),
             Buffer::Arena(r) => r.bytes(),
             Buffer::Device { buf, .. } => buf.byte_len(),
         }
