@@ -246,6 +246,8 @@ pub struct OutBuf<T: Elem> {
     mem: Mem<T>,
     /// The governor's lease on heap memory, passed on to the tensor.
     lease: Option<Arc<Lease>>,
+    /// Heap memory the caller bound (I/O binding): it holds old values, not zeros.
+    reused: bool,
 }
 
 impl<T: Elem> OutBuf<T> {
@@ -259,6 +261,7 @@ impl<T: Elem> OutBuf<T> {
             shape: shape.to_vec(),
             mem: Mem::Heap(v),
             lease: None,
+            reused: false,
         })
     }
 
@@ -275,6 +278,7 @@ impl<T: Elem> OutBuf<T> {
             shape: shape.to_vec(),
             mem: Mem::Heap(v),
             lease: None,
+            reused: false,
         })
     }
 
@@ -341,6 +345,8 @@ impl<T: Elem> RawOut<T> {
         T: Default + Clone,
     {
         if self.planned.is_none() {
+            // a bound vector (I/O binding) is initialised already: left as it is, as a
+            // planned region is
             self.fresh.resize(self.n, T::default());
         }
     }
@@ -404,7 +410,19 @@ impl<'a> KernelCx<'a> {
             cpu,
             mem: None,
             account: None,
+            bound: None,
         }
+    }
+
+    /// The storage bound to output `k` (I/O binding) as a vector of `shape`'s element count,
+    /// with its lease: only when it is unshared, contiguous host storage of type `T` and of
+    /// that many elements. Its contents are the previous run's.
+    fn bound<T: Elem>(&self, k: usize, shape: &[usize]) -> Option<(Vec<T>, Option<Arc<Lease>>)> {
+        let slot = self.bound?.lock().get_mut(k)?.take()?;
+        if slot.dtype() != T::DT || slot.len() != numel(shape).ok()? {
+            return None;
+        }
+        slot.take_storage::<T>()
     }
 
     fn planned(&self, k: usize, dt: DataType, shape: &[usize]) -> Option<ArenaRegion> {
@@ -435,8 +453,18 @@ impl<'a> KernelCx<'a> {
                 shape: shape.to_vec(),
                 mem: Mem::Arena(r),
                 lease: None,
+                reused: false,
             }),
             None => {
+                if let Some((v, lease)) = self.bound::<T>(k, shape) {
+                    return Ok(OutBuf {
+                        dtype: T::DT,
+                        shape: shape.to_vec(),
+                        mem: Mem::Heap(v),
+                        lease,
+                        reused: true,
+                    });
+                }
                 let lease = self.lease_output(dt_bytes(T::DT, shape)?)?;
                 let mut b = OutBuf::heap(shape)?;
                 b.lease = lease;
@@ -465,8 +493,15 @@ impl<'a> KernelCx<'a> {
     pub fn output_raw<T: Elem>(&self, k: usize, shape: &[usize]) -> Result<RawOut<T>> {
         let n = numel(shape)?;
         let planned = self.output_planned::<T>(k, shape);
+        let bound = if planned.is_none() {
+            self.bound::<T>(k, shape)
+        } else {
+            None
+        };
         let (fresh, lease) = if planned.is_some() {
             (Vec::new(), None)
+        } else if let Some(b) = bound {
+            b
         } else {
             let lease = self.lease_output(dt_bytes(T::DT, shape)?)?;
             (crate::governor::try_with_capacity(n)?, lease)
@@ -483,7 +518,7 @@ impl<'a> KernelCx<'a> {
     /// Memory for output `k` of `shape`, filled with zeros.
     pub fn output_zeroed<T: Elem + Default>(&self, k: usize, shape: &[usize]) -> Result<OutBuf<T>> {
         let mut b = self.output::<T>(k, shape)?;
-        if b.in_arena() {
+        if b.in_arena() || b.reused {
             b.fill(T::default());
         }
         Ok(b)
@@ -498,6 +533,7 @@ impl<'a> KernelCx<'a> {
             shape: shape.to_vec(),
             mem: Mem::Arena(r),
             lease: None,
+            reused: false,
         })
     }
 
@@ -525,6 +561,7 @@ impl<'a> KernelCx<'a> {
             shape: x.shape().to_vec(),
             mem: Mem::Arena(xr.clone()),
             lease: None,
+            reused: false,
         })
     }
 }

@@ -82,6 +82,9 @@ pub struct KernelCx<'a> {
     /// The session's memory account, which heap outputs are leased from (the process's
     /// budget alone without one).
     pub(crate) account: Option<&'a alloc::sync::Arc<crate::governor::Account>>,
+    /// Per node output: host storage the caller bound to it (I/O binding), taken by the
+    /// output's allocation ([`KernelCx::output`], [`KernelCx::output_raw`]).
+    pub(crate) bound: Option<&'a spin::Mutex<alloc::vec::Vec<Option<crate::Tensor>>>>,
 }
 
 /// A compiled operator instance (attributes parsed, ready to run).

@@ -61,6 +61,32 @@ pub struct RunOptions {
     /// device (not read back), to be fed to a later run as it is (a decoder's KV cache). The
     /// other outputs are read back to the host.
     pub keep_on_device: Vec<String>,
+    /// Pre-allocated host tensors for graph outputs, by name (I/O binding): the kernel that
+    /// makes such an output writes it into the tensor's storage (no allocation), when that
+    /// storage is on the host, contiguous, not shared with another tensor and of the output's
+    /// type and element count; otherwise the output is made as usual. Pass the previous run's
+    /// outputs back here to run again without allocating them.
+    pub outputs: Vec<(String, Tensor)>,
+}
+
+/// Output storage bound for one run ([`RunOptions::outputs`]), by graph value: a kernel takes
+/// its output's through [`KernelCx`].
+pub(crate) struct BoundOutputs {
+    slots: Vec<(ValueId, spin::Mutex<Option<Tensor>>)>,
+}
+
+impl BoundOutputs {
+    /// The bound storage of value `id`, taken (each slot is taken at most once).
+    pub(crate) fn take(&self, id: ValueId) -> Option<Tensor> {
+        self.slots
+            .iter()
+            .find(|(v, _)| *v == id)
+            .and_then(|(_, t)| t.lock().take())
+    }
+
+    fn binds(&self, id: ValueId) -> bool {
+        self.slots.iter().any(|(v, _)| *v == id)
+    }
 }
 
 /// Options that shape a session.
@@ -282,6 +308,8 @@ struct RunCx<'r> {
     arena: Option<(&'r Arc<HostArena>, &'r RunPlan)>,
     rec: Option<&'r mut Recording>,
     spans: Option<&'r mut Vec<RawSpan>>,
+    /// Output storage the caller bound (top-level graph only).
+    bound: Option<&'r BoundOutputs>,
 }
 
 /// What the phase profiler has kept for a session.
@@ -542,6 +570,13 @@ impl Session {
             .collect()
     }
 
+    /// Reads a value back to the host: a device tensor (an output a run kept on the device
+    /// with [`RunOptions::keep_on_device`]) through the provider that made it; a host value is
+    /// returned as it is.
+    pub fn download<'a>(&'a self, v: Value) -> BoxFuture<'a, Result<Value>> {
+        self.to_host(v)
+    }
+
     /// Frees what the session caches between runs: its memory plans with their arenas, and
     /// each provider's pooled buffers. The session stays usable; the next run allocates again.
     pub fn release_cached(&self) {
@@ -786,11 +821,20 @@ impl Session {
             }
             self.place_device_feeds(&mut env, if profiling { Some(&mut spans) } else { None })
                 .await?;
+            let bound = self.bind_outputs(opts.outputs)?;
+            let bound = bound.as_ref();
             let run_no = self.runs.fetch_add(1, Ordering::Relaxed) + 1;
             let outs = match self.mode {
                 ExecMode::Planned => {
-                    self.run_planned(env, if profiling { Some(&mut spans) } else { None }, run_no)
-                        .await?
+                    self.run_planned_graph(
+                        &self.plan,
+                        env,
+                        if profiling { Some(&mut spans) } else { None },
+                        run_no,
+                        true,
+                        bound,
+                    )
+                    .await?
                 }
                 ExecMode::Eager => {
                     if profile::activation_memory_plan_enabled() {
@@ -799,6 +843,7 @@ impl Session {
                         let cx = RunCx {
                             rec: Some(&mut rec),
                             spans: if profiling { Some(&mut spans) } else { None },
+                            bound,
                             ..Default::default()
                         };
                         let outs = self.run_plan(&self.plan, env, cx).await?;
@@ -812,6 +857,7 @@ impl Session {
                     } else {
                         let cx = RunCx {
                             spans: if profiling { Some(&mut spans) } else { None },
+                            bound,
                             ..Default::default()
                         };
                         self.run_plan(&self.plan, env, cx).await?
@@ -844,17 +890,6 @@ impl Session {
         })
     }
 
-    /// A planned run of the top-level graph.
-    async fn run_planned(
-        &self,
-        env: Vec<Option<Value>>,
-        spans: Option<&mut Vec<RawSpan>>,
-        run_no: u64,
-    ) -> Result<Vec<Value>> {
-        self.run_planned_graph(&self.plan, env, spans, run_no, true)
-            .await
-    }
-
     /// A planned run of `plan` (the top level, or a subgraph: an If branch): re-uses its
     /// memory plan for these input shapes (graph inputs and captured values), or records this
     /// run to build one. Only the top level's plans count in `memory_plans_built` and
@@ -866,6 +901,7 @@ impl Session {
         spans: Option<&'a mut Vec<RawSpan>>,
         run_no: u64,
         top: bool,
+        bound: Option<&'a BoundOutputs>,
     ) -> BoxFuture<'a, Result<Vec<Value>>> {
         Box::pin(async move {
             let g = &*plan.graph;
@@ -904,6 +940,7 @@ impl Session {
                 let cx = RunCx {
                     arena: Some((&arena, &rp)),
                     spans,
+                    bound,
                     ..Default::default()
                 };
                 let outs = self.run_plan(plan, env, cx).await?;
@@ -921,6 +958,7 @@ impl Session {
             if misses >= 3 && !run_no.is_multiple_of(16) {
                 let cx = RunCx {
                     spans,
+                    bound,
                     ..Default::default()
                 };
                 return self.run_plan(plan, env, cx).await;
@@ -931,6 +969,7 @@ impl Session {
                 let cx = RunCx {
                     rec: Some(&mut rec),
                     spans: spans.as_deref_mut(),
+                    bound,
                     ..Default::default()
                 };
                 self.run_plan(plan, env, cx).await?
@@ -1055,6 +1094,45 @@ impl Session {
         Ok(())
     }
 
+    /// The graph value of output `name`, which a caller binds storage to: an
+    /// [`Error::Input`] naming the model's outputs when it has none of that name.
+    pub fn bound_output_id(&self, name: &str) -> Result<ValueId> {
+        let g = &self.plan.graph;
+        g.outputs
+            .iter()
+            .copied()
+            .find(|&id| g.values[id].name == name)
+            .ok_or_else(|| {
+                let names: Vec<&str> = g
+                    .outputs
+                    .iter()
+                    .map(|&id| g.values[id].name.as_str())
+                    .collect();
+                Error::Input(alloc::format!(
+                    "'{name}' is bound as an output but is not one of the model's (outputs: {})",
+                    names.join(", ")
+                ))
+            })
+    }
+
+    /// The output storage a run was given ([`RunOptions::outputs`]), by graph output.
+    fn bind_outputs(&self, outputs: Vec<(String, Tensor)>) -> Result<Option<BoundOutputs>> {
+        if outputs.is_empty() {
+            return Ok(None);
+        }
+        let mut slots: Vec<(ValueId, spin::Mutex<Option<Tensor>>)> = Vec::new();
+        for (name, t) in outputs {
+            let id = self.bound_output_id(&name)?;
+            if slots.iter().any(|(v, _)| *v == id) {
+                return Err(Error::Input(alloc::format!(
+                    "output '{name}' is bound twice"
+                )));
+            }
+            slots.push((id, spin::Mutex::new(Some(t))));
+        }
+        Ok(Some(BoundOutputs { slots }))
+    }
+
     fn to_host<'a>(&'a self, v: Value) -> BoxFuture<'a, Result<Value>> {
         Box::pin(async move {
             Ok(match v {
@@ -1158,10 +1236,12 @@ impl Session {
                         }
                         owned.push(v);
                     }
+                    let bound = step_bound(rc.bound, node);
                     let cx = KernelCx {
                         cpu: self.providers[provider].cpu_backend(),
                         mem: None,
                         account: Some(&self.account),
+                        bound: bound.as_ref(),
                     };
                     kernel
                         .compute_owned(&cx, owned)
@@ -1190,10 +1270,12 @@ impl Session {
                                 in_place: rp.mem.in_place[si],
                                 taken: AtomicU64::new(0),
                             });
+                            let bound = step_bound(rc.bound, node);
                             let cx = KernelCx {
                                 cpu: self.providers[*provider].cpu_backend(),
                                 mem,
                                 account: Some(&self.account),
+                                bound: bound.as_ref(),
                             };
                             kernel
                                 .compute(&cx, &inputs)
@@ -1216,7 +1298,7 @@ impl Session {
                             if self.mode == ExecMode::Planned {
                                 // a branch runs planned from its own arena, as the top level
                                 let n = branch.cache.runs.fetch_add(1, Ordering::Relaxed) + 1;
-                                self.run_planned_graph(branch, sub_env, None, n, false)
+                                self.run_planned_graph(branch, sub_env, None, n, false, None)
                                     .await?
                             } else {
                                 self.run_plan(branch, sub_env, RunCx::default()).await?
@@ -2384,4 +2466,22 @@ impl Recording {
             }
         }
     }
+}
+
+/// Per output of `node`, the storage the caller bound to it (`None`: nothing bound here, the
+/// common case, which allocates nothing).
+fn step_bound(
+    bound: Option<&BoundOutputs>,
+    node: &Node,
+) -> Option<spin::Mutex<Vec<Option<Tensor>>>> {
+    let b = bound?;
+    if !node.outputs.iter().flatten().any(|&id| b.binds(id)) {
+        return None;
+    }
+    Some(spin::Mutex::new(
+        node.outputs
+            .iter()
+            .map(|o| o.and_then(|id| b.take(id)))
+            .collect(),
+    ))
 }

@@ -625,6 +625,23 @@ impl Tensor {
         Ok(self.as_slice::<T>()?.into_owned())
     }
 
+    /// This tensor's heap vector and lease, taken without a copy: only when it is the only
+    /// user of full, contiguous host storage of type `T` (`None` otherwise; the tensor drops).
+    pub(crate) fn take_storage<T: Elem>(
+        self,
+    ) -> Option<(Vec<T>, Option<Arc<crate::governor::Lease>>)> {
+        if T::DT != self.dtype || !self.is_full_contiguous() {
+            return None;
+        }
+        match self.buf {
+            Buffer::Host(arc, lease) => {
+                let d = Arc::try_unwrap(arc).ok()?;
+                Some((T::take(d)?, lease))
+            }
+            _ => None,
+        }
+    }
+
     fn zeros_like_meta(dtype: DataType, shape: &[usize]) -> Tensor {
         Tensor {
             dtype,

@@ -18,6 +18,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 pub use alloc::LargePages;
+pub use binding::{BindingStats, IoBinding};
 pub use nxrt_core::governor;
 pub use nxrt_core::planner::MemoryPlanStats;
 pub use nxrt_core::profile::{
@@ -30,6 +31,7 @@ pub use nxrt_core::session::{ExecMode, IoInfo, PartitionReport};
 pub use nxrt_core::{npy, DataType, Dim, Error, OptLevel, Result, Tensor, TypeInfo, Value};
 
 pub mod alloc;
+pub mod binding;
 /// Chat templates (shared with the browser's tokenizer module).
 #[cfg(feature = "tokenizers")]
 pub use nxrt_wasm_tokenizer::chat;

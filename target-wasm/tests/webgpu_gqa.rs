@@ -302,6 +302,7 @@ fn gqa_decode_loop_keeps_the_cache_on_the_device_in_place() {
     let sc = load(vec![cpu()]);
     let keep = RunOptions {
         keep_on_device: vec!["y1".into(), "y2".into()],
+        ..Default::default()
     };
     let zeros =
         || Value::Tensor(Tensor::from_vec(&[1, nkv, cap, h], vec![0f32; nkv * cap * h]).unwrap());
