@@ -8,6 +8,11 @@ export type TensorData =
   | Float32Array | Float64Array | Int8Array | Uint8Array | Int16Array | Uint16Array
   | Int32Array | Uint32Array | BigInt64Array | BigUint64Array | string[];
 
+/** The WebGPU GPUBuffer (typed loosely so that the package needs no WebGPU type definitions). */
+export interface GpuBufferType { readonly size: number; readonly usage: number; readonly label: string }
+/** The WebGPU GPUDevice. */
+export interface GpuDeviceType { readonly queue: unknown; readonly label: string }
+
 export declare class Tensor {
   /** `float16` data is a Uint16Array of IEEE half bits; `bool` data a Uint8Array of 0/1. */
   constructor(type: TensorType, data: TensorData | readonly number[] | readonly bigint[], dims?: readonly number[]);
@@ -16,11 +21,22 @@ export declare class Tensor {
   readonly data: TensorData;
   readonly dims: readonly number[];
   readonly size: number;
-  readonly location: 'cpu' | 'none';
+  /** 'gpu-buffer': an output kept on the GPU (preferredOutputLocation); 'none': disposed. */
+  readonly location: 'cpu' | 'gpu-buffer' | 'none';
+  /** Throws for a 'gpu-buffer' tensor until getData() has read it back. */
   readonly cpuData: TensorData;
-  getData(): Promise<TensorData>;
+  /** The data on the host; a 'gpu-buffer' tensor is read back (releaseData: free its GPU memory, the tensor becomes 'cpu'). */
+  getData(releaseData?: boolean): Promise<TensorData>;
+  /** The GPUBuffer of a 'gpu-buffer' tensor (float32, int32, uint8, and float16 with shader-f16); may be longer than the tensor. */
+  readonly gpuBuffer: GpuBufferType;
+  /** The GPUDevice that gpuBuffer belongs to. */
+  readonly gpuDevice: GpuDeviceType;
+  /** Drops the data (and a 'gpu-buffer' tensor's GPU memory). */
   dispose(): void;
 }
+
+/** Where outputs are returned: 'gpu-buffer' keeps what the WebGPU provider computed on the GPU. */
+export type DataLocation = 'cpu' | 'gpu-buffer';
 
 export interface ValueMetadata {
   name: string;
@@ -39,6 +55,10 @@ export interface SessionOptions {
   graphOptimizationLevel?: 'disabled' | 'basic' | 'extended' | 'all';
   /** External-data files the model names, as bytes or URLs (onnxruntime-web's option). Files not given are fetched beside a model loaded from a URL or path. */
   externalData?: { path: string; data: Uint8Array | ArrayBuffer | string | URL }[];
+  /** The session's host memory budget in bytes. */
+  memoryLimit?: number;
+  /** 'gpu-buffer' (for every output, or per output name): outputs the WebGPU provider computed stay on the GPU; feed them back to this session without a copy. */
+  preferredOutputLocation?: DataLocation | Record<string, DataLocation>;
 }
 
 export declare class InferenceSession {
@@ -58,6 +78,13 @@ export declare class InferenceSession {
     /** What each device provider runs on: the adapter, shader-f16 and the limits it respects. */
     devices: { provider: string; device: string }[];
   };
+  /** What the session holds, in bytes, per tier and holder. */
+  memorySnapshot(): {
+    name: string;
+    tiers: { tier: string; inUse: number; peak: number; limit: number | null; leases: number; holders: Record<string, { inUse: number; peak: number; leases: number }> }[];
+  };
+  /** How many outputs this session holds on the GPU (not yet disposed). */
+  readonly gpuTensors: number;
   run(feeds: Record<string, Tensor>, fetches?: readonly string[]): Promise<Record<string, OnnxValue>>;
   release(): Promise<void>;
 }

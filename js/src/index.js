@@ -54,9 +54,28 @@ function inferType(data) {
   throw new TypeError('cannot infer the tensor type from this data');
 }
 
-/** A tensor in host memory: `new Tensor(type, data, dims)` or `new Tensor(data, dims)`. */
+// The constructor's first argument for a tensor an output left on the GPU (internal).
+const ON_GPU = Symbol('nxrt.onGpu');
+
+/**
+ * A tensor: in host memory (`new Tensor(type, data, dims)` or `new Tensor(data, dims)`), or an
+ * output a session kept on the GPU (`location: 'gpu-buffer'`, see `preferredOutputLocation`).
+ */
 export class Tensor {
+  #data;
+  // for 'gpu-buffer': {owner, handle}; owner is the session's {inner, live} record
+  #gpu = null;
+
   constructor(typeOrData, dataOrDims, maybeDims) {
+    if (typeOrData === ON_GPU) {
+      const { type, dims, owner, handle } = dataOrDims;
+      this.type = type;
+      this.dims = Object.freeze(Array.from(dims));
+      this.size = this.dims.reduce((a, b) => a * b, 1);
+      this.location = 'gpu-buffer';
+      this.#gpu = { owner, handle };
+      return;
+    }
     let type, data, dims;
     if (typeof typeOrData === 'string') {
       [type, data, dims] = [typeOrData, dataOrDims, maybeDims];
@@ -92,26 +111,108 @@ export class Tensor {
       );
     }
     this.type = type;
-    this.data = data;
+    this.#data = data;
     this.dims = Object.freeze(dims);
     this.size = size;
     this.location = 'cpu';
   }
 
-  /** The data (already on the host). */
-  async getData() {
-    this.#check();
-    return this.data;
+  /** The data on the host. For a 'gpu-buffer' tensor, only after `getData()` downloaded it. */
+  get data() {
+    if (this.#data === undefined && this.location === 'gpu-buffer') {
+      throw new Error(
+        'the data is on the GPU (location gpu-buffer): download it with `await tensor.getData()`',
+      );
+    }
+    return this.#data;
   }
 
   get cpuData() {
     return this.data;
   }
 
-  /** Drops the tensor's data. Using it afterwards throws. */
+  /**
+   * The data on the host. A 'gpu-buffer' tensor is read back (once; later calls return the
+   * same array); `releaseData`: give its GPU memory back once read (the tensor becomes a
+   * 'cpu' one).
+   */
+  async getData(releaseData = false) {
+    this.#check();
+    if (this.#gpu && (this.#data === undefined || releaseData)) {
+      const inner = this.#owner();
+      let o;
+      try {
+        o = await inner.downloadGpu(this.#gpu.handle, releaseData === true);
+      } catch (e) {
+        throw asError(e);
+      }
+      this.#data = o.data;
+      if (releaseData === true) {
+        this.#gpu = null;
+        this.location = 'cpu';
+      }
+    }
+    return this.#data;
+  }
+
+  /**
+   * The WebGPU `GPUBuffer` holding a 'gpu-buffer' tensor (its values computed and submitted
+   * first), for the caller's own commands on `gpuDevice`. The buffer may be longer than the
+   * tensor (rounded up to 4 bytes) and goes back to the session's pool on `dispose()`. Only
+   * float32, int32, uint8, and float16 where the adapter has shader-f16: other types are stored
+   * as 32-bit words on the GPU and throw here (use `getData()`).
+   */
+  get gpuBuffer() {
+    return this.#handles()[0];
+  }
+
+  /** The `GPUDevice` that `gpuBuffer` belongs to. */
+  get gpuDevice() {
+    return this.#handles()[1];
+  }
+
+  #handles() {
+    this.#check();
+    if (!this.#gpu) throw new Error(`the tensor is not on the GPU (location ${this.location})`);
+    try {
+      return this.#owner().gpuBuffer(this.#gpu.handle);
+    } catch (e) {
+      throw asError(e);
+    }
+  }
+
+  #owner() {
+    const { owner } = this.#gpu;
+    if (!owner.live) {
+      throw new Error('the session that kept this tensor on the GPU was released');
+    }
+    return owner.inner;
+  }
+
+  /** Drops the tensor's data (and its GPU memory). Using it afterwards throws. */
   dispose() {
-    this.data = undefined;
+    if (this.#gpu) {
+      if (this.#gpu.owner.live) this.#gpu.owner.inner.disposeGpu(this.#gpu.handle);
+      this.#gpu = null;
+    }
+    this.#data = undefined;
     this.location = 'none';
+  }
+
+  /** The feed object the wasm side takes (internal). */
+  static feed(name, t, inner) {
+    if (t.location === 'none') throw new Error(`feed '${name}' was disposed`);
+    const g = t.#gpu;
+    if (g) {
+      if (g.owner.inner !== inner || !g.owner.live) {
+        throw new Error(
+          `feed '${name}' is a GPU tensor kept by another session: GPU tensors feed the ` +
+            'session that made them (read it with getData() to feed another)',
+        );
+      }
+      return { name, gpu: g.handle };
+    }
+    return { name, type: t.type, data: t.#data, dims: t.dims };
   }
 
   #check() {
@@ -119,12 +220,47 @@ export class Tensor {
   }
 }
 
-function fromWasm(o) {
+const LOCATIONS = new Set(['cpu', 'gpu-buffer']);
+
+/** The outputs to keep on the GPU for `preferredOutputLocation` (a name or `{output: name}`). */
+function keepList(pref, outputNames) {
+  if (pref === undefined) return [];
+  const check = (loc, what) => {
+    if (!LOCATIONS.has(loc)) {
+      throw new TypeError(
+        `preferredOutputLocation${what}: '${loc}' is not supported (use 'cpu' or 'gpu-buffer')`,
+      );
+    }
+    return loc === 'gpu-buffer';
+  };
+  if (typeof pref === 'string') return check(pref, '') ? [...(outputNames ?? [])] : [];
+  if (pref === null || typeof pref !== 'object') {
+    throw new TypeError("preferredOutputLocation must be a location or an {output: location} object");
+  }
+  const known = outputNames && new Set(outputNames);
+  const keep = [];
+  for (const [name, loc] of Object.entries(pref)) {
+    const gpu = check(loc, `['${name}']`);
+    if (known && !known.has(name)) {
+      throw new Error(
+        `preferredOutputLocation names '${name}', which is not an output of this model ` +
+          `(outputs: ${outputNames.join(', ')})`,
+      );
+    }
+    if (gpu) keep.push(name);
+  }
+  return keep;
+}
+
+function fromWasm(o, owner) {
   switch (o.kind) {
     case 'tensor':
+      if (o.location === 'gpu-buffer') {
+        return new Tensor(ON_GPU, { type: o.type, dims: o.dims, owner, handle: o.gpu });
+      }
       return new Tensor(o.type, o.data, o.dims);
     case 'sequence':
-      return o.items.map(fromWasm);
+      return o.items.map((x) => fromWasm(x, owner));
     case 'map': {
       const m = new Map();
       for (const [k, v] of o.map) {
@@ -164,14 +300,19 @@ export class InferenceSession {
   #inputNames;
   #inputSet;
   #outputNames;
+  // {inner, live}: what this session's GPU tensors read back through
+  #owner;
+  #keep;
 
-  constructor(inner) {
+  constructor(inner, pref) {
     this.#inner = inner;
+    this.#owner = { inner, live: true };
     this.#inputNames = Object.freeze(inner.inputNames);
     this.#inputSet = new Set(this.#inputNames);
     this.#outputNames = Object.freeze(inner.outputNames);
     this.inputMetadata = inner.inputMetadata;
     this.outputMetadata = inner.outputMetadata;
+    this.#keep = keepList(pref, this.#outputNames);
   }
 
   /**
@@ -182,7 +323,11 @@ export class InferenceSession {
    * beside a model loaded from a URL or path), `memoryLimit` (bytes: the session's host
    * memory budget; its weights, activation memory and outputs are charged to it, and loading
    * or a run over it rejects with an `out of memory` error naming what asked, the session
-   * staying usable).
+   * staying usable), `preferredOutputLocation` (`'cpu'` (default) or `'gpu-buffer'`, for every
+   * output or per output as `{name: location}`: an output the WebGPU provider computed stays
+   * on the GPU as a Tensor with `location: 'gpu-buffer'`, read with `await getData()`, fed
+   * back to this session without a copy, and freed with `dispose()`; an output the CPU
+   * computed comes back on the CPU).
    */
   static async create(src, options = {}) {
     await ensureWasm();
@@ -194,14 +339,21 @@ export class InferenceSession {
     if (limit !== undefined && !(Number.isSafeInteger(limit) && limit >= 0)) {
       throw new TypeError(`memoryLimit must be a whole number of bytes, not ${limit}`);
     }
+    const pref = options.preferredOutputLocation;
+    if (pref !== undefined) keepList(pref, null); // a bad location fails before loading
     const [extNames, extData] = await externalFiles(bytes, options.externalData, url);
+    let inner;
     try {
       // async: 'webgpu' opens the adapter (navigator.gpu.requestAdapter) first
-      return new InferenceSession(
-        await wasm.WasmSession.create(bytes, providers, level, extNames, extData, limit),
-      );
+      inner = await wasm.WasmSession.create(bytes, providers, level, extNames, extData, limit);
     } catch (e) {
       throw asError(e);
+    }
+    try {
+      return new InferenceSession(inner, pref);
+    } catch (e) {
+      inner.free();
+      throw e;
     }
   }
 
@@ -236,6 +388,11 @@ export class InferenceSession {
     return this.#live().memorySnapshot();
   }
 
+  /** How many of this session's outputs are held on the GPU (not yet disposed). */
+  get gpuTensors() {
+    return this.#live().gpuTensors;
+  }
+
   #live() {
     if (!this.#inner) throw new Error('session was released');
     return this.#inner;
@@ -258,19 +415,22 @@ export class InferenceSession {
         );
       }
       if (!(t instanceof Tensor)) throw new TypeError(`feed '${name}' is not a Tensor`);
-      if (t.location === 'none') throw new Error(`feed '${name}' was disposed`);
-      list.push({ name, type: t.type, data: t.data, dims: t.dims });
+      list.push(Tensor.feed(name, t, inner));
     }
     let outs;
     try {
-      outs = await inner.run(list);
+      outs = this.#keep.length ? await inner.runWith(list, this.#keep) : await inner.run(list);
     } catch (e) {
       throw asError(e);
     }
     const want = fetches ? new Set(Array.isArray(fetches) ? fetches : Object.keys(fetches)) : null;
     const result = {};
     for (const o of outs) {
-      if (!want || want.has(o.name)) result[o.name] = fromWasm(o);
+      if (!want || want.has(o.name)) {
+        result[o.name] = fromWasm(o, this.#owner);
+      } else if (o.location === 'gpu-buffer') {
+        inner.disposeGpu(o.gpu); // kept on the GPU but not fetched
+      }
     }
     return result;
   }
@@ -281,6 +441,7 @@ export class InferenceSession {
    */
   async release() {
     if (this.#inner) {
+      this.#owner.live = false;
       this.#inner.releaseCached();
       this.#inner.free();
       this.#inner = null;

@@ -135,6 +135,32 @@ test('memoryLimit bounds the session with a clear error; memorySnapshot reports 
   await s.release();
 });
 
+test("preferredOutputLocation: validated; on the CPU provider outputs come back on the CPU", async () => {
+  await assert.rejects(
+    InferenceSession.create(MUL, { preferredOutputLocation: 'texture' }),
+    (e) => e instanceof TypeError && /'texture' is not supported/.test(e.message),
+  );
+  await assert.rejects(
+    InferenceSession.create(MUL, { preferredOutputLocation: { Y: 'somewhere' } }),
+    TypeError,
+  );
+  await assert.rejects(
+    InferenceSession.create(MUL, { preferredOutputLocation: { Z: 'gpu-buffer' } }),
+    /'Z', which is not an output of this model \(outputs: Y\)/,
+  );
+  for (const pref of ['gpu-buffer', { Y: 'gpu-buffer' }, 'cpu']) {
+    const s = await InferenceSession.create(MUL, { preferredOutputLocation: pref });
+    const x = new Tensor('float32', Float32Array.from([1, 2, 3, 4, 5, 6]), [3, 2]);
+    const out = await s.run({ X: x });
+    // nothing ran on a GPU, so nothing stays there
+    assert.equal(out.Y.location, 'cpu');
+    assert.deepEqual([...(await out.Y.getData())], [1, 4, 9, 16, 25, 36]);
+    assert.equal(s.gpuTensors, 0);
+    assert.throws(() => out.Y.gpuBuffer, /not on the GPU \(location cpu\)/);
+    await s.release();
+  }
+});
+
 test('asking for threads is reported, not silently dropped', async () => {
   const { env } = await import('../src/index.js');
   const warnings = [];

@@ -132,6 +132,35 @@ for (const model of quantModels()) {
   }
 }
 
+test("Chromium WebGPU: preferredOutputLocation 'gpu-buffer' keeps outputs on the GPU and feeds them back", async (t) => {
+  const adapter = await page.evaluate(() => window.webgpuAdapter());
+  if (adapter.none) {
+    t.skip(`no WebGPU adapter: ${adapter.none}`);
+    return;
+  }
+  const n = 3;
+  const r = await page.evaluate(([m, k]) => window.gpuChain(m, k), ['ort_mul_1', n]);
+  assert.deepEqual(r.locations, Array(n).fill('gpu-buffer'));
+  // the previous step's tensor is disposed as the chain goes: one held at a time
+  assert.deepEqual(r.held, Array(n).fill(1));
+  assert.match(r.dataThrew, /getData/);
+  assert.ok(r.deviceInUse >= 24, `device bytes held: ${r.deviceInUse}`);
+  assert.equal(r.isGpuBuffer, true);
+  assert.ok(r.bufSize >= 24);
+  // the same values three ways: the caller's own copy of gpuBuffer, getData(), the CPU chain
+  assert.deepEqual(r.viaGetData, r.cpu);
+  assert.deepEqual(r.viaBuffer, r.cpu);
+  assert.deepEqual(r.dataAfter, r.cpu);
+  assert.match(r.otherSession, /another session/);
+  assert.deepEqual(r.afterRelease, { location: 'cpu', same: true, held: 0 });
+  assert.ok(r.deviceInUseAfter < r.deviceInUse, `device bytes ${r.deviceInUse} -> ${r.deviceInUseAfter}`);
+  assert.equal(r.heldBeforeDispose, 1);
+  assert.equal(r.heldAfterDispose, 0);
+  assert.match(r.disposedFeed, /disposed/);
+  assert.equal(r.heldAfterUnfetched, 0);
+  console.log(`chromium webgpu gpu-buffer chain x${n}: ${r.viaGetData.join(', ')} (device bytes ${r.deviceInUse} -> ${r.deviceInUseAfter})`);
+});
+
 test('Chromium: bad input rejects with messages; the session stays usable', async () => {
   const r = await page.evaluate(() => window.badInput('ort_mul_1'));
   assert.equal(r.msgs.length, 3);

@@ -209,6 +209,34 @@ impl nxrt_core::loader::ExternalDataSource for JsFiles {
 #[wasm_bindgen]
 pub struct WasmSession {
     inner: Rc<nxrt_core::Session>,
+    /// Outputs kept on the GPU (`runWith`'s `keep`), by the handle JS holds: each stays
+    /// leased and in device memory until JS downloads-and-releases or disposes it, or the
+    /// session is freed.
+    kept: Rc<RefCell<Kept>>,
+}
+
+#[derive(Default)]
+struct Kept {
+    next: u32,
+    tensors: std::collections::HashMap<u32, Tensor>,
+}
+
+impl Kept {
+    fn get(&self, h: u32) -> Result<Tensor, JsError> {
+        self.tensors
+            .get(&h)
+            .cloned()
+            .ok_or_else(|| input_err(format!("GPU tensor {h} was disposed")))
+    }
+}
+
+impl WasmSession {
+    fn wrap(s: nxrt_core::Session) -> WasmSession {
+        WasmSession {
+            inner: Rc::new(s),
+            kept: Rc::default(),
+        }
+    }
 }
 
 #[wasm_bindgen]
@@ -219,7 +247,7 @@ impl WasmSession {
     pub fn new(bytes: &[u8], providers: Vec<String>, opt: String) -> Result<WasmSession, JsError> {
         let level = opt_level(&opt).map_err(js_err)?;
         let s = build_session(bytes, &providers, level).map_err(js_err)?;
-        Ok(WasmSession { inner: Rc::new(s) })
+        Ok(WasmSession::wrap(s))
     }
 
     /// Loads a model, opening the WebGPU adapter first when `providers` names `webgpu`
@@ -251,7 +279,7 @@ impl WasmSession {
             let s = crate::build_session_limited(&bytes, &providers, level, &ext, limit)
                 .await
                 .map_err(js_err)?;
-            Ok(JsValue::from(WasmSession { inner: Rc::new(s) }))
+            Ok(JsValue::from(WasmSession::wrap(s)))
         })
     }
 
@@ -395,28 +423,115 @@ impl WasmSession {
     /// Runs the model. `feeds` is an array of `{name, type, data, dims}`; resolves to an array
     /// of output objects in graph order.
     pub fn run(&self, feeds: Array) -> Result<js_sys::Promise, JsError> {
+        self.run_with(feeds, Vec::new())
+    }
+
+    /// [`WasmSession::run`] with outputs kept on the GPU: each output named in `keep` that a
+    /// device provider computed stays in device memory and comes back as `{kind: 'tensor',
+    /// location: 'gpu-buffer', gpu: handle, type, dims}` (an output the CPU computed comes
+    /// back with its data as usual). A feed `{name, gpu: handle}` is such a tensor given back,
+    /// read where it lies (no copy when the nodes reading it run on its device).
+    #[wasm_bindgen(js_name = runWith)]
+    pub fn run_with(&self, feeds: Array, keep: Vec<String>) -> Result<js_sys::Promise, JsError> {
         let mut values = Vec::with_capacity(feeds.length() as usize);
         for f in feeds.iter() {
             let name = get(&f, "name")
                 .as_string()
                 .ok_or_else(|| input_err("every feed needs a string 'name'".into()))?;
-            let t = feed_tensor(&name, &f)?;
+            let h = get(&f, "gpu");
+            let t = match h.as_f64() {
+                Some(h) => self.kept.borrow().get(h as u32)?,
+                None => feed_tensor(&name, &f)?,
+            };
             values.push((name, Value::Tensor(t)));
         }
         let inner = self.inner.clone();
+        let kept = self.kept.clone();
         Ok(wasm_bindgen_futures::future_to_promise(async move {
+            let opts = nxrt_core::RunOptions {
+                keep_on_device: keep,
+                ..Default::default()
+            };
             let outs = inner
-                .run_async(values)
+                .run_async_with(values, opts)
                 .await
                 .map_err(|e| JsValue::from(js_err(e)))?;
             let a = Array::new();
             for (name, v) in outs {
-                let o = value_js(&v).map_err(|e| JsValue::from(js_err(e)))?;
+                let o = match v {
+                    Value::Tensor(t) if t.location() != nxrt_core::Location::Host => {
+                        let o = Object::new();
+                        set(&o, "kind", &js_name("tensor"));
+                        set(&o, "location", &js_name("gpu-buffer"));
+                        set(&o, "type", &js_name(js_type_name(t.dtype())));
+                        let dims = Array::new();
+                        for &d in t.shape() {
+                            dims.push(&JsValue::from_f64(d as f64));
+                        }
+                        set(&o, "dims", &dims);
+                        let mut k = kept.borrow_mut();
+                        let h = k.next;
+                        k.next = k.next.wrapping_add(1);
+                        k.tensors.insert(h, t);
+                        set(&o, "gpu", &JsValue::from_f64(h as f64));
+                        o
+                    }
+                    v => value_js(&v).map_err(|e| JsValue::from(js_err(e)))?,
+                };
                 set(&o, "name", &JsValue::from_str(&name));
                 a.push(&o);
             }
             Ok(a.into())
         }))
+    }
+
+    /// Reads a kept GPU tensor back: resolves to `{type, dims, data}`. `release`: dispose the
+    /// device copy once read.
+    #[wasm_bindgen(js_name = downloadGpu)]
+    pub fn download_gpu(&self, handle: u32, release: bool) -> Result<js_sys::Promise, JsError> {
+        let t = self.kept.borrow().get(handle)?;
+        let inner = self.inner.clone();
+        let kept = self.kept.clone();
+        Ok(wasm_bindgen_futures::future_to_promise(async move {
+            let v = inner
+                .download(Value::Tensor(t))
+                .await
+                .map_err(|e| JsValue::from(js_err(e)))?;
+            if release {
+                kept.borrow_mut().tensors.remove(&handle);
+            }
+            let o = value_js(&v).map_err(|e| JsValue::from(js_err(e)))?;
+            Ok(o.into())
+        }))
+    }
+
+    /// Gives a kept GPU tensor's device memory back (to the provider's pool and the session's
+    /// budget). False when it was already disposed.
+    #[wasm_bindgen(js_name = disposeGpu)]
+    pub fn dispose_gpu(&self, handle: u32) -> bool {
+        self.kept.borrow_mut().tensors.remove(&handle).is_some()
+    }
+
+    /// How many GPU tensors JS holds (kept and not yet disposed).
+    #[wasm_bindgen(getter, js_name = gpuTensors)]
+    pub fn gpu_tensors(&self) -> u32 {
+        self.kept.borrow().tensors.len() as u32
+    }
+
+    /// `[GPUBuffer, GPUDevice]` of a kept GPU tensor (see `webgpu::webgpu_handles`).
+    #[wasm_bindgen(js_name = gpuBuffer)]
+    pub fn gpu_buffer(&self, handle: u32) -> Result<Array, JsError> {
+        let t = self.kept.borrow().get(handle)?;
+        #[cfg(feature = "webgpu")]
+        {
+            let (b, d) = crate::webgpu::webgpu_handles(&t).map_err(js_err)?;
+            Ok(Array::of2(&b, &d))
+        }
+        #[cfg(not(feature = "webgpu"))]
+        {
+            let _ = t;
+            Err(input_err("this build has no WebGPU provider".into()))
+        }
     }
 }
 

@@ -950,6 +950,43 @@ pub(crate) fn dev_buf(t: &Tensor) -> Result<&GpuBuf> {
         })
 }
 
+/// The browser's `GPUBuffer` and `GPUDevice` behind a device tensor (an output kept on the
+/// GPU), its contents computed and every recorded command submitted first, so commands the
+/// caller submits on that device's queue see the values. Only for types whose device layout is
+/// their element layout (float32; float16 where the adapter has shader-f16; int32; uint8):
+/// int64 and bool are 32-bit words on the device, and float16 without shader-f16 is float32.
+/// The buffer may be larger than the tensor (sizes round up to 4 bytes; pooled buffers).
+#[cfg(target_arch = "wasm32")]
+pub fn webgpu_handles(t: &Tensor) -> Result<(wasm_bindgen::JsValue, wasm_bindgen::JsValue)> {
+    let b = dev_buf(t)?;
+    let gpu = b
+        .gpu
+        .upgrade()
+        .ok_or_else(|| gpu_err("the tensor's WebGPU provider was released"))?;
+    let native = match t.dtype() {
+        DataType::Float | DataType::Int32 | DataType::Uint8 => true,
+        DataType::Float16 => gpu.half,
+        _ => false,
+    };
+    if !native {
+        return Err(gpu_err(format!(
+            "a {} tensor is not stored in its own element layout on the device \
+             (32-bit words); read it with getData()",
+            t.dtype()
+        )));
+    }
+    let raw = b.raw();
+    gpu.flush()?;
+    let buf = raw
+        .as_webgpu()
+        .ok_or_else(|| gpu_err("the tensor is not on the browser's WebGPU backend"))?;
+    let dev = gpu
+        .device
+        .as_webgpu()
+        .ok_or_else(|| gpu_err("the device is not the browser's WebGPU backend"))?;
+    Ok((buf.clone().into(), dev.clone().into()))
+}
+
 /// Input `k` as a device tensor and its buffer.
 pub(crate) fn dev_in<'a>(
     inputs: &[Option<&'a Value>],
