@@ -344,6 +344,17 @@ impl Account {
         Ok(())
     }
 
+    /// Moves `bytes` of `tier` from holder `from` to `to` here and in every parent.
+    fn move_holder(&self, tier: Tier, from: Holder, to: Holder, bytes: usize) {
+        let mut a = Some(self);
+        while let Some(acc) = a {
+            // a holder's budget has no limit: this always succeeds
+            let _ = acc.holder(tier, to).take(bytes);
+            acc.holder(tier, from).give(bytes);
+            a = acc.parent.as_deref();
+        }
+    }
+
     fn discharge(&self, tier: Tier, holder: Holder, bytes: usize) {
         let mut a = Some(self);
         while let Some(acc) = a {
@@ -560,7 +571,8 @@ fn content_hash(b: &[u8]) -> u64 {
 #[derive(Debug)]
 pub struct Lease {
     tier: Tier,
-    holder: Holder,
+    /// The holder's index in `HOLDERS` (a lease can change holder: [`Lease::relabel`]).
+    holder: core::sync::atomic::AtomicU8,
     bytes: usize,
     account: Option<Arc<Account>>,
 }
@@ -600,10 +612,21 @@ impl Lease {
         }
         Ok(Lease {
             tier,
-            holder,
+            holder: core::sync::atomic::AtomicU8::new(holder.index() as u8),
             bytes,
             account: account.cloned(),
         })
+    }
+
+    /// Moves this lease's bytes to `to` among its account's holders (and its parents'): the
+    /// budgets' totals do not change. Outputs a decoder keeps as its KV cache become `cache`.
+    pub fn relabel(&self, to: Holder) {
+        let from = HOLDERS[self.holder.swap(to.index() as u8, Ordering::AcqRel) as usize];
+        if from != to {
+            if let Some(a) = &self.account {
+                a.move_holder(self.tier, from, to, self.bytes);
+            }
+        }
     }
 
     pub fn bytes(&self) -> usize {
@@ -615,7 +638,7 @@ impl Lease {
     }
 
     pub fn holder(&self) -> Holder {
-        self.holder
+        HOLDERS[self.holder.load(Ordering::Acquire) as usize]
     }
 }
 
@@ -623,7 +646,7 @@ impl Drop for Lease {
     fn drop(&mut self) {
         process_budget(self.tier).give(self.bytes);
         if let Some(a) = &self.account {
-            a.discharge(self.tier, self.holder, self.bytes);
+            a.discharge(self.tier, self.holder(), self.bytes);
         }
     }
 }
@@ -708,6 +731,30 @@ mod tests {
         assert_eq!(a.budget(Tier::Device(5)).leases(), 0);
         assert_eq!(a.holder(Tier::Device(5), Holder::Arena).in_use(), 0);
         assert_eq!(a.budget(Tier::Device(5)).peak(), 300);
+    }
+
+    #[test]
+    fn a_relabelled_lease_moves_between_holders_and_returns_from_the_new_one() {
+        let t = Tier::Device(4);
+        let pool = MemoryPool::new("r", None);
+        let a = Account::with_parent("a", None, pool.account());
+        let l = Lease::take(Some(&a), t, Holder::Outputs, 500, &what).unwrap();
+        l.relabel(Holder::Cache);
+        l.relabel(Holder::Cache); // a second move to the same holder changes nothing
+        assert_eq!(l.holder(), Holder::Cache);
+        for acc in [&a, pool.account()] {
+            assert_eq!(acc.budget(t).in_use(), 500, "totals unchanged");
+            assert_eq!(acc.holder(t, Holder::Outputs).in_use(), 0);
+            assert_eq!(acc.holder(t, Holder::Outputs).leases(), 0);
+            assert_eq!(acc.holder(t, Holder::Cache).in_use(), 500);
+            assert_eq!(acc.holder(t, Holder::Cache).leases(), 1);
+        }
+        drop(l);
+        for acc in [&a, pool.account()] {
+            assert_eq!(acc.budget(t).in_use(), 0);
+            assert_eq!(acc.holder(t, Holder::Cache).in_use(), 0);
+            assert_eq!(acc.holder(t, Holder::Outputs).in_use(), 0);
+        }
     }
 
     #[test]

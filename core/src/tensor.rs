@@ -222,6 +222,10 @@ elem!(String, String, Str);
 pub trait DeviceBuffer: Send + Sync + fmt::Debug {
     fn as_any(&self) -> &dyn Any;
     fn byte_len(&self) -> usize;
+    /// The governor's lease on this buffer's device memory, if its provider took one.
+    fn lease(&self) -> Option<&crate::governor::Lease> {
+        None
+    }
 }
 
 /// The storage behind a tensor.
@@ -413,6 +417,40 @@ impl Tensor {
             _ => None,
         }
     }
+    /// Charges this tensor's storage to `holder`: a lease it has (host or device) is moved
+    /// there ([`crate::governor::Lease::relabel`]), heap storage without one is leased from
+    /// `account` (fallible: over a budget, [`Error::OutOfMemory`] naming `what`).
+    pub fn hold_as(
+        &mut self,
+        account: Option<&Arc<crate::governor::Account>>,
+        holder: crate::governor::Holder,
+        what: &dyn Fn() -> alloc::string::String,
+    ) -> Result<()> {
+        match &mut self.buf {
+            Buffer::Host(_, Some(l)) => l.relabel(holder),
+            Buffer::Host(d, slot @ None) => {
+                let bytes = d.storage_bytes();
+                if bytes >= crate::governor::SMALL {
+                    let l = crate::governor::Lease::take(
+                        account,
+                        crate::governor::Tier::Host,
+                        holder,
+                        bytes,
+                        what,
+                    )?;
+                    *slot = Some(Arc::new(l));
+                }
+            }
+            Buffer::Device { buf, .. } => {
+                if let Some(l) = buf.lease() {
+                    l.relabel(holder);
+                }
+            }
+            Buffer::Arena(_) => {}
+        }
+        Ok(())
+    }
+
     /// Whether this is heap storage no lease covers yet.
     pub(crate) fn needs_lease(&self) -> bool {
         matches!(self.buf, Buffer::Host(_, None))

@@ -95,6 +95,12 @@ pub fn read_config(dir: &Path) -> Result<DecoderConfig> {
 }
 
 impl Generator {
+    /// What the decoder's session holds: its weights, arenas and, as `cache`, the KV cache
+    /// this generator keeps between steps.
+    pub fn memory_snapshot(&self) -> crate::governor::MemorySnapshot {
+        self.inner.session().memory_snapshot()
+    }
+
     /// Loads the decoder of the folder `dir` with `builder`'s options.
     pub fn from_folder(dir: impl AsRef<Path>, builder: &SessionBuilder) -> Result<Generator> {
         let dir = dir.as_ref();

@@ -629,3 +629,49 @@ fn generate_phase_profile_covers_every_step() {
     let j: Json = serde_json::from_str(last.lines().last().unwrap()).unwrap();
     assert_eq!(ids(&j["tokens"]).len(), 5);
 }
+
+/// The contiguous KV cache a generator keeps between steps is its session's `cache` (the
+/// present outputs it keeps move there from `outputs`; buffers it grows itself are leased
+/// there), it goes on `reset`, and it is released before the session it depends on.
+#[test]
+fn the_contiguous_kv_cache_is_leased_as_cache() {
+    use nxrt::governor::{Holder, Tier};
+    let (cache, r) = refs();
+    let m = &r["models"]["tiny_llama_genai_fp32"];
+    let dir = cache.join(m["dir"].as_str().unwrap());
+    let c = &m["cases"].as_array().unwrap()[2];
+    let (prompt, want) = (ids(&c["prompt_ids"]), ids(&c["tokens"]));
+    let mut g = Generator::from_folder(&dir, &nxrt::Session::builder()).unwrap();
+    let held = |g: &Generator, h: Holder| {
+        let snap = g.memory_snapshot();
+        let host = snap.tiers.iter().find(|t| t.tier == Tier::Host).unwrap();
+        host.holders
+            .iter()
+            .find(|x| x.holder == h)
+            .map_or(0, |x| x.in_use)
+    };
+    assert_eq!(held(&g, Holder::Cache), 0);
+    g.append_tokens(&prompt, 0).unwrap();
+    let after_prompt = held(&g, Holder::Cache);
+    assert!(after_prompt > 0, "the KV cache is not charged as cache");
+    assert_eq!(
+        held(&g, Holder::Outputs),
+        0,
+        "the kept KV is still charged as outputs"
+    );
+    for &id in &want[..4] {
+        g.append_tokens(&[id], 0).unwrap();
+    }
+    assert!(held(&g, Holder::Cache) >= after_prompt);
+    assert_eq!(held(&g, Holder::Outputs), 0);
+    g.reset().unwrap();
+    assert_eq!(held(&g, Holder::Cache), 0, "reset keeps cache bytes");
+    g.append_tokens(&prompt, 0).unwrap();
+    let faults = nxrt::governor::teardown_faults();
+    drop(g); // the only pin on its session, with a live cache
+    assert_eq!(
+        nxrt::governor::teardown_faults(),
+        faults,
+        "the KV cache outlived the session it depends on"
+    );
+}

@@ -109,6 +109,14 @@ pub struct Generator<S: Borrow<Session>> {
     logits: Vec<f32>,
 }
 
+/// The KV cache is charged to the session's account: it goes before the session (which this
+/// generator may hold the last pin on), so the session never closes with cache still live.
+impl<S: Borrow<Session>> Drop for Generator<S> {
+    fn drop(&mut self) {
+        self.past.clear();
+    }
+}
+
 impl<S: Borrow<Session>> Generator<S> {
     /// A generator over `session`, which must be the decoder `cfg` describes.
     pub fn new(session: S, cfg: DecoderConfig) -> Result<Generator<S>> {
@@ -182,6 +190,20 @@ impl<S: Borrow<Session>> Generator<S> {
             .collect::<Result<_>>()?;
         self.ids.clear();
         self.logits.clear();
+        Ok(())
+    }
+
+    /// Charges the KV tensors to the session's `cache` holder: the present outputs each step
+    /// keeps (leased as outputs when they were made) and buffers the generator grew itself.
+    fn hold_cache(&mut self) -> Result<()> {
+        let acc = self.session.borrow().memory_account().clone();
+        for v in &mut self.past {
+            if let Value::Tensor(t) = v {
+                t.hold_as(Some(&acc), crate::governor::Holder::Cache, &|| {
+                    "the KV cache".into()
+                })?;
+            }
+        }
         Ok(())
     }
 
@@ -489,6 +511,7 @@ impl<S: Borrow<Session>> Generator<S> {
             }
         }
         self.past = past_new;
+        self.hold_cache()?;
         let vocab = logits.shape().last().copied().unwrap_or(0);
         if vocab == 0 || logits.len() < vocab {
             return Err(Error::InvalidModel(alloc::format!(

@@ -328,6 +328,9 @@ impl DeviceBuffer for GpuBuf {
     fn byte_len(&self) -> usize {
         self.bytes as usize
     }
+    fn lease(&self) -> Option<&Lease> {
+        Some(&self._lease)
+    }
 }
 
 impl Drop for GpuBuf {
