@@ -93,7 +93,7 @@ fn main() {
         }
         let (mut plain, mut bound) = (Vec::new(), Vec::new());
         for r in 0..rounds {
-            let mut time_plain = || {
+            let time_plain = || {
                 let t = Instant::now();
                 for _ in 0..runs {
                     let out = s.run([("x", x.clone())]).unwrap();
