@@ -2212,16 +2212,7 @@ impl Drop for Session {
 /// lease covers yet from `account`. Storage under [`crate::governor::SMALL`] bytes is left
 /// unleased, so values of many scalars (a classifier's maps) cost one walk and nothing more.
 fn lease_value(account: &Arc<Account>, v: &mut Value, what: &dyn Fn() -> String) -> Result<()> {
-    let mut one = |t: &mut Tensor| -> Result<()> {
-        if t.needs_lease() {
-            let bytes = t.storage_bytes();
-            if bytes >= crate::governor::SMALL {
-                let l = Lease::take(Some(account), Tier::Host, Holder::Outputs, bytes, what)?;
-                t.set_lease(Arc::new(l));
-            }
-        }
-        Ok(())
-    };
+    let mut one = |t: &mut Tensor| t.lease_unleased(Some(account), Holder::Outputs, what);
     match v {
         Value::Tensor(t) => one(t),
         _ => v.try_for_each_tensor_mut(&mut one),

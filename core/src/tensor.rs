@@ -426,27 +426,39 @@ impl Tensor {
         holder: crate::governor::Holder,
         what: &dyn Fn() -> alloc::string::String,
     ) -> Result<()> {
-        match &mut self.buf {
+        match &self.buf {
             Buffer::Host(_, Some(l)) => l.relabel(holder),
-            Buffer::Host(d, slot @ None) => {
-                let bytes = d.storage_bytes();
-                if bytes >= crate::governor::SMALL {
-                    let l = crate::governor::Lease::take(
-                        account,
-                        crate::governor::Tier::Host,
-                        holder,
-                        bytes,
-                        what,
-                    )?;
-                    *slot = Some(Arc::new(l));
-                }
-            }
+            Buffer::Host(_, None) => self.lease_unleased(account, holder, what)?,
             Buffer::Device { buf, .. } => {
                 if let Some(l) = buf.lease() {
                     l.relabel(holder);
                 }
             }
             Buffer::Arena(_) => {}
+        }
+        Ok(())
+    }
+
+    /// Leases heap storage no lease covers yet (from `account` for `holder`; storage under
+    /// [`crate::governor::SMALL`] bytes takes none); a lease it has is left as it is.
+    pub(crate) fn lease_unleased(
+        &mut self,
+        account: Option<&Arc<crate::governor::Account>>,
+        holder: crate::governor::Holder,
+        what: &dyn Fn() -> alloc::string::String,
+    ) -> Result<()> {
+        if self.needs_lease() {
+            let bytes = self.storage_bytes();
+            if bytes >= crate::governor::SMALL {
+                let l = crate::governor::Lease::take(
+                    account,
+                    crate::governor::Tier::Host,
+                    holder,
+                    bytes,
+                    what,
+                )?;
+                self.set_lease(Arc::new(l));
+            }
         }
         Ok(())
     }

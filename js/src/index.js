@@ -138,16 +138,19 @@ export class Tensor {
    */
   async getData(releaseData = false) {
     this.#check();
-    if (this.#gpu && (this.#data === undefined || releaseData)) {
+    if (this.#gpu) {
       const inner = this.#owner();
-      let o;
-      try {
-        o = await inner.downloadGpu(this.#gpu.handle, releaseData === true);
-      } catch (e) {
-        throw asError(e);
+      const release = releaseData === true;
+      if (this.#data === undefined) {
+        try {
+          this.#data = (await inner.downloadGpu(this.#gpu.handle, release)).data;
+        } catch (e) {
+          throw asError(e);
+        }
+      } else if (release) {
+        inner.disposeGpu(this.#gpu.handle); // read back already: only the device copy goes
       }
-      this.#data = o.data;
-      if (releaseData === true) {
+      if (release) {
         this.#gpu = null;
         this.location = 'cpu';
       }
