@@ -15,7 +15,6 @@
 //! - after each step the executor checks every output that lives in the arena sits exactly at
 //!   its planned region; anything else (a kernel returning some other view) is copied out.
 
-use alloc::alloc::{alloc_zeroed, dealloc, Layout};
 use alloc::sync::Arc;
 use alloc::vec::Vec;
 use core::ops::{Deref, DerefMut};
@@ -25,7 +24,9 @@ use core::sync::atomic::{AtomicU64, Ordering};
 use crate::dtype::DataType;
 use crate::error::{Error, Result};
 use crate::governor::{Holder, Lease, Tier};
+use crate::mechanism::{Block, HostMechanism, SystemHeap};
 use crate::planner::Region;
+use crate::planner::ALIGN;
 use crate::provider::{CpuBackend, KernelCx};
 use crate::tensor::{numel, Data, Elem, Tensor};
 
@@ -48,10 +49,14 @@ pub fn arena_dtype(dt: DataType) -> bool {
     )
 }
 
-/// One zero-initialised, 64-byte aligned allocation.
+/// One 64-byte aligned block (zeroed when new) from a host mechanism, which it is released
+/// through when the arena is freed.
 pub struct HostArena {
     ptr: NonNull<u8>,
     bytes: usize,
+    /// The block's size (`bytes` rounded up to the mechanism's size class).
+    size: usize,
+    mechanism: Arc<dyn HostMechanism>,
     /// The governor's lease on these bytes, returned when the arena is freed.
     _lease: Option<Lease>,
 }
@@ -62,29 +67,32 @@ unsafe impl Send for HostArena {}
 unsafe impl Sync for HostArena {}
 
 impl HostArena {
-    /// Allocates `bytes` (an error, not an abort, when the allocator refuses).
+    /// Allocates `bytes` from the system heap (an error, not an abort, when refused).
     pub fn new(bytes: usize) -> Result<Arc<HostArena>> {
         Self::leased(bytes, None)
     }
 
-    /// Allocates `bytes` held by `lease` (taken for them before), which the arena returns
-    /// when it is freed.
+    /// Allocates `bytes` from the system heap, held by `lease` (taken for them before), which
+    /// the arena returns when it is freed.
     pub fn leased(bytes: usize, lease: Option<Lease>) -> Result<Arc<HostArena>> {
-        if bytes == 0 {
-            return Ok(Arc::new(HostArena {
-                ptr: NonNull::<u64>::dangling().cast(),
-                bytes: 0,
-                _lease: lease,
-            }));
-        }
-        let layout = Layout::from_size_align(bytes, crate::planner::ALIGN)
-            .map_err(|_| Error::Other(alloc::format!("arena of {bytes} bytes is too large")))?;
-        // SAFETY: the layout has a non-zero size.
-        let p = unsafe { alloc_zeroed(layout) };
-        let ptr = NonNull::new(p).ok_or_else(|| crate::governor::refused(bytes))?;
+        Self::from_mechanism(SystemHeap::shared(), bytes, lease)
+    }
+
+    /// Allocates `bytes` from `mechanism`, held by `lease` (taken for
+    /// `mechanism.block_size(bytes)` before); the block goes back to `mechanism` when the
+    /// arena is freed, whatever is selected by then.
+    pub fn from_mechanism(
+        mechanism: Arc<dyn HostMechanism>,
+        bytes: usize,
+        lease: Option<Lease>,
+    ) -> Result<Arc<HostArena>> {
+        let b = mechanism.alloc(bytes)?;
+        debug_assert!(b.size >= bytes && (b.ptr.as_ptr() as usize).is_multiple_of(ALIGN));
         Ok(Arc::new(HostArena {
-            ptr,
+            ptr: b.ptr,
             bytes,
+            size: b.size,
+            mechanism,
             _lease: lease,
         }))
     }
@@ -92,19 +100,19 @@ impl HostArena {
     pub fn bytes(&self) -> usize {
         self.bytes
     }
+
+    /// The mechanism the arena's block came from.
+    pub fn mechanism(&self) -> &Arc<dyn HostMechanism> {
+        &self.mechanism
+    }
 }
 
 impl Drop for HostArena {
     fn drop(&mut self) {
-        if self.bytes > 0 {
-            // SAFETY: allocated in `new` with this layout.
-            unsafe {
-                dealloc(
-                    self.ptr.as_ptr(),
-                    Layout::from_size_align_unchecked(self.bytes, crate::planner::ALIGN),
-                )
-            }
-        }
+        self.mechanism.free(Block {
+            ptr: self.ptr,
+            size: self.size,
+        });
     }
 }
 

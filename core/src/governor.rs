@@ -256,6 +256,9 @@ pub struct Account {
     parent: Option<Arc<Account>>,
     tiers: [Budget; TIERS],
     holders: [[Budget; HOLDERS.len()]; TIERS],
+    /// A cache whose kept memory is charged here (a pool's arena cache): given back when a
+    /// lease is refused here, before the refusal stands.
+    reclaimer: spin::Mutex<Option<Weak<dyn crate::mechanism::Mechanism>>>,
 }
 
 impl Account {
@@ -286,6 +289,7 @@ impl Account {
             parent,
             tiers: [const { Budget::new(None) }; TIERS],
             holders: [const { [const { Budget::new(None) }; HOLDERS.len()] }; TIERS],
+            reclaimer: spin::Mutex::new(None),
         };
         a.tiers[0].set_limit(host_limit);
         Arc::new(a)
@@ -312,6 +316,18 @@ impl Account {
     /// The account this one's leases are charged to as well (a pool's), if any.
     pub fn parent(&self) -> Option<&Arc<Account>> {
         self.parent.as_ref()
+    }
+
+    /// Sets the cache whose kept memory is charged to this account: a lease this account
+    /// refuses (one not for a cache) has the cache given back and is tried once more.
+    pub fn set_reclaimer(&self, m: Weak<dyn crate::mechanism::Mechanism>) {
+        *self.reclaimer.lock() = Some(m);
+    }
+
+    /// Gives back what this account's reclaimer keeps; the bytes freed.
+    fn reclaim(&self) -> usize {
+        let m = self.reclaimer.lock().as_ref().and_then(Weak::upgrade);
+        m.map_or(0, |m| m.release_cached())
     }
 
     /// Charges `bytes` of `tier` for `holder` here and in every parent, or charges none of
@@ -470,6 +486,8 @@ pub struct MemoryPool {
     /// Live shared weights by (storage kind, bytes, content hash): the storage and its lease,
     /// held weakly (the sessions hold them).
     weights: spin::Mutex<BTreeMap<(u8, usize, u64), Vec<SharedWeight>>>,
+    /// Released activation arenas kept for the pool's sessions (those that select it).
+    arenas: Arc<crate::mechanism::BlockCache>,
 }
 
 type SharedWeight = (Weak<Data>, Weak<Lease>);
@@ -483,15 +501,35 @@ impl fmt::Debug for MemoryPool {
 impl MemoryPool {
     /// A pool named `name` with a host limit (`None`: only the process's).
     pub fn new(name: &str, host_limit: Option<usize>) -> Arc<MemoryPool> {
+        let account = Account::build(name, "pool", host_limit, None);
+        let arenas = crate::mechanism::BlockCache::new(name, usize::MAX, Some(account.clone()));
+        let weak: Weak<dyn crate::mechanism::Mechanism> = Arc::downgrade(&arenas) as _;
+        account.set_reclaimer(weak);
         Arc::new(MemoryPool {
-            account: Account::build(name, "pool", host_limit, None),
+            account,
             weights: spin::Mutex::new(BTreeMap::new()),
+            arenas,
         })
     }
 
     /// The pool's account: its budgets (set a device tier's limit on it) and figures.
     pub fn account(&self) -> &Arc<Account> {
         &self.account
+    }
+
+    /// The pool's arena cache: a host mechanism its sessions select
+    /// (`SessionOptions::host_mechanism`) to share activation arenas, ONNX Runtime's shared
+    /// arena. An arena a session frees is kept, charged to the pool as `cache`, for the next
+    /// arena of its size class any of them allocates. The pool's limit bounds what it keeps:
+    /// any lease the pool refuses has the cache given back first and is tried once more.
+    pub fn arena_cache(&self) -> &Arc<crate::mechanism::BlockCache> {
+        &self.arenas
+    }
+
+    /// Frees the arenas the pool keeps; returns the bytes freed.
+    pub fn release_cached(&self) -> usize {
+        use crate::mechanism::Mechanism;
+        self.arenas.release_cached()
     }
 
     /// What every session in the pool holds together, with the shared weights.
@@ -599,7 +637,15 @@ impl Lease {
             });
         }
         if let Some(a) = account {
-            if let Err((refused, in_use)) = a.charge(tier, holder, bytes) {
+            let mut charged = a.charge(tier, holder, bytes);
+            if let Err((refused, _)) = charged {
+                // a cache charged to the refusing account gives back what it keeps (never
+                // for a cache's own lease: it is taken under that cache's lock)
+                if holder != Holder::Cache && refused.reclaim() > 0 {
+                    charged = a.charge(tier, holder, bytes);
+                }
+            }
+            if let Err((refused, in_use)) = charged {
                 process.give(bytes);
                 return Err(Error::OutOfMemory {
                     tier: alloc::format!("{tier} memory of {} '{}'", refused.kind, refused.name),

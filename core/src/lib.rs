@@ -19,6 +19,7 @@ pub mod infer;
 pub mod ir;
 pub mod kernels;
 pub mod loader;
+pub mod mechanism;
 pub mod npy;
 pub mod optimize;
 pub mod planner;

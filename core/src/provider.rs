@@ -355,6 +355,11 @@ pub trait ExecutionProvider: Send + Sync {
     /// A provider serving several sessions keeps the first account it was given (a shared
     /// device pool; a [`crate::governor::MemoryPool`] bounds such sessions together).
     fn bind_account(&self, _account: &alloc::sync::Arc<crate::governor::Account>) {}
+    /// The mechanism this provider's device memory comes from (its buffer pool; see
+    /// [`crate::mechanism`]), for reports. `None`: it allocates host memory only.
+    fn mechanism(&self) -> Option<alloc::sync::Arc<dyn crate::mechanism::Mechanism>> {
+        None
+    }
     /// Copies a tensor of this provider back to the host; async because device read-back is.
     fn download<'a>(&'a self, t: &'a Tensor) -> BoxFuture<'a, Result<Tensor>> {
         Box::pin(async move {

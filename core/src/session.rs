@@ -14,6 +14,7 @@ use crate::governor::{Account, Holder, Lease, MemorySnapshot, Tier};
 use crate::infer;
 use crate::ir::{Graph, Node, ValueId};
 use crate::loader::Model;
+use crate::mechanism::{Binding, HostMechanism, MechanismReport, SystemHeap};
 use crate::optimize;
 use crate::planner::{self, Activation, InPlace, MemoryPlan, MemoryPlanStats, PlanRequest, Region};
 use crate::profile::{self, Clock, Phase, PhaseProfile, RawSpan};
@@ -114,6 +115,11 @@ pub struct SessionOptions {
     /// so a run with unusually large inputs does not leave its memory held. `None` (default):
     /// every plan keeps its arena until `release_cached`.
     pub keep_arena_limit: Option<usize>,
+    /// Where the activation arenas come from (see [`crate::mechanism`]): `None` is the system
+    /// heap; a [`crate::mechanism::BlockCache`] (a pool's, `MemoryPool::arena_cache`) keeps
+    /// released arenas for the next session or run that needs one of their size class.
+    /// [`Session::select_host_mechanism`] changes it later.
+    pub host_mechanism: Option<Arc<dyn HostMechanism>>,
 }
 
 /// A public description of a graph input or output.
@@ -366,6 +372,8 @@ pub struct Session {
     mode: ExecMode,
     phase_profile: bool,
     keep_arena_limit: Option<usize>,
+    /// The host mechanism arenas are allocated from (its first entry the system heap).
+    host: Binding<dyn HostMechanism>,
     clock: Clock,
     /// Initializers already uploaded to a device provider: (plan address, value, provider).
     const_uploads: spin::Mutex<alloc::collections::BTreeMap<(usize, ValueId, usize), Tensor>>,
@@ -497,6 +505,10 @@ impl Session {
             &|| "the prepacked weights".into(),
         )?;
         let feed_readers = feed_readers(&plan, &providers);
+        let host = Binding::new(SystemHeap::shared());
+        if let Some(m) = &opts.host_mechanism {
+            host.select(m.clone())?;
+        }
         let t2 = clock();
         let mut log = ProfileLog::default();
         if profiling {
@@ -524,6 +536,7 @@ impl Session {
                 mode: opts.mode,
                 phase_profile: opts.phase_profile,
                 keep_arena_limit: opts.keep_arena_limit,
+                host,
                 clock,
                 const_uploads: spin::Mutex::new(alloc::collections::BTreeMap::new()),
                 runs: AtomicU64::new(0),
@@ -585,6 +598,46 @@ impl Session {
         for p in &self.providers {
             p.release_cached();
         }
+    }
+
+    /// Selects the host mechanism later arenas come from (see [`crate::mechanism`]): arenas
+    /// plans already hold keep theirs and go back to it when freed. A dead mechanism is
+    /// refused; one that dies while selected is replaced by the one selected before it.
+    pub fn select_host_mechanism(&self, m: Arc<dyn HostMechanism>) -> Result<()> {
+        self.host.select(m)
+    }
+
+    /// The mechanism each tier allocates from now: the host's (arenas) and each device
+    /// provider's (its buffer pool), with what they keep and the dead ones dropped.
+    pub fn mechanisms(&self) -> Vec<MechanismReport> {
+        let mut v = alloc::vec![self.host.report()];
+        for p in &self.providers {
+            if let Some(m) = p.mechanism() {
+                v.push(MechanismReport {
+                    tier: m.tier(),
+                    current: m.name(),
+                    failure: m.failure(),
+                    cached: m.cached_bytes(),
+                    restores: 0,
+                    last_failure: None,
+                });
+            }
+        }
+        v
+    }
+
+    /// A new activation arena of `bytes` from the selected host mechanism, leased (its block
+    /// size) from the session first.
+    fn new_arena(&self, bytes: usize, graph: &str) -> Result<Arc<HostArena>> {
+        let m = self.host.current();
+        let lease = Lease::take(
+            Some(&self.account),
+            Tier::Host,
+            Holder::Arena,
+            m.block_size(bytes),
+            &|| alloc::format!("the activation arena of '{graph}'"),
+        )?;
+        HostArena::from_mechanism(m, bytes, Some(lease))
     }
 
     /// What this session holds, tier by tier and holder by holder, with peaks and its limit
@@ -925,17 +978,7 @@ impl Session {
                 let taken = rp.arena.lock().take();
                 let arena = match taken {
                     Some(a) if Arc::strong_count(&a) == 1 => a,
-                    _ => {
-                        let bytes = rp.mem.stats.arena_bytes;
-                        let lease = Lease::take(
-                            Some(&self.account),
-                            Tier::Host,
-                            Holder::Arena,
-                            bytes,
-                            &|| alloc::format!("the activation arena of '{}'", plan.graph.name),
-                        )?;
-                        HostArena::leased(bytes, Some(lease))?
-                    }
+                    _ => self.new_arena(rp.mem.stats.arena_bytes, &plan.graph.name)?,
                 };
                 let cx = RunCx {
                     arena: Some((&arena, &rp)),

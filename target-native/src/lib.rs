@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 pub use alloc::LargePages;
 pub use binding::{BindingStats, IoBinding};
 pub use nxrt_core::governor;
+pub use nxrt_core::mechanism;
 pub use nxrt_core::planner::MemoryPlanStats;
 pub use nxrt_core::profile::{
     activation_memory_plan_enabled, disable_activation_memory_plan_for_process,
@@ -231,6 +232,7 @@ pub struct SessionBuilder {
     memory_limit: Option<usize>,
     pool: Option<Arc<governor::MemoryPool>>,
     keep_arena_limit: Option<usize>,
+    host_mechanism: Option<Arc<dyn mechanism::HostMechanism>>,
 }
 
 impl Default for SessionBuilder {
@@ -246,6 +248,7 @@ impl Default for SessionBuilder {
             memory_limit: None,
             pool: None,
             keep_arena_limit: None,
+            host_mechanism: None,
         }
     }
 }
@@ -319,6 +322,15 @@ impl SessionBuilder {
         self
     }
 
+    /// Where activation arenas come from (default: the system heap). A pool's arena cache
+    /// (`MemoryPool::arena_cache`) shares them among its sessions: an arena one session frees
+    /// is kept for the next arena of its size class any of them needs. See [`mechanism`];
+    /// `Session::select_host_mechanism` changes it later.
+    pub fn host_mechanism(mut self, m: Arc<dyn mechanism::HostMechanism>) -> Self {
+        self.host_mechanism = Some(m);
+        self
+    }
+
     fn options(&self) -> SessionOptions {
         SessionOptions {
             optimization: self.optimization,
@@ -329,6 +341,7 @@ impl SessionBuilder {
             memory_limit: self.memory_limit,
             pool: self.pool.clone(),
             keep_arena_limit: self.keep_arena_limit,
+            host_mechanism: self.host_mechanism.clone(),
         }
     }
 
@@ -535,6 +548,17 @@ impl Session {
     /// its limit (see [`governor`]).
     pub fn memory_snapshot(&self) -> governor::MemorySnapshot {
         self.inner.memory_snapshot()
+    }
+    /// Selects the host mechanism later arenas come from; arenas already held go back to the
+    /// one that made them (see [`mechanism`]). A dead one is refused, and one that dies while
+    /// selected is replaced by the one selected before it.
+    pub fn select_host_mechanism(&self, m: Arc<dyn mechanism::HostMechanism>) -> Result<()> {
+        self.inner.select_host_mechanism(m)
+    }
+    /// The mechanism each tier allocates from now (host arenas, each device provider's
+    /// buffer pool), what it keeps, and the dead ones dropped.
+    pub fn mechanisms(&self) -> Vec<mechanism::MechanismReport> {
+        self.inner.mechanisms()
     }
     /// Frees what the session caches between runs (its memory plans' arenas, providers'
     /// pooled buffers) now; the next run allocates again.

@@ -370,6 +370,19 @@ fn print_governor(session: &Session) {
             }
         }
     }
+    for m in session.mechanisms() {
+        let state = match (&m.failure, &m.last_failure) {
+            (Some(f), _) => format!(", dead: {f}"),
+            (None, Some(f)) => format!(", {} restore(s), last dropped {f}", m.restores),
+            (None, None) => String::new(),
+        };
+        println!(
+            "memory mechanism ({}): {}, keeps {}{state}",
+            m.tier,
+            m.current,
+            show(m.cached)
+        );
+    }
 }
 
 fn builder(c: &Common) -> Result<SessionBuilder, Error> {

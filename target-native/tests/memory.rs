@@ -316,7 +316,12 @@ fn the_cli_memory_limit_bounds_the_command() {
         err.contains("error[out_of_memory]") && err.contains("102400-byte limit"),
         "{err}"
     );
-    let high = run(&["--memory-limit", "64MiB"], "high");
+    let high = run(&["--memory-limit", "64MiB", "--memory-report"], "high");
+    let report = String::from_utf8_lossy(&high.stdout);
+    assert!(
+        report.contains("memory mechanism (host): system heap"),
+        "the report names the host mechanism: {report}"
+    );
     let free = run(&[], "free");
     assert!(high.status.success() && free.status.success());
     let a = std::fs::read(dir.join("high/y.npy")).unwrap();
@@ -495,4 +500,140 @@ fn subgraph_initializers_are_leased_as_weights() {
         matches!(&e, Error::OutOfMemory { holder, .. } if holder.contains("of a subgraph")),
         "{e}"
     );
+}
+
+#[test]
+fn arenas_come_from_the_selected_mechanism_and_go_back_to_the_one_that_made_them() {
+    use nxrt::governor::MemoryPool;
+    use nxrt::mechanism::{BlockCache, HostMechanism, Mechanism};
+    use std::sync::Arc;
+    let bytes = chain_model();
+    let pool = MemoryPool::new("shared-arenas", None);
+    let shared: Arc<dyn HostMechanism> = pool.arena_cache().clone();
+    let load = || {
+        Session::builder()
+            .pool(&pool)
+            .host_mechanism(shared.clone())
+            .load_bytes(&bytes)
+            .unwrap()
+    };
+    let (s1, s2) = (load(), load());
+    let plain = Session::builder().load_bytes(&bytes).unwrap();
+    let n = 50_000;
+    let run = |s: &Session| {
+        let x = Tensor::from_vec(&[n], xorshift_data(n, 5)).unwrap();
+        s.run([("x", x)]).unwrap()["z"]
+            .as_tensor()
+            .unwrap()
+            .to_f32_vec()
+            .unwrap()
+    };
+    // the first run of new shapes records the plan; the arena serves the runs after it
+    for s in [&s1, &s2] {
+        run(s);
+    }
+    let want = run(&plain);
+    let cache = pool.arena_cache();
+    // s1's arena is new; once s1 gives it back the pool keeps it, charged as its cache ...
+    assert_eq!(run(&s1), want);
+    assert_eq!((cache.hits(), cache.misses()), (0, 1));
+    s1.release_cached();
+    let kept = cache.cached_bytes();
+    assert!(kept >= 4 * n, "the pool keeps the arena ({kept} bytes)");
+    let pool_cache = pool.account().holder(Tier::Host, Holder::Cache).in_use();
+    assert_eq!(pool_cache, kept, "kept blocks are the pool's cache");
+    // ... and s2's arena is that block: nothing allocated
+    assert_eq!(run(&s2), want);
+    assert_eq!((cache.hits(), cache.misses()), (1, 1));
+    assert_eq!(cache.cached_bytes(), 0);
+
+    // Switching affects later arenas only: s2's arena (from the pool's cache) stays in its
+    // plan, and goes back to the pool's cache when freed, not to the one selected now.
+    let other = BlockCache::new("other", usize::MAX, None);
+    s2.select_host_mechanism(other.clone()).unwrap();
+    assert_eq!(run(&s2), want, "the kept arena serves the next run");
+    assert_eq!(
+        other.misses(),
+        0,
+        "nothing allocated from the new selection yet"
+    );
+    s2.release_cached();
+    assert_eq!(
+        cache.cached_bytes(),
+        kept,
+        "freed through the mechanism that made it"
+    );
+    assert_eq!(other.cached_bytes(), 0);
+    run(&s2); // records the plan again
+    assert_eq!(run(&s2), want);
+    assert_eq!(
+        other.misses(),
+        1,
+        "the next arena comes from the new selection"
+    );
+    assert_eq!(s2.mechanisms()[0].current, other.name());
+
+    // The selected mechanism dies: the one selected before it is restored, never left dead.
+    other.close("closed by the test");
+    s2.release_cached(); // its arena goes back to `other`, which now frees it
+    assert_eq!(other.cached_bytes(), 0);
+    run(&s2);
+    assert_eq!(
+        run(&s2),
+        want,
+        "the next arena comes from the restored mechanism"
+    );
+    let rep = &s2.mechanisms()[0];
+    assert_eq!(rep.current, cache.name());
+    assert_eq!(rep.restores, 1);
+    assert!(
+        rep.last_failure
+            .as_deref()
+            .is_some_and(|f| f.contains("closed by the test")),
+        "{rep:?}"
+    );
+    assert!(
+        s2.select_host_mechanism(other.clone()).is_err(),
+        "a dead mechanism cannot be selected"
+    );
+    assert_eq!(
+        (cache.hits(), cache.misses()),
+        (2, 1),
+        "the restored cache served it"
+    );
+
+    // Dropping everything returns every byte: the pool's cache is freed with the pool.
+    drop((s1, s2));
+    assert!(pool.release_cached() > 0);
+    let b = pool.account().budget(Tier::Host);
+    assert_eq!((b.in_use(), b.leases()), (0, 0));
+}
+
+#[test]
+fn a_pool_cache_filling_the_pool_limit_is_given_back_for_an_arena() {
+    use nxrt::governor::MemoryPool;
+    use nxrt::mechanism::Mechanism;
+    let bytes = chain_model();
+    let s0 = Session::builder().load_bytes(&bytes).unwrap();
+    let w = s0.memory_snapshot().tiers[0].in_use; // the session's own (weights etc.)
+                                                  // room for the weights of one session and one arena of 50 000 floats, not two
+    let pool = MemoryPool::new("tight", Some(w + 600_000));
+    let cache: std::sync::Arc<dyn nxrt::mechanism::HostMechanism> = pool.arena_cache().clone();
+    let s = Session::builder()
+        .pool(&pool)
+        .host_mechanism(cache)
+        .load_bytes(&bytes)
+        .unwrap();
+    let run = |n: usize| {
+        let x = Tensor::from_vec(&[n], xorshift_data(n, 6)).unwrap();
+        s.run([("x", x)]).map(|_| ())
+    };
+    run(50_000).unwrap();
+    run(50_000).unwrap();
+    s.release_cached();
+    assert!(pool.arena_cache().cached_bytes() >= 200_000);
+    // a different size class: the kept block is no use, and it fills the pool's limit
+    run(60_000).expect("the cache is given back so the new arena fits");
+    run(60_000).expect("and so does the run from it");
+    assert_eq!(pool.arena_cache().cached_bytes(), 0);
 }

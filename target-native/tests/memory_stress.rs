@@ -1,6 +1,7 @@
 //! Stress: 8 threads x 4 sessions x 200 runs sharing the process's host budget and one shared
 //! pool (`MemoryPool`, whose limit binds the four together and which holds their identical
-//! weights once), each session with its own, random `release_cached` calls, inputs whose outputs sometimes fit and
+//! weights once, and whose arena cache three of them take their activation arenas from), each
+//! session with its own, random `release_cached` calls, inputs whose outputs sometimes fit and
 //! sometimes do not. No budget is ever over-subscribed (peaks stay under the limits), every
 //! run either answers exactly as a single-threaded session without budgets or is refused with
 //! `OutOfMemory`, and when everything is dropped every lease has been returned.
@@ -80,6 +81,11 @@ fn threads_sessions_and_releases_never_oversubscribe() {
                 })
                 .memory_limit(Some(SESSION))
                 .pool(&pool)
+                .host_mechanism(if i != 3 {
+                    pool.arena_cache().clone()
+                } else {
+                    nxrt::mechanism::SystemHeap::shared()
+                })
                 .load_bytes(&bytes)
                 .unwrap()
         })
@@ -150,6 +156,14 @@ fn threads_sessions_and_releases_never_oversubscribe() {
     let pb = pool.account().budget(Tier::Host);
     assert!(pb.peak() <= POOL, "pool peak {} over its limit", pb.peak());
     drop(sessions);
+    let cache = pool.arena_cache();
+    println!(
+        "stress: pool arena cache {} hits, {} misses",
+        cache.hits(),
+        cache.misses()
+    );
+    assert!(cache.hits() > 0, "arenas were shared through the pool");
+    pool.release_cached();
     assert_eq!(
         (pb.in_use(), pb.leases()),
         (0, 0),

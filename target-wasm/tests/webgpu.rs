@@ -328,7 +328,28 @@ fn a_lost_device_is_an_error_and_a_new_provider_works() {
     let s = Session::new(m, vec![g.clone(), cpu()], &SessionOptions::default()).unwrap();
     let feeds = || vec![("x0".to_string(), Value::Tensor(ft(&[17], 1)))];
     pollster::block_on(s.run_async(feeds())).unwrap();
+    let device_line = |s: &Session| {
+        let m = s.mechanisms();
+        assert_eq!(m[0].tier, nxrt_core::governor::Tier::Host);
+        m.into_iter()
+            .find(|r| r.tier == nxrt_core::governor::Tier::Device(0))
+            .expect("the device tier's mechanism is reported")
+    };
+    let before = device_line(&s);
+    assert!(
+        before.current.starts_with("webgpu buffer pool"),
+        "{before:?}"
+    );
+    assert_eq!(before.failure, None);
     g.lose_device_for_test();
+    let after = device_line(&s);
+    assert!(
+        after
+            .failure
+            .as_deref()
+            .is_some_and(|f| f.contains("device lost")),
+        "the dead pool is reported dead: {after:?}"
+    );
     let e = pollster::block_on(s.run_async(feeds())).unwrap_err();
     assert_eq!(e.kind(), "device_lost", "{e}");
     assert!(e.to_string().contains("webgpu device was lost"), "{e}");

@@ -347,6 +347,41 @@ impl Drop for GpuBuf {
     }
 }
 
+impl std::fmt::Debug for Gpu {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Gpu({:?}, device {})", self.summary.name, self.id)
+    }
+}
+
+/// The device's buffer pool is the mechanism its tier's memory comes from: it dies with the
+/// device, and what it keeps is the pooled free buffers.
+impl nxrt_core::mechanism::Mechanism for Gpu {
+    fn name(&self) -> String {
+        format!("webgpu buffer pool of {}", self.summary.name)
+    }
+    fn tier(&self) -> Tier {
+        Tier::Device(self.id)
+    }
+    fn failure(&self) -> Option<String> {
+        // natively the loss callback runs from a poll (a browser calls it on its own)
+        #[cfg(not(target_arch = "wasm32"))]
+        let _ = self.device.poll(wgpu::PollType::Poll);
+        self.lost
+            .lock()
+            .unwrap()
+            .as_ref()
+            .map(|m| format!("device lost ({m})"))
+    }
+    fn cached_bytes(&self) -> usize {
+        usize::try_from(self.pooled_bytes.load(Ordering::Relaxed)).unwrap_or(usize::MAX)
+    }
+    fn release_cached(&self) -> usize {
+        let before = self.cached_bytes();
+        self.trim();
+        before
+    }
+}
+
 fn gpu_err(what: impl std::fmt::Display) -> Error {
     Error::Provider(format!("webgpu: {what}"))
 }
@@ -1315,6 +1350,9 @@ impl ExecutionProvider for WebGpuProvider {
     }
     fn bind_account(&self, account: &Arc<Account>) {
         let _ = self.gpu.account.set(account.clone());
+    }
+    fn mechanism(&self) -> Option<Arc<dyn nxrt_core::mechanism::Mechanism>> {
+        Some(self.gpu.clone())
     }
     fn describe(&self) -> String {
         let a = &self.gpu.summary;
