@@ -29,10 +29,22 @@ export declare class Tensor {
   getData(releaseData?: boolean): Promise<TensorData>;
   /** The GPUBuffer of a 'gpu-buffer' tensor (float32, int32, uint8, and float16 with shader-f16); may be longer than the tensor. */
   readonly gpuBuffer: GpuBufferType;
-  /** The GPUDevice that gpuBuffer belongs to. */
-  readonly gpuDevice: GpuDeviceType;
-  /** Drops the data (and a 'gpu-buffer' tensor's GPU memory). */
+  /** The GPUDevice that gpuBuffer belongs to (undefined for fromGpuBuffer tensors). */
+  readonly gpuDevice: GpuDeviceType | undefined;
+  /** Drops the data (and a 'gpu-buffer' tensor's GPU memory; for fromGpuBuffer, calls its dispose). */
   dispose(): void;
+  /**
+   * A tensor over your own GPUBuffer (made on `session.gpuDevice`): fed to a WebGPU session it
+   * is copied on the GPU; given in `fetches` as `{output: tensor}` the output is written into
+   * it on the GPU. float32, int32, uint8, float16 (with shader-f16); the buffer needs COPY_SRC
+   * to feed, COPY_DST to fetch into, and the tensor's bytes rounded up to 4.
+   */
+  static fromGpuBuffer(buffer: GpuBufferType, options: {
+    dataType: 'float32' | 'int32' | 'uint8' | 'float16';
+    dims: readonly number[];
+    download?: () => Promise<TensorData>;
+    dispose?: () => void;
+  }): Tensor;
 }
 
 /** Where outputs are returned: 'gpu-buffer' keeps what the WebGPU provider computed on the GPU. */
@@ -85,7 +97,10 @@ export declare class InferenceSession {
   };
   /** How many outputs this session holds on the GPU (not yet disposed). */
   readonly gpuTensors: number;
-  run(feeds: Record<string, Tensor>, fetches?: readonly string[]): Promise<Record<string, OnnxValue>>;
+  /** The GPUDevice of the session's WebGPU provider, or null without one. */
+  readonly gpuDevice: GpuDeviceType | null;
+  /** `fetches`: output names to return, or `{name: Tensor.fromGpuBuffer(...) | null}` (a GPU tensor there receives that output on the GPU). */
+  run(feeds: Record<string, Tensor>, fetches?: readonly string[] | Record<string, Tensor | null>): Promise<Record<string, OnnxValue>>;
   release(): Promise<void>;
 }
 

@@ -298,6 +298,13 @@ pub trait ExecutionProvider: Send + Sync {
     ) -> Result<Box<dyn Kernel>>;
     /// The CPU primitives kernels on this provider may use.
     fn cpu_backend(&self) -> &dyn CpuBackend;
+    /// A tensor of `dt` and `shape` in this provider's device memory with unspecified
+    /// contents, for a caller to fill with its own device commands (JS `Tensor.fromGpuBuffer`
+    /// copies a caller's buffer into one). `None`: not a device provider.
+    fn alloc_device(&self, dt: DataType, shape: &[usize]) -> Option<Result<Tensor>> {
+        let _ = (dt, shape);
+        None
+    }
     /// Copies a host tensor into this provider's memory (identity for host providers).
     fn upload(&self, t: &Tensor) -> Result<Tensor> {
         if self.location() == Location::Host {

@@ -56,6 +56,11 @@ function inferType(data) {
 
 // The constructor's first argument for a tensor an output left on the GPU (internal).
 const ON_GPU = Symbol('nxrt.onGpu');
+// ... and for a tensor over a caller's own GPUBuffer (Tensor.fromGpuBuffer).
+const EXTERNAL_GPU = Symbol('nxrt.externalGpu');
+
+// Types a GPU buffer holds in their own layout (float16 only where the adapter has shader-f16).
+const GPU_BUFFER_TYPES = { float32: 4, int32: 4, uint8: 1, float16: 2 };
 
 /**
  * A tensor: in host memory (`new Tensor(type, data, dims)` or `new Tensor(data, dims)`), or an
@@ -65,8 +70,19 @@ export class Tensor {
   #data;
   // for 'gpu-buffer': {owner, handle}; owner is the session's {inner, live} record
   #gpu = null;
+  // for Tensor.fromGpuBuffer: {buffer, download, dispose}
+  #ext = null;
 
   constructor(typeOrData, dataOrDims, maybeDims) {
+    if (typeOrData === EXTERNAL_GPU) {
+      const { type, dims, ext } = dataOrDims;
+      this.type = type;
+      this.dims = Object.freeze(Array.from(dims));
+      this.size = this.dims.reduce((a, b) => a * b, 1);
+      this.location = 'gpu-buffer';
+      this.#ext = ext;
+      return;
+    }
     if (typeOrData === ON_GPU) {
       const { type, dims, owner, handle } = dataOrDims;
       this.type = type;
@@ -138,6 +154,23 @@ export class Tensor {
    */
   async getData(releaseData = false) {
     this.#check();
+    if (this.#ext) {
+      if (this.#data === undefined) {
+        if (typeof this.#ext.download !== 'function') {
+          throw new Error(
+            'this tensor is a GPUBuffer of yours (Tensor.fromGpuBuffer) and no download ' +
+              'function was given: read the buffer with your own commands',
+          );
+        }
+        this.#data = await this.#ext.download();
+      }
+      if (releaseData === true) {
+        this.#ext.dispose?.();
+        this.#ext = null;
+        this.location = 'cpu';
+      }
+      return this.#data;
+    }
     if (this.#gpu) {
       const inner = this.#owner();
       const release = releaseData === true;
@@ -166,12 +199,54 @@ export class Tensor {
    * as 32-bit words on the GPU and throw here (use `getData()`).
    */
   get gpuBuffer() {
+    if (this.#ext) return this.#ext.buffer;
     return this.#handles()[0];
   }
 
-  /** The `GPUDevice` that `gpuBuffer` belongs to. */
+  /** The `GPUDevice` that `gpuBuffer` belongs to (undefined for `fromGpuBuffer` tensors). */
   get gpuDevice() {
+    if (this.#ext) return undefined;
     return this.#handles()[1];
+  }
+
+  /**
+   * A tensor over your own `GPUBuffer` (made on the session's device, `session.gpuDevice`),
+   * as onnxruntime-web has it: `{dataType, dims, download?, dispose?}`. Fed to a WebGPU
+   * session it is copied on the GPU (one buffer-to-buffer copy, never through the CPU); given
+   * in `fetches` as `{output: tensor}` the run writes that output into it on the GPU. The
+   * buffer stays yours: `download()` (optional) is what `getData()` calls, `dispose()` calls
+   * yours. Types: float32, int32, uint8, and float16 where the adapter has shader-f16; the
+   * buffer needs COPY_SRC (to feed) or COPY_DST (to fetch into) and at least the tensor's
+   * bytes rounded up to 4.
+   */
+  static fromGpuBuffer(buffer, options) {
+    const { dataType, dims, download, dispose } = options ?? {};
+    if (buffer === null || typeof buffer !== 'object' || typeof buffer.size !== 'number') {
+      throw new TypeError('fromGpuBuffer needs a GPUBuffer');
+    }
+    if (!(dataType in GPU_BUFFER_TYPES)) {
+      throw new TypeError(
+        `fromGpuBuffer: dataType '${dataType}' is not held in its own layout on the GPU ` +
+          `(use ${Object.keys(GPU_BUFFER_TYPES).join(', ')})`,
+      );
+    }
+    if (!Array.isArray(dims) || !dims.every((d) => Number.isInteger(d) && d >= 0)) {
+      throw new RangeError(`fromGpuBuffer: bad dims [${dims}]`);
+    }
+    const t = new Tensor(EXTERNAL_GPU, { type: dataType, dims, ext: { buffer, download, dispose } });
+    const need = gpuBytes(t);
+    if (buffer.size < need) {
+      throw new RangeError(
+        `fromGpuBuffer: the buffer has ${buffer.size} bytes; a ${dataType} tensor of dims ` +
+          `[${dims}] needs ${need}`,
+      );
+    }
+    return t;
+  }
+
+  /** The caller's GPUBuffer of a fromGpuBuffer tensor (internal), or null. */
+  static external(t) {
+    return t.#ext ? t.#ext.buffer : null;
   }
 
   #handles() {
@@ -194,6 +269,10 @@ export class Tensor {
 
   /** Drops the tensor's data (and its GPU memory). Using it afterwards throws. */
   dispose() {
+    if (this.#ext) {
+      this.#ext.dispose?.();
+      this.#ext = null;
+    }
     if (this.#gpu) {
       if (this.#gpu.owner.live) this.#gpu.owner.inner.disposeGpu(this.#gpu.handle);
       this.#gpu = null;
@@ -205,6 +284,7 @@ export class Tensor {
   /** The feed object the wasm side takes (internal). */
   static feed(name, t, inner) {
     if (t.location === 'none') throw new Error(`feed '${name}' was disposed`);
+    if (t.#ext) return { name, ext: t.#ext.buffer, type: t.type, dims: t.dims };
     const g = t.#gpu;
     if (g) {
       if (g.owner.inner !== inner || !g.owner.live) {
@@ -222,6 +302,22 @@ export class Tensor {
     if (this.location === 'none') throw new Error('tensor was disposed');
   }
 }
+
+/** Bytes a GPU copy of tensor `t` moves: its data rounded up to 4. */
+function gpuBytes(t) {
+  const n = t.size * GPU_BUFFER_TYPES[t.type];
+  return Math.max(4, Math.ceil(n / 4) * 4);
+}
+
+/** Copies `size` bytes of GPUBuffer `src` to `dst` on `device` (one submitted command). */
+function gpuCopy(device, src, dst, size) {
+  const enc = device.createCommandEncoder();
+  enc.copyBufferToBuffer(src, 0, dst, 0, size);
+  device.queue.submit([enc.finish()]);
+}
+
+const COPY_SRC = 0x4;
+const COPY_DST = 0x8;
 
 const LOCATIONS = new Set(['cpu', 'gpu-buffer']);
 
@@ -420,22 +516,110 @@ export class InferenceSession {
       if (!(t instanceof Tensor)) throw new TypeError(`feed '${name}' is not a Tensor`);
       list.push(Tensor.feed(name, t, inner));
     }
+    // outputs to write into the caller's own GPU buffers (fetches {name: fromGpuBuffer tensor})
+    const into = new Map();
+    if (fetches && !Array.isArray(fetches) && typeof fetches === 'object') {
+      for (const [name, t] of Object.entries(fetches)) {
+        const buf = t instanceof Tensor ? Tensor.external(t) : null;
+        if (!buf) continue;
+        if (!this.#outputNames.includes(name)) {
+          throw new Error(
+            `fetches names '${name}', which is not an output of this model ` +
+              `(outputs: ${this.#outputNames.join(', ')})`,
+          );
+        }
+        if (!(buf.usage & COPY_DST)) {
+          throw new TypeError(`fetch '${name}': the GPUBuffer needs COPY_DST usage`);
+        }
+        into.set(name, t);
+      }
+    }
+    const temps = [];
     let outs;
     try {
-      outs = this.#keep.length ? await inner.runWith(list, this.#keep) : await inner.run(list);
+      for (const f of list) {
+        if (f.ext) this.#feedExternal(inner, f, temps);
+      }
+      const keep = into.size ? [...new Set([...this.#keep, ...into.keys()])] : this.#keep;
+      outs = keep.length ? await inner.runWith(list, keep) : await inner.run(list);
     } catch (e) {
       throw asError(e);
+    } finally {
+      for (const h of temps) inner.disposeGpu(h); // the run holds what it still reads
     }
     const want = fetches ? new Set(Array.isArray(fetches) ? fetches : Object.keys(fetches)) : null;
     const result = {};
     for (const o of outs) {
-      if (!want || want.has(o.name)) {
+      const dst = into.get(o.name);
+      if (dst) {
+        this.#writeInto(inner, o, dst);
+        result[o.name] = dst;
+      } else if (!want || want.has(o.name)) {
         result[o.name] = fromWasm(o, this.#owner);
       } else if (o.location === 'gpu-buffer') {
         inner.disposeGpu(o.gpu); // kept on the GPU but not fetched
       }
     }
     return result;
+  }
+
+  /** Turns feed `f` over a caller's GPUBuffer into a GPU tensor of ours (a copy on the GPU). */
+  #feedExternal(inner, f, temps) {
+    if (!(f.ext.usage & COPY_SRC)) {
+      throw new TypeError(`feed '${f.name}': the GPUBuffer needs COPY_SRC usage`);
+    }
+    const h = inner.allocGpu(f.type, f.dims);
+    temps.push(h);
+    const [dst, device] = inner.gpuBuffer(h);
+    gpuCopy(device, f.ext, dst, Math.min(dst.size, f.ext.size));
+    f.gpu = h;
+    delete f.ext;
+  }
+
+  /** Writes output `o` into the caller's GPU tensor `dst`, on the GPU. */
+  #writeInto(inner, o, dst) {
+    const buf = Tensor.external(dst);
+    if (o.kind !== 'tensor' || o.type !== dst.type || o.dims.join() !== dst.dims.join()) {
+      if (o.location === 'gpu-buffer') inner.disposeGpu(o.gpu);
+      throw new Error(
+        `fetch '${o.name}': the output is ${o.type} [${o.dims}], the given tensor ` +
+          `${dst.type} [${dst.dims}]`,
+      );
+    }
+    const size = gpuBytes(dst);
+    if (o.location === 'gpu-buffer') {
+      try {
+        const [src, device] = inner.gpuBuffer(o.gpu);
+        gpuCopy(device, src, buf, size);
+      } finally {
+        inner.disposeGpu(o.gpu);
+      }
+    } else {
+      // computed on the CPU: written from its data
+      const device = this.gpuDevice;
+      const bytes = new Uint8Array(size);
+      bytes.set(new Uint8Array(o.data.buffer, o.data.byteOffset, o.data.byteLength));
+      device.queue.writeBuffer(buf, 0, bytes);
+    }
+  }
+
+  /**
+   * The `GPUDevice` of this session's WebGPU provider (make the buffers you give
+   * `Tensor.fromGpuBuffer` on it), or null for a session without one.
+   */
+  get gpuDevice() {
+    const inner = this.#live();
+    let h;
+    try {
+      h = inner.allocGpu('uint8', [4]);
+    } catch {
+      return null;
+    }
+    try {
+      return inner.gpuBuffer(h)[1];
+    } finally {
+      inner.disposeGpu(h);
+    }
   }
 
   /**

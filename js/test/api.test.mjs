@@ -210,3 +210,30 @@ test('writeNpy writes what NumPy writes, and parseNpy reads it back', async () =
   assert.throws(() => writeNpy({ type: 'float32', data: [1, 2], dims: [3] }), /2 elements/);
   assert.throws(() => writeNpy({ type: 'string', data: ['a'], dims: [1] }), /cannot write/);
 });
+
+test('Tensor.fromGpuBuffer: validated; a session without WebGPU refuses it and has no gpuDevice', async () => {
+  const fake = { size: 24, usage: 0x4 | 0x8 | 0x80, label: '' }; // COPY_SRC | COPY_DST | STORAGE
+  const t = Tensor.fromGpuBuffer(fake, { dataType: 'float32', dims: [3, 2] });
+  assert.equal(t.location, 'gpu-buffer');
+  assert.equal(t.gpuBuffer, fake);
+  assert.throws(() => t.data, /getData/);
+  await assert.rejects(t.getData(), /download/);
+  assert.throws(() => Tensor.fromGpuBuffer(fake, { dataType: 'int64', dims: [3] }), TypeError);
+  assert.throws(() => Tensor.fromGpuBuffer(fake, { dataType: 'float32', dims: [7] }), /needs 28/);
+  assert.throws(() => Tensor.fromGpuBuffer(fake, { dataType: 'float32', dims: [-1] }), RangeError);
+  assert.throws(() => Tensor.fromGpuBuffer(null, { dataType: 'float32', dims: [1] }), TypeError);
+  // uint8: 5 bytes round up to 8
+  assert.throws(() => Tensor.fromGpuBuffer({ size: 5, usage: 0x4 }, { dataType: 'uint8', dims: [5] }), /needs 8/);
+  const s = await InferenceSession.create(MUL);
+  try {
+    assert.equal(s.gpuDevice, null);
+    await assert.rejects(s.run({ X: t }), /no GPU provider/);
+    await assert.rejects(s.run({ X: new Tensor('float32', new Float32Array(6), [3, 2]) }, { Z: t }), /not an output/);
+    assert.equal(s.gpuTensors, 0);
+  } finally {
+    await s.release();
+  }
+  let gone = 0;
+  Tensor.fromGpuBuffer(fake, { dataType: 'float32', dims: [6], dispose: () => (gone += 1) }).dispose();
+  assert.equal(gone, 1);
+});

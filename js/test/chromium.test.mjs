@@ -161,6 +161,36 @@ test("Chromium WebGPU: preferredOutputLocation 'gpu-buffer' keeps outputs on the
   console.log(`chromium webgpu gpu-buffer chain x${n}: ${r.viaGetData.join(', ')} (device bytes ${r.deviceInUse} -> ${r.deviceInUseAfter})`);
 });
 
+test('Chromium WebGPU: Tensor.fromGpuBuffer feeds a run and receives its output on the GPU', async (t) => {
+  const adapter = await page.evaluate(() => window.webgpuAdapter());
+  if (adapter.none) {
+    t.skip(`no WebGPU adapter: ${adapter.none}`);
+    return;
+  }
+  const r = await page.evaluate((m) => window.gpuExternal(m), 'ort_mul_1');
+  assert.equal(r.isDevice, true);
+  assert.equal(r.cpuDevice, null);
+  assert.equal(r.location, 'gpu-buffer');
+  // the output written into the caller's buffer, equal to the CPU's, twice over
+  assert.equal(r.same, true);
+  assert.equal(r.same2, true);
+  assert.deepEqual(r.step1, r.cpu1);
+  assert.deepEqual(r.step2, r.cpu2);
+  assert.equal(r.held, 0, 'no GPU tensor of the session left held');
+  assert.deepEqual(r.input, [1, -2, 3.5, 4, -5, 0.25], "the caller's input buffer is unchanged");
+  assert.deepEqual(r.viaDownload, r.input);
+  assert.match(r.noDownload, /download/);
+  assert.equal(r.disposed, 1);
+  assert.match(r.errors.type, /TypeError: .*int64/);
+  assert.match(r.errors.small, /RangeError: .*needs 28/);
+  assert.match(r.errors.usage, /COPY_SRC/);
+  assert.match(r.errors.fetchUsage, /COPY_DST/);
+  assert.match(r.errors.cpuSession, /no GPU provider/);
+  assert.equal(r.heldAfterErrors, 0);
+  assert.deepEqual(r.step3, r.cpu3, 'the session still answers after the errors');
+  console.log(`chromium webgpu fromGpuBuffer: ${r.step1.join(', ')} -> ${r.step2.join(', ')}`);
+});
+
 test('Chromium: bad input rejects with messages; the session stays usable', async () => {
   const r = await page.evaluate(() => window.badInput('ort_mul_1'));
   assert.equal(r.msgs.length, 3);

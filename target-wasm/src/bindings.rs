@@ -512,6 +512,38 @@ impl WasmSession {
         self.kept.borrow_mut().tensors.remove(&handle).is_some()
     }
 
+    /// A new GPU tensor of `type` and `dims` on the session's device provider, contents
+    /// unspecified, kept like an output (a handle to feed, read, or dispose). JS copies a
+    /// caller's own `GPUBuffer` into it on the device for `Tensor.fromGpuBuffer` feeds.
+    #[wasm_bindgen(js_name = allocGpu)]
+    pub fn alloc_gpu(&self, ty: String, dims: Vec<f64>) -> Result<u32, JsError> {
+        let dt = dtype_from_js(&ty).map_err(js_err)?;
+        let mut shape = Vec::with_capacity(dims.len());
+        for &d in &dims {
+            if !(d >= 0.0 && d.fract() == 0.0 && d <= (1u64 << 40) as f64) {
+                return Err(input_err(format!(
+                    "dims must be non-negative integers, got {dims:?}"
+                )));
+            }
+            shape.push(d as usize);
+        }
+        for p in self.inner.providers() {
+            if let Some(t) = p.alloc_device(dt, &shape) {
+                let t = t.map_err(js_err)?;
+                let mut k = self.kept.borrow_mut();
+                let h = k.next;
+                k.next = k.next.wrapping_add(1);
+                k.tensors.insert(h, t);
+                return Ok(h);
+            }
+        }
+        Err(input_err(
+            "this session has no GPU provider: GPU buffers feed sessions created with \
+             executionProviders ['webgpu']"
+                .into(),
+        ))
+    }
+
     /// How many GPU tensors JS holds (kept and not yet disposed).
     #[wasm_bindgen(getter, js_name = gpuTensors)]
     pub fn gpu_tensors(&self) -> u32 {

@@ -714,3 +714,132 @@ fn element_wise_chains_run_as_one_dispatch() {
         assert_eq!(d, 1);
     }
 }
+
+/// Reads `bytes` bytes of a caller's buffer back through a staging buffer.
+fn read_buffer(g: &nxrt_wasm::webgpu::WebGpuProvider, src: &wgpu::Buffer, bytes: u64) -> Vec<f32> {
+    let dev = g.gpu().device();
+    let staging = dev.create_buffer(&wgpu::BufferDescriptor {
+        label: Some("test staging"),
+        size: bytes,
+        usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+        mapped_at_creation: false,
+    });
+    g.gpu().flush().unwrap();
+    let mut enc = dev.create_command_encoder(&Default::default());
+    enc.copy_buffer_to_buffer(src, 0, &staging, 0, bytes);
+    g.gpu().queue().submit([enc.finish()]);
+    let slice = staging.slice(..);
+    slice.map_async(wgpu::MapMode::Read, |r| r.unwrap());
+    dev.poll(wgpu::PollType::wait_indefinitely()).unwrap();
+    let v = slice.get_mapped_range();
+    v.unwrap()
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
+}
+
+#[test]
+fn a_callers_buffers_feed_a_run_and_take_its_output_on_the_device() {
+    use nxrt_core::RunOptions;
+    let Some(g) = fresh_gpu() else { return };
+    let n = 1000usize;
+    let case = Case::new("Sigmoid", vec![ft(&[n], 1)]);
+    let load = |p: Vec<std::sync::Arc<dyn ExecutionProvider>>| {
+        let m = loader::load_model(&case.model(), &loader::NoExternalData).unwrap();
+        Session::new(m, p, &SessionOptions::default()).unwrap()
+    };
+    let sg = load(vec![g.clone(), cpu()]);
+    let host = ft(&[n], 7);
+    // the same session fed from the host: the answer a device feed must give, bit for bit
+    let want = pollster::block_on(sg.run_async(vec![("x0".into(), Value::Tensor(host.clone()))]))
+        .unwrap()[0]
+        .1
+        .as_tensor()
+        .unwrap()
+        .to_f32_vec()
+        .unwrap();
+    // the caller's input buffer, written by the caller
+    let dev = g.gpu().device();
+    let usage =
+        wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST;
+    let mk = |usage| {
+        dev.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("caller's"),
+            size: 4 * n as u64,
+            usage,
+            mapped_at_creation: false,
+        })
+    };
+    let input = mk(usage);
+    let bytes: Vec<u8> = host
+        .to_f32_vec()
+        .unwrap()
+        .iter()
+        .flat_map(|v| v.to_le_bytes())
+        .collect();
+    g.gpu().queue().write_buffer(&input, 0, &bytes);
+    let output = mk(usage);
+    let uploads0 = g.gpu().stats().uploads;
+    let keep = RunOptions {
+        keep_on_device: vec!["y0".into()],
+        ..Default::default()
+    };
+    for round in 0..3 {
+        let t = g
+            .tensor_from_buffer(input.clone(), DataType::Float, &[n])
+            .unwrap();
+        let outs = pollster::block_on(
+            sg.run_async_with(vec![("x0".into(), Value::Tensor(t))], keep.clone()),
+        )
+        .unwrap();
+        let out = outs[0].1.as_tensor().unwrap();
+        assert_ne!(
+            out.location(),
+            nxrt_core::Location::Host,
+            "kept on the device"
+        );
+        g.copy_to_buffer(out, &output).unwrap();
+        drop(outs);
+        assert!(
+            read_buffer(&g, &output, 4 * n as u64) == want,
+            "round {round}: the caller's output buffer holds the answer"
+        );
+    }
+    assert_eq!(
+        g.gpu().stats().uploads,
+        uploads0,
+        "the caller's input was never uploaded"
+    );
+    // the caller's buffers stay theirs: never pooled, so emptying the pool (which destroys
+    // what it holds) leaves them readable
+    g.release_cached();
+    assert_eq!(
+        read_buffer(&g, &input, 4 * n as u64),
+        host.to_f32_vec().unwrap()
+    );
+    assert_eq!(g.gpu().stats().pooled_bytes, 0);
+    // wrong usage, too small, a type not stored as itself: clear errors
+    let e = g
+        .tensor_from_buffer(mk(wgpu::BufferUsages::COPY_SRC), DataType::Float, &[n])
+        .unwrap_err();
+    assert!(e.to_string().contains("STORAGE | COPY_SRC"), "{e}");
+    let e = g
+        .tensor_from_buffer(input.clone(), DataType::Float, &[n + 1])
+        .unwrap_err();
+    assert!(e.to_string().contains("needs 4004"), "{e}");
+    let e = g
+        .tensor_from_buffer(input.clone(), DataType::Int64, &[n / 2])
+        .unwrap_err();
+    assert!(e.to_string().contains("own element layout"), "{e}");
+    let out = pollster::block_on(
+        sg.run_async_with(vec![("x0".into(), Value::Tensor(host))], keep.clone()),
+    )
+    .unwrap();
+    let e = g
+        .copy_to_buffer(
+            out[0].1.as_tensor().unwrap(),
+            &mk(wgpu::BufferUsages::STORAGE),
+        )
+        .unwrap_err();
+    assert!(e.to_string().contains("needs COPY_DST"), "{e}");
+}

@@ -253,6 +253,8 @@ pub struct GpuBuf {
     /// The governor's lease on this tensor's device bytes (returned when it drops).
     _lease: Lease,
     pending: Mutex<Option<ew::Pending>>,
+    /// The buffer is the caller's ([`WebGpuProvider::tensor_from_buffer`]): never pooled.
+    external: bool,
     /// A kernel (MatMul, Gemm, Conv) whose output this is, not run yet: an element-wise chain
     /// that is its only reader runs it with the chain as its epilogue ([`Producer`]).
     producer: Mutex<Option<Arc<dyn Producer>>>,
@@ -335,6 +337,9 @@ impl DeviceBuffer for GpuBuf {
 
 impl Drop for GpuBuf {
     fn drop(&mut self) {
+        if self.external {
+            return; // the caller's buffer: it stays theirs
+        }
         if let (Some(b), Some(gpu)) = (self.buf.take(), self.gpu.upgrade()) {
             gpu.pooled_bytes.fetch_add(b.size(), Ordering::Relaxed);
             gpu.pool
@@ -413,6 +418,18 @@ impl Gpu {
         Ok(())
     }
 
+    /// The device (callers make their own buffers on it for
+    /// [`WebGpuProvider::tensor_from_buffer`] and [`WebGpuProvider::copy_to_buffer`]).
+    pub fn device(&self) -> &wgpu::Device {
+        &self.device
+    }
+
+    /// The device's queue (the provider submits its commands here, in order with the
+    /// caller's).
+    pub fn queue(&self) -> &wgpu::Queue {
+        &self.queue
+    }
+
     pub fn summary(&self) -> &AdapterSummary {
         &self.summary
     }
@@ -481,6 +498,7 @@ impl Gpu {
             gpu: self.me.clone(),
             _lease: lease,
             pending: Mutex::new(None),
+            external: false,
             producer: Mutex::new(None),
         }))
     }
@@ -578,6 +596,7 @@ impl Gpu {
             gpu: self.me.clone(),
             _lease: lease,
             pending: Mutex::new(None),
+            external: false,
             producer: Mutex::new(None),
         });
         let t = Tensor::from_device(dt, shape.to_vec(), self.id, b.clone());
@@ -988,6 +1007,16 @@ pub(crate) fn dev_buf(t: &Tensor) -> Result<&GpuBuf> {
         })
 }
 
+/// Whether `dt` is stored on the device in its own element layout (so a caller's buffer of
+/// its elements can be read, or written, as it is).
+fn native_layout(gpu: &Gpu, dt: DataType) -> bool {
+    match dt {
+        DataType::Float | DataType::Int32 | DataType::Uint8 => true,
+        DataType::Float16 => gpu.half,
+        _ => false,
+    }
+}
+
 /// The browser's `GPUBuffer` and `GPUDevice` behind a device tensor (an output kept on the
 /// GPU), its contents computed and every recorded command submitted first, so commands the
 /// caller submits on that device's queue see the values. Only for types whose device layout is
@@ -1001,12 +1030,7 @@ pub fn webgpu_handles(t: &Tensor) -> Result<(wasm_bindgen::JsValue, wasm_bindgen
         .gpu
         .upgrade()
         .ok_or_else(|| gpu_err("the tensor's WebGPU provider was released"))?;
-    let native = match t.dtype() {
-        DataType::Float | DataType::Int32 | DataType::Uint8 => true,
-        DataType::Float16 => gpu.half,
-        _ => false,
-    };
-    if !native {
+    if !native_layout(&gpu, t.dtype()) {
         return Err(gpu_err(format!(
             "a {} tensor is not stored in its own element layout on the device \
              (32-bit words); read it with getData()",
@@ -1207,6 +1231,78 @@ impl WebGpuProvider {
         &self.gpu
     }
 
+    /// A device tensor of `dt` and `shape` over the caller's own `buffer` (made on this
+    /// provider's device, `gpu().device()`): fed to a run it is read where it lies, with no
+    /// copy. The buffer needs `STORAGE | COPY_SRC` usage and room for the tensor (its size
+    /// rounded up to 4); only types stored in their own layout (float32, int32, uint8, float16
+    /// where the device stores it as f16). It is never pooled or destroyed by nxrt and is not
+    /// charged to any budget (its memory is the caller's).
+    pub fn tensor_from_buffer(
+        &self,
+        buffer: wgpu::Buffer,
+        dt: DataType,
+        shape: &[usize],
+    ) -> Result<Tensor> {
+        let gpu = &self.gpu;
+        if !native_layout(gpu, dt) {
+            return Err(gpu_err(format!(
+                "a {dt} tensor is not stored in its own element layout on the device;                  upload it from the host instead"
+            )));
+        }
+        let (bytes, size) = gpu.tensor_bytes(dt, shape)?;
+        let need = wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC;
+        if !buffer.usage().contains(need) {
+            return Err(gpu_err(format!(
+                "the buffer's usage {:?} lacks STORAGE | COPY_SRC",
+                buffer.usage()
+            )));
+        }
+        if buffer.size() < size {
+            return Err(gpu_err(format!(
+                "the buffer has {} bytes; a {dt} tensor of shape {shape:?} needs {size}",
+                buffer.size()
+            )));
+        }
+        let b = Arc::new(GpuBuf {
+            size: buffer.size(),
+            buf: std::sync::OnceLock::from(buffer),
+            bytes,
+            gpu: gpu.me.clone(),
+            _lease: Lease::take(None, Tier::Device(gpu.id), Holder::Other, 0, &|| {
+                "a caller's buffer".into()
+            })?,
+            pending: Mutex::new(None),
+            external: true,
+            producer: Mutex::new(None),
+        });
+        Ok(Tensor::from_device(dt, shape.to_vec(), gpu.id, b))
+    }
+
+    /// Copies device tensor `t` (one of this provider's: an output kept on the device) into
+    /// the caller's `dst` on the device (recorded with the provider's commands, in order with
+    /// them; nothing goes through the host). `dst` needs `COPY_DST` usage and room for `t`
+    /// (its size rounded up to 4); same types as [`WebGpuProvider::tensor_from_buffer`].
+    pub fn copy_to_buffer(&self, t: &Tensor, dst: &wgpu::Buffer) -> Result<()> {
+        let gpu = &self.gpu;
+        let b = dev_buf(t)?;
+        if !native_layout(gpu, t.dtype()) {
+            return Err(gpu_err(format!(
+                "a {} tensor is not stored in its own element layout on the device",
+                t.dtype()
+            )));
+        }
+        let len = b.bytes.max(4).div_ceil(4) * 4;
+        if !dst.usage().contains(wgpu::BufferUsages::COPY_DST) || dst.size() < len {
+            return Err(gpu_err(format!(
+                "the destination ({} bytes, usage {:?}) needs COPY_DST and {len} bytes",
+                dst.size(),
+                dst.usage()
+            )));
+        }
+        let src = b.raw();
+        gpu.copy(src, 0, dst, 0, len)
+    }
+
     /// Simulates a lost device (tests): every later call on this provider fails.
     pub fn lose_device_for_test(&self) {
         self.gpu.device.destroy();
@@ -1350,6 +1446,9 @@ impl ExecutionProvider for WebGpuProvider {
     }
     fn bind_account(&self, account: &Arc<Account>) {
         let _ = self.gpu.account.set(account.clone());
+    }
+    fn alloc_device(&self, dt: DataType, shape: &[usize]) -> Option<Result<Tensor>> {
+        Some(self.gpu.alloc(dt, shape).map(|(t, _)| t))
     }
     fn mechanism(&self) -> Option<Arc<dyn nxrt_core::mechanism::Mechanism>> {
         Some(self.gpu.clone())
