@@ -96,6 +96,10 @@ LSAN_OPTIONS=allocator_may_return_null=1 RUSTC_BOOTSTRAP=1 RUSTFLAGS="-Zsanitize
   cargo test -p nxrt --target x86_64-unknown-linux-gnu --target-dir target/lsan \
   --test memory --test memory_stress --test leaks
 
+step "benchmark suite, quick (cargo bench -p nxrt --bench suite; every scenario briefly)"
+# proves every scenario builds and runs; the figures of a quick run are not for comparison
+cargo bench -p nxrt --bench suite -- --quick --warm-up-time 0.2 --measurement-time 0.3 --noplot
+
 step "README's first command: the embedded model"
 ./target/release/nxrt
 
