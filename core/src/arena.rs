@@ -100,11 +100,6 @@ impl HostArena {
     pub fn bytes(&self) -> usize {
         self.bytes
     }
-
-    /// The mechanism the arena's block came from.
-    pub fn mechanism(&self) -> &Arc<dyn HostMechanism> {
-        &self.mechanism
-    }
 }
 
 impl Drop for HostArena {

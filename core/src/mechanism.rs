@@ -415,17 +415,27 @@ pub struct MechanismReport {
     pub last_failure: Option<String>,
 }
 
-impl<M: ?Sized + Mechanism> Binding<M> {
-    /// This binding's line of a report.
-    pub fn report(&self) -> MechanismReport {
-        let m = self.current();
+impl MechanismReport {
+    /// The line of a mechanism allocating alone (no binding, so nothing restored).
+    pub fn of<M: ?Sized + Mechanism>(m: &M) -> MechanismReport {
         MechanismReport {
             tier: m.tier(),
             current: m.name(),
             failure: m.failure(),
             cached: m.cached_bytes(),
+            restores: 0,
+            last_failure: None,
+        }
+    }
+}
+
+impl<M: ?Sized + Mechanism> Binding<M> {
+    /// This binding's line of a report.
+    pub fn report(&self) -> MechanismReport {
+        MechanismReport {
             restores: self.restores(),
             last_failure: self.last_failure(),
+            ..MechanismReport::of(&*self.current())
         }
     }
 }

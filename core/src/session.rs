@@ -610,20 +610,10 @@ impl Session {
     /// The mechanism each tier allocates from now: the host's (arenas) and each device
     /// provider's (its buffer pool), with what they keep and the dead ones dropped.
     pub fn mechanisms(&self) -> Vec<MechanismReport> {
-        let mut v = alloc::vec![self.host.report()];
-        for p in &self.providers {
-            if let Some(m) = p.mechanism() {
-                v.push(MechanismReport {
-                    tier: m.tier(),
-                    current: m.name(),
-                    failure: m.failure(),
-                    cached: m.cached_bytes(),
-                    restores: 0,
-                    last_failure: None,
-                });
-            }
-        }
-        v
+        let devices = self.providers.iter().filter_map(|p| p.mechanism());
+        core::iter::once(self.host.report())
+            .chain(devices.map(|m| MechanismReport::of(&*m)))
+            .collect()
     }
 
     /// A new activation arena of `bytes` from the selected host mechanism, leased (its block

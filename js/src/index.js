@@ -549,16 +549,28 @@ export class InferenceSession {
     }
     const want = fetches ? new Set(Array.isArray(fetches) ? fetches : Object.keys(fetches)) : null;
     const result = {};
+    let failed = null;
     for (const o of outs) {
       const dst = into.get(o.name);
       if (dst) {
-        this.#writeInto(inner, o, dst);
-        result[o.name] = dst;
+        try {
+          this.#writeInto(inner, o, dst);
+          result[o.name] = dst;
+        } catch (e) {
+          failed ??= e; // the other outputs are still settled, then given back below
+        }
       } else if (!want || want.has(o.name)) {
         result[o.name] = fromWasm(o, this.#owner);
       } else if (o.location === 'gpu-buffer') {
         inner.disposeGpu(o.gpu); // kept on the GPU but not fetched
       }
+    }
+    if (failed) {
+      // nothing is returned: GPU outputs made for this run go back now, not at release()
+      for (const [name, t] of Object.entries(result)) {
+        if (!into.has(name) && t instanceof Tensor) t.dispose();
+      }
+      throw failed;
     }
     return result;
   }
