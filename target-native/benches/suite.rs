@@ -21,6 +21,7 @@ use common::{f32s, i64s, node, opset17_model, vi, xorshift_data};
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
 use half::{bf16, f16};
 use nxrt::{OptLevel, Session, Tensor};
+use nxrt_core::genai::sampling::{candidates, candidates_full_sort};
 use nxrt_core::genai::{KvPool, Sampler, SamplingOptions};
 use nxrt_core::proto::{AttributeProto, GraphProto, NodeProto};
 
@@ -410,6 +411,228 @@ fn sampling(c: &mut Criterion) {
     g.finish();
 }
 
+/// Qwen3's vocabulary size (151 936 ids).
+const QWEN3_VOCAB: usize = 151_936;
+
+/// Logits shaped like a language model's: a broad bell of ids (a sum of three uniforms,
+/// spread about 0) and a few dozen likely ones well above it, so top-p keeps tens of ids, not
+/// a sizeable part of the vocabulary as flat random logits would make it.
+fn lm_logits(vocab: usize, seed: u32) -> Vec<f32> {
+    let (a, b, c) = (
+        xorshift_data(vocab, seed),
+        xorshift_data(vocab, seed + 1),
+        xorshift_data(vocab, seed + 2),
+    );
+    let mut l: Vec<f32> = (0..vocab).map(|i| 2.0 * (a[i] + b[i] + c[i])).collect();
+    for j in 0..40 {
+        let id = (j * 7919 + 13) % vocab;
+        l[id] += 14.0 - j as f32 * 0.2;
+    }
+    l
+}
+
+/// The sampling filters over Qwen3's 151 936-id vocabulary: each with the direct form (full
+/// softmax and one sort of the whole vocabulary, `candidates_full_sort`) and nxrt's path
+/// (`candidates`: integer rank keys, partial selection), which keep the same candidates bit
+/// for bit. `qwen3_defaults` is the model card's sampling (temperature 0.6, top-k 20, top-p
+/// 0.95).
+fn qwen3_sampling(c: &mut Criterion) {
+    let logits = lm_logits(QWEN3_VOCAB, 21);
+    let mut g = c.benchmark_group("qwen3_sampling_processors");
+    g.throughput(Throughput::Elements(QWEN3_VOCAB as u64));
+    for (name, opts) in [
+        (
+            "top_k",
+            SamplingOptions {
+                top_k: 50,
+                ..Default::default()
+            },
+        ),
+        (
+            "top_p",
+            SamplingOptions {
+                top_p: 0.9,
+                ..Default::default()
+            },
+        ),
+        (
+            "min_p",
+            SamplingOptions {
+                min_p: 0.05,
+                ..Default::default()
+            },
+        ),
+        (
+            "qwen3_defaults",
+            SamplingOptions {
+                temperature: 0.6,
+                top_k: 20,
+                top_p: 0.95,
+                ..Default::default()
+            },
+        ),
+    ] {
+        let opts = SamplingOptions {
+            do_sample: true,
+            ..opts
+        };
+        assert_eq!(
+            candidates(&logits, &opts),
+            candidates_full_sort(&logits, &opts),
+            "{name}: the two forms keep the same candidates"
+        );
+        g.bench_function(format!("{name}_full_sort_baseline"), |b| {
+            b.iter(|| black_box(candidates_full_sort(black_box(&logits), &opts)))
+        });
+        g.bench_function(format!("{name}_fast_path"), |b| {
+            b.iter(|| black_box(candidates(black_box(&logits), &opts)))
+        });
+    }
+    g.finish();
+}
+
+/// One decode step's whole processor chain over Qwen3's vocabulary with a 512-id history:
+/// the seven processors nxrt has (repetition, frequency and presence penalties, no-repeat
+/// 3-grams, temperature, top-k, top-p) and the seeded draw, on a fresh copy of the logits.
+fn logit_processing(c: &mut Criterion) {
+    let logits = lm_logits(QWEN3_VOCAB, 24);
+    let history: Vec<i64> = (0..512)
+        .map(|i: i64| (i * 7919 + 13) % QWEN3_VOCAB as i64)
+        .collect();
+    let mut sampler = Sampler::new(Some(SamplingOptions {
+        do_sample: true,
+        repetition_penalty: 1.1,
+        frequency_penalty: 0.2,
+        presence_penalty: 0.3,
+        no_repeat_ngram_size: 3,
+        temperature: 0.7,
+        top_k: 50,
+        top_p: 0.9,
+        ..Default::default()
+    }));
+    let mut g = c.benchmark_group("logit_processing");
+    g.bench_function("seven_processor_chain_per_step", |b| {
+        b.iter_batched_ref(
+            || logits.clone(),
+            |l| black_box(sampler.choose(l, &[], &history).unwrap()),
+            BatchSize::LargeInput,
+        )
+    });
+    g.finish();
+}
+
+/// The genai set's tokenizer folder (`$NXRT_CACHE/genai/tokenizers/NAME`), where the test
+/// run's set-up wrote it.
+#[cfg(feature = "tokenizers")]
+fn tokenizer_json(name: &str) -> Option<PathBuf> {
+    let p = cache_dir()
+        .join("genai")
+        .join("tokenizers")
+        .join(name)
+        .join("tokenizer.json");
+    if p.exists() {
+        Some(p)
+    } else {
+        eprintln!(
+            "left out: scenarios on the {name} tokenizer: no {} (the test run's set-up writes it)",
+            p.display()
+        );
+        None
+    }
+}
+
+/// About 5 KB of English prose (written for this suite) with numbers, punctuation and code.
+#[cfg(feature = "tokenizers")]
+fn prose() -> String {
+    let para = "The night ferry left the harbour at ten past eleven, carrying forty-two \
+        passengers, three bicycles and a crate of oranges bound for the island market. \
+        Somewhere below deck an engineer named Tomasz checked the pressure gauge (it read \
+        2.75 bar), wiped his hands and wrote `pressure_ok = true;` in the log before \
+        climbing back up to watch the lights of the mainland shrink to a thin, wavering line. ";
+    para.repeat(12)
+}
+
+/// Llama 3's tokenizer (128 256 ids, byte-level BPE) on about 5 KB of prose: encoding the
+/// text and decoding its ids, as tokens per second.
+#[cfg(feature = "tokenizers")]
+fn tokenization(c: &mut Criterion) {
+    let Some(path) = tokenizer_json("llama3") else {
+        return;
+    };
+    let tok = nxrt::tokenizer::Tokenizer::from_path(&path).expect("the llama3 tokenizer loads");
+    let text = prose();
+    let ids = tok.encode(&text, false).expect("encodes").ids;
+    assert_eq!(
+        tok.decode(&ids, false).expect("decodes"),
+        text,
+        "the round trip gives the text back"
+    );
+    let mut g = c.benchmark_group("tokenization");
+    g.throughput(Throughput::Elements(ids.len() as u64));
+    g.bench_function("encode_tokens_per_second", |b| {
+        b.iter(|| black_box(tok.encode(black_box(&text), false).unwrap()))
+    });
+    g.bench_function("decode_tokens_per_second", |b| {
+        b.iter(|| black_box(tok.decode(black_box(&ids), false).unwrap()))
+    });
+    g.finish();
+}
+
+/// A JSON schema held by llguidance over Llama 3's vocabulary: 32 decode steps, each
+/// computing the mask of allowed ids and applying it to the logits, then taking the next id
+/// of a valid answer (a fresh grammar state each iteration).
+#[cfg(feature = "guidance")]
+fn grammar_masking(c: &mut Criterion) {
+    use nxrt::guidance::Grammar;
+    use nxrt_core::genai::LogitsProcessor;
+    let Some(path) = tokenizer_json("llama3") else {
+        return;
+    };
+    let eos = [128_001i64, 128_009];
+    let guidance = nxrt::guidance::from_path(&path, &eos).expect("the vocabulary prepares");
+    let schema = Grammar::JsonSchema(
+        r#"{"type": "object", "properties": {"name": {"type": "string"},
+            "age": {"type": "integer"}, "tags": {"type": "array", "items": {"type": "string"}}},
+            "required": ["name", "age", "tags"], "additionalProperties": false}"#
+            .into(),
+    );
+    let tok = nxrt::tokenizer::Tokenizer::from_path(&path).expect("the llama3 tokenizer loads");
+    let answer = r#"{"name": "Orla Keane", "age": 41, "tags": ["lighthouse", "harbour", "clockwork", "evening", "ninety-one steps"]}"#;
+    let ids: Vec<i64> = tok
+        .encode(answer, false)
+        .expect("encodes")
+        .ids
+        .iter()
+        .map(|&i| i as i64)
+        .collect();
+    assert!(ids.len() >= 32, "the answer has 32 tokens");
+    let ids = &ids[..32];
+    let vocab = 128_256;
+    let logits = vec![0.0f32; vocab];
+    // every id of the answer is one the grammar allows at its step
+    let steps = |p: &mut nxrt::guidance::GrammarProcessor, l: &mut Vec<f32>| {
+        for n in 0..ids.len() {
+            l.copy_from_slice(&logits);
+            p.process(l, &ids[..n])
+                .expect("the grammar takes the answer");
+            assert!(
+                l[ids[n] as usize] == 0.0,
+                "step {n}: the answer's id is allowed"
+            );
+        }
+    };
+    let mut g = c.benchmark_group("grammar_masking");
+    g.throughput(Throughput::Elements(ids.len() as u64));
+    g.bench_function("llguidance_compute_mask/32", |b| {
+        b.iter_batched_ref(
+            || (guidance.processor(&schema).unwrap(), logits.clone()),
+            |(p, l)| steps(p, l),
+            BatchSize::LargeInput,
+        )
+    });
+    g.finish();
+}
+
 /// A sequence takes 64 rows (4 pages of 16) of a 2-layer, 4-head pool and gives them back.
 fn kv_cache(c: &mut Criterion) {
     let (layers, heads, hs, rows, cap) = (2usize, 4usize, 64usize, 16usize, 64usize);
@@ -430,15 +653,19 @@ fn kv_cache(c: &mut Criterion) {
 
 /// The quantized set's folder (`$NXRT_CACHE/quant`), where the test run's set-up wrote it.
 fn quant_dir() -> PathBuf {
-    let cache = std::env::var_os("NXRT_CACHE").map_or_else(
+    cache_dir().join("quant")
+}
+
+/// `$NXRT_CACHE` (default `~/.cache/nxrt`).
+fn cache_dir() -> PathBuf {
+    std::env::var_os("NXRT_CACHE").map_or_else(
         || {
             PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
                 .join(".cache")
                 .join("nxrt")
         },
         PathBuf::from,
-    );
-    cache.join("quant")
+    )
 }
 
 /// MXFP4 block-quantized MatMul, 1x1024x1024, in the arms the reference runtime names:
@@ -507,7 +734,24 @@ criterion_group!(
     conv,
     lstm,
     sampling,
+    qwen3_sampling,
+    logit_processing,
     kv_cache,
     block_quantized
 );
-criterion_main!(suite);
+
+#[cfg(feature = "tokenizers")]
+criterion_group!(text, tokenization);
+#[cfg(not(feature = "tokenizers"))]
+fn text() {
+    eprintln!("left out: tokenization/*: built without the tokenizers feature");
+}
+
+#[cfg(feature = "guidance")]
+criterion_group!(grammars, grammar_masking);
+#[cfg(not(feature = "guidance"))]
+fn grammars() {
+    eprintln!("left out: grammar_masking/*: built without the guidance feature");
+}
+
+criterion_main!(suite, text, grammars);

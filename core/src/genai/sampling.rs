@@ -237,6 +237,52 @@ pub fn candidates(logits: &[f32], o: &SamplingOptions) -> Vec<(usize, f64)> {
     keys.into_iter().map(|k| (id(k), prob(k) / total)).collect()
 }
 
+/// The direct form of [`candidates`]: the full softmax, one sort of the whole vocabulary,
+/// then top-k, top-p and min-p on the sorted list. It keeps the same candidates with the same
+/// probabilities, bit for bit (the tests hold it to that); it is the baseline the benchmark
+/// suite's `qwen3_sampling_processors/*_full_sort_baseline` scenarios time, and slower on a
+/// large vocabulary (it sorts every id where [`candidates`] ranks only what it keeps).
+pub fn candidates_full_sort(logits: &[f32], o: &SamplingOptions) -> Vec<(usize, f64)> {
+    let t = o.temperature as f64;
+    let mut ids: Vec<usize> = (0..logits.len())
+        .filter(|&i| !logits[i].is_nan() && logits[i] != f32::NEG_INFINITY)
+        .collect();
+    // descending by logit, ties to the lower id
+    ids.sort_unstable_by(|&a, &b| logits[b].total_cmp(&logits[a]).then(a.cmp(&b)));
+    let Some(&first) = ids.first() else {
+        return Vec::new();
+    };
+    let max = logits[first] as f64;
+    // the denominator sums in ascending id order, as [`candidates`] does
+    let mut w = alloc::vec![0f64; logits.len()];
+    let mut by_id: Vec<usize> = ids.clone();
+    by_id.sort_unstable();
+    let mut z = 0.0;
+    for &i in &by_id {
+        w[i] = libm::exp((logits[i] as f64 - max) / t);
+        z += w[i];
+    }
+    let prob = |i: usize| w[i] / z;
+    if o.top_k > 0 {
+        ids.truncate(o.top_k);
+    }
+    if o.top_p < 1.0 {
+        let mut mass = 0.0;
+        if let Some(n) = ids.iter().position(|&i| {
+            mass += prob(i);
+            mass >= o.top_p as f64
+        }) {
+            ids.truncate(n + 1);
+        }
+    }
+    if o.min_p > 0.0 {
+        let floor = o.min_p as f64 * prob(first);
+        ids.retain(|&i| prob(i) >= floor);
+    }
+    let total: f64 = ids.iter().map(|&i| prob(i)).sum();
+    ids.into_iter().map(|i| (i, prob(i) / total)).collect()
+}
+
 /// One link of the processor chain a caller adds ([`Sampler::push`],
 /// [`super::Decoding::add_processor`]): changes one step's logits in place before the choice.
 /// `history` is every id of the sequence so far, prompt included. A step runs the built-in
@@ -467,68 +513,6 @@ mod tests {
         }
     }
 
-    /// The straightforward form (rank everything by a comparator, top-k, top-p over a growing
-    /// prefix, then min-p), kept as the reference the fast `candidates` must equal bit for bit.
-    fn candidates_reference(logits: &[f32], o: &SamplingOptions) -> Vec<(usize, f64)> {
-        let t = o.temperature as f64;
-        let mut ids: Vec<usize> = (0..logits.len())
-            .filter(|&i| !logits[i].is_nan() && logits[i] != f32::NEG_INFINITY)
-            .collect();
-        if ids.is_empty() {
-            return Vec::new();
-        }
-        let key = |i: &usize| logits[*i];
-        // descending by logit, ties to the lower id
-        let order = |a: &usize, b: &usize| key(b).total_cmp(&key(a)).then(a.cmp(b));
-        let max = logits[*ids.iter().min_by(|a, b| order(a, b)).expect("nonempty")] as f64;
-        // the softmax's denominator over every id (top-p and min-p read full probabilities)
-        let z: f64 = ids
-            .iter()
-            .map(|&i| libm::exp((logits[i] as f64 - max) / t))
-            .sum();
-        let prob = |i: usize| libm::exp((logits[i] as f64 - max) / t) / z;
-        // top-k, then top-p over a prefix that grows until it holds the mass: partial selection,
-        // never a sort of the whole vocabulary
-        let k_cap = if o.top_k > 0 {
-            o.top_k.min(ids.len())
-        } else {
-            ids.len()
-        };
-        let mut k = if o.top_p < 1.0 { 64.min(k_cap) } else { k_cap };
-        let kept = loop {
-            let mut head = ids.clone();
-            if k < head.len() {
-                head.select_nth_unstable_by(k - 1, order);
-                head.truncate(k);
-            }
-            head.sort_unstable_by(order);
-            if o.top_p >= 1.0 {
-                break head;
-            }
-            let mut mass = 0.0;
-            let mut cut = None;
-            for (n, &i) in head.iter().enumerate() {
-                mass += prob(i);
-                if mass >= o.top_p as f64 {
-                    cut = Some(n + 1);
-                    break;
-                }
-            }
-            match cut {
-                Some(n) => break head[..n].to_vec(),
-                None if k >= k_cap => break head,
-                None => k = (k * 4).min(k_cap),
-            }
-        };
-        ids = kept;
-        if o.min_p > 0.0 {
-            let floor = o.min_p as f64 * prob(ids[0]);
-            ids.retain(|&i| prob(i) >= floor);
-        }
-        let total: f64 = ids.iter().map(|&i| prob(i)).sum();
-        ids.into_iter().map(|i| (i, prob(i) / total)).collect()
-    }
-
     #[test]
     fn candidates_equal_the_reference_bit_for_bit() {
         let mut seed = 7u64;
@@ -570,7 +554,7 @@ mod tests {
                     ..Default::default()
                 };
                 let got = candidates(&l, &o);
-                let want = candidates_reference(&l, &o);
+                let want = candidates_full_sort(&l, &o);
                 assert_eq!(got.len(), want.len(), "round {round} {o:?}");
                 for (a, b) in got.iter().zip(&want) {
                     assert!(
