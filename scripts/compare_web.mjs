@@ -3,7 +3,10 @@
 // runs) after a warm-up; prints a markdown table of medians and the nxrt/ORT ratio, plus both
 // runtimes' wasm sizes (raw and gzip -9).
 //
-//   node scripts/compare_web.mjs [--rounds R] [--runs K] [--warmup-ms W] [--models a,b,...] [--webgpu] [--no-relaxed]
+//   node scripts/compare_web.mjs [--rounds R] [--runs K] [--warmup-ms W] [--models a,b,...] [--webgpu] [--no-relaxed] [--json FILE]
+//
+// --json FILE also writes the figures (per model: each runtime's median and min ms per run, or
+// its error; the browser and wasm files) for scripts/cross-target-report.
 //
 // Warm-up: each runtime runs for at least W ms (default 8000) and 15 runs before any sample, so
 // V8's tier-up (Liftoff to TurboFan, compiled in the background on the other core) has finished
@@ -127,6 +130,22 @@ for (const r of rows) {
   const b = r.err.ort ? null : median(r.ort);
   const cell = (v, w) => (v === null ? `error: ${r.err[w]}` : v.toFixed(3));
   console.log(`| ${r.model} | ${cell(a, 'nxrt')} | ${cell(b, 'ort')} | ${a !== null && b !== null ? (a / b).toFixed(2) : '-'} | ${r.batch} |`);
+}
+const JSON_OUT = opt('--json');
+if (JSON_OUT) {
+  const { writeFileSync } = await import('node:fs');
+  const stat = (xs, f) => (xs.length ? f(xs) : null);
+  writeFileSync(JSON_OUT, JSON.stringify({
+    info: `${info}, headless${WEBGPU ? ', WebGPU (SwiftShader)' : `, wasm ${nxIsa}`}`,
+    ortWebVersion: VERSION,
+    rows: rows.map((r) => ({
+      model: r.model,
+      batch: r.batch,
+      err: r.err,
+      median_ms: { nxrt: stat(r.nxrt, median), ort: stat(r.ort, median) },
+      min_ms: { nxrt: stat(r.nxrt, (x) => Math.min(...x)), ort: stat(r.ort, (x) => Math.min(...x)) },
+    })),
+  }, null, 1));
 }
 const n = size(nxWasm);
 const ortWasm = ['ort-wasm-simd-threaded.jsep.wasm', 'ort-wasm-simd-threaded.asyncify.wasm']

@@ -9,7 +9,7 @@
 # checks docs/operators.md is current, then builds the wasm package (js/build.sh), runs the node
 # tests on it in Node against tests/conformance/wasm.json, and runs its tests: wasm-bindgen tests in Node and
 # headless Chromium, and the npm package's tests (Node, Chromium via playwright-core, the
-# example page, npm pack).
+# example page, npm pack), and a two-model quick cross-target report (its structure checked).
 #
 #   scripts/test.sh            everything
 #   SKIP_SETUP=1 scripts/test.sh   skip the toolchain/corpus set-up (already done)
@@ -122,5 +122,16 @@ wasm-pack test --headless --chrome --mode no-install target-wasm --features brow
 
 step "npm package: Node, headless Chromium (corpus vs native), example page, npm pack"
 (cd js && NXRT_BIN="$ROOT/target/release/nxrt" node --test test/)
+
+step "cross-target report, quick, two models (scripts/cross-target-report; its structure checked)"
+# every target present here (native CPU 1/N threads with ONNX Runtime in-process, WebGPU on
+# lavapipe, wasm in Node and Chromium, WebGPU in Chromium, onnxruntime-web): report.json,
+# report.md, SVG charts and index.html; quick figures are not for comparison
+rm -rf "$ROOT/target/cross-target-quick"
+"$NXRT_CACHE/corpus-venv/bin/python" scripts/cross-target-report --quick --models ort_mul_1,silero_vad \
+  --out "$ROOT/target/cross-target-quick"
+"$NXRT_CACHE/corpus-venv/bin/python" scripts/check_cross_target_report.py "$ROOT/target/cross-target-quick" \
+  --expect-models ort_mul_1,silero_vad \
+  --expect-measured nxrt-cpu-1t,ort-cpu-1t,nxrt-webgpu-native,nxrt-wasm-node,ortweb-wasm-node,nxrt-wasm-chromium,ortweb-wasm-chromium,nxrt-webgpu-chromium
 
 step "all green in $(( $(date +%s) - T0 ))s"

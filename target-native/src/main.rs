@@ -10,6 +10,9 @@ use nxrt::{DataType, Dim, Error, ExecMode, Session, SessionBuilder, Tensor, Type
 use nxrt_core::loader;
 use serde_json::json;
 
+#[cfg(feature = "ort-bench")]
+mod vs_ort;
+
 #[derive(Parser)]
 #[command(
     name = "nxrt",
@@ -243,6 +246,22 @@ struct BenchArgs {
     /// One JSON object on stdout.
     #[arg(long)]
     json: bool,
+    /// Also time ONNX Runtime's CPU EP on the same model in this process (its C API, loaded at
+    /// run time), arms interleaved with nxrt and a null control (nxrt against nxrt); `--threads`
+    /// sets both runtimes' intra-op threads; `--runs` is then the runs per arm per round.
+    #[arg(long)]
+    vs_ort: bool,
+    /// ONNX Runtime's shared library for --vs-ort (default: $ORT_DYLIB_PATH, else the one the
+    /// `onnxruntime` Python package ships).
+    #[arg(long, requires = "vs_ort")]
+    ort_lib: Option<PathBuf>,
+    /// The model ONNX Runtime runs for --vs-ort (default: MODEL): a twin of the same weights
+    /// where ONNX Runtime has no kernel for MODEL's form (the quantized set's ort_anchor.onnx).
+    #[arg(long, requires = "vs_ort")]
+    ort_model: Option<PathBuf>,
+    /// Rounds of --vs-ort (each runs every arm --runs times; the arms' order rotates).
+    #[arg(long, default_value_t = 5, requires = "vs_ort")]
+    rounds: usize,
 }
 
 #[derive(Args)]
@@ -747,6 +766,9 @@ fn run(a: RunArgs) -> Result<(), Error> {
 fn bench(a: BenchArgs) -> Result<(), Error> {
     let c = &a.common;
     apply_memory_limit(c)?;
+    if a.vs_ort {
+        return bench_vs_ort(&a);
+    }
     let session = builder(c)?.load(&a.model)?;
     let feeds = feeds_for(&session, c)?;
     for _ in 0..a.warmup {
@@ -806,6 +828,59 @@ fn bench(a: BenchArgs) -> Result<(), Error> {
     }
     report_profile(&session, c)?;
     Ok(())
+}
+
+/// `nxrt bench --vs-ort`: see `vs_ort`.
+#[cfg(feature = "ort-bench")]
+fn bench_vs_ort(a: &BenchArgs) -> Result<(), Error> {
+    let c = &a.common;
+    if c.provider != "cpu" {
+        return Err(Error::Input(format!(
+            "--vs-ort compares CPU execution providers: --provider {} is not one",
+            c.provider
+        )));
+    }
+    let lib = vs_ort::find_lib(a.ort_lib.as_deref())?;
+    let session = builder(c)?.load(&a.model)?;
+    let control = builder(c)?.load(&a.model)?;
+    let feeds = feeds_for(&session, c)?;
+    let r = vs_ort::compare(
+        a.ort_model.as_deref().unwrap_or(&a.model),
+        &lib,
+        &session,
+        &control,
+        &feeds,
+        a.warmup,
+        a.runs,
+        a.rounds,
+    )?;
+    if a.json {
+        println!(
+            "{}",
+            json!({
+                "model": a.model.display().to_string(),
+                "provider": c.provider,
+                "threads": session.threads(),
+                "warmup": a.warmup,
+                "runs": r.nxrt.times.len(),
+                "median_ms": r.nxrt.median(),
+                "min_ms": r.nxrt.min(),
+                "max_ms": r.nxrt.times.iter().copied().fold(0.0, f64::max),
+                "load_ms": session.load_time().as_secs_f64() * 1e3,
+                "vs_ort": r.json(),
+            })
+        );
+    } else {
+        print!("{}", r.text(&a.model));
+    }
+    Ok(())
+}
+
+#[cfg(not(feature = "ort-bench"))]
+fn bench_vs_ort(_a: &BenchArgs) -> Result<(), Error> {
+    Err(Error::Other(
+        "--vs-ort needs nxrt built with the `ort-bench` feature".into(),
+    ))
 }
 
 /// The grammar `--json-schema`, `--regex` or `--grammar` gives, as a processor (none without
