@@ -11,9 +11,7 @@ and how far nxrt's outputs are from ORT's. No Python sits in ORT's timed calls (
 2026-12-07 this script timed ORT through its Python API, whose per-call overhead flattered nxrt
 on small models).
 
-With --base BIN, a second nxrt binary (the base of a change) is timed the same way right after,
-and the table adds its time and nxrt/base (the two runs' nxrt/ORT ratios divided, so ORT's arm
-calibrates the machine between them).
+Base against change (two commits of nxrt) is scripts/bench-compare's job (`--models`).
 
 Every runtime runs on the same cores: the script pins itself (and so the nxrt processes it
 starts, with ORT inside them) to the last THREADS cores it may use (--cpus overrides; --cpus all
@@ -25,7 +23,7 @@ Models in the quantized set's layout (--dir $NXRT_CACHE/quant) work too; where a
 holds `ort_anchor.onnx` (MXFP4, which ONNX Runtime cannot run), ORT times that instead
 (`--ort-model`).
 
-usage: bench_vs_ort.py [--threads 1] [--cpus LIST|all] [--reps 5] [--runs 10] [--only a,b] [--dir DIR] [--nxrt target/release/nxrt] [--base BIN]
+usage: bench_vs_ort.py [--threads 1] [--cpus LIST|all] [--reps 5] [--runs 10] [--only a,b] [--dir DIR] [--nxrt target/release/nxrt]
 Any python 3 runs it; nxrt finds ONNX Runtime's library in the corpus venv (or give
 ORT_DYLIB_PATH).
 """
@@ -77,7 +75,6 @@ def main():
                     help="models in the corpus layout (default: the corpus; e.g. $NXRT_CACHE/micro "
                          "from ../shared/bench/make_micro.py)")
     ap.add_argument("--nxrt", default=os.path.join(os.path.dirname(__file__), "..", "target", "release", "nxrt"))
-    ap.add_argument("--base", default=None, help="a base nxrt binary, timed the same way")
     ap.add_argument("--cpus", default=None,
                     help="comma-separated cores to pin to (default: the last THREADS allowed), or all")
     a = ap.parse_args()
@@ -95,18 +92,13 @@ def main():
     print(f"threads={a.threads} cpus={','.join(map(str, pinned))} rounds={a.reps} "
           f"runs/round/arm={a.runs} warmup={a.warmup} (medians; ORT in the same process as nxrt, "
           f"`nxrt bench --vs-ort`; control = nxrt/nxrt)\n")
-    if a.base:
-        print("| model | case | ORT ms | nxrt ms | nxrt/ORT | control | max abs diff | base ms | base/ORT | nxrt/base |")
-        print("|---|---|---:|---:|---:|---:|---|---:|---:|---:|")
-    else:
-        print("| model | case | ORT ms | nxrt ms | nxrt/ORT | control | max abs diff |")
-        print("|---|---|---:|---:|---:|---:|---|")
-    ratios, base_ratios, controls = [], [], []
+    print("| model | case | ORT ms | nxrt ms | nxrt/ORT | control | max abs diff |")
+    print("|---|---|---:|---:|---:|---:|---|")
+    ratios, controls = [], []
     for m in models:
         model, case, inputs = first_case(m, root)
         try:
             v = vs_ort(a.nxrt, model, inputs, a.threads, a.warmup, a.runs, a.reps)
-            b = vs_ort(a.base, model, inputs, a.threads, a.warmup, a.runs, a.reps) if a.base else None
         except RuntimeError as e:
             print(f"| {m} | {case} | | error: {str(e)[:100]} | |")
             continue
@@ -115,9 +107,6 @@ def main():
         c = v["control_ratio_median"]
         flag = " **>5x**" if r > 5 else ""
         row = f"| {m} | {case} | {o:.3f} | {n:.3f} | {r:.2f}{flag} | {c:.2f} | {worst_diff(v)} |"
-        if b:
-            row += f" {b['nxrt']['median_ms']:.3f} | {b['ratio_median']:.2f} | {r / b['ratio_median']:.2f} |"
-            base_ratios.append((o, b["ratio_median"]))
         print(row)
         sys.stdout.flush()
         ratios.append((o, r))
@@ -131,10 +120,6 @@ def main():
           f"where ORT takes >= 0.05 ms; {geomean([r for _, r in ratios]):.2f} over all {len(ratios)}; "
           f"null control nxrt/nxrt geomean {geomean(controls):.3f}, "
           f"range {min(controls, default=float('nan')):.2f}-{max(controls, default=float('nan')):.2f}")
-    if a.base:
-        bbig = [r for o, r in base_ratios if o >= 0.05]
-        print(f"geomean base/ORT: {geomean(bbig):.2f} over the same {len(bbig)}; "
-              f"{geomean([r for _, r in base_ratios]):.2f} over all {len(base_ratios)}")
 
 
 if __name__ == "__main__":

@@ -9,7 +9,8 @@
 //! set-up) are left out with a line when it is absent.
 //!
 //! Single ops run through a whole `Session` (planned mode, inputs fed each run), so a figure
-//! includes what a user's call pays: feeding, the executor, the output's allocation.
+//! includes what a user's call pays: feeding, the executor, the output's allocation. Whole
+//! models of the public corpus run as `model/NAME_threads=1/CASE` (`$NXRT_CACHE/corpus`).
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -118,6 +119,19 @@ fn bench_session(
     made: Result<Session, String>,
     feeds: &[(&str, Tensor)],
 ) {
+    bench_session_sized(c, name, Some(elements), made, feeds, 100)
+}
+
+/// [`bench_session`] with criterion's sample count (fewer for whole models) and an optional
+/// throughput.
+fn bench_session_sized(
+    c: &mut Criterion,
+    name: &str,
+    elements: Option<u64>,
+    made: Result<Session, String>,
+    feeds: &[(&str, Tensor)],
+    samples: usize,
+) {
     let s = match made {
         Ok(s) => s,
         Err(e) => {
@@ -126,7 +140,10 @@ fn bench_session(
         }
     };
     let mut g = c.benchmark_group(name.split_once('/').map_or(name, |(a, _)| a));
-    g.throughput(Throughput::Elements(elements));
+    g.sample_size(samples);
+    if let Some(n) = elements {
+        g.throughput(Throughput::Elements(n));
+    }
     g.bench_function(name.split_once('/').map_or("", |(_, b)| b), |b| {
         b.iter(|| {
             let out = s
@@ -651,6 +668,85 @@ fn kv_cache(c: &mut Criterion) {
     g.finish();
 }
 
+/// Whole models: every model of the public corpus (`$NXRT_CACHE/corpus`, the test run's set-up
+/// fetches it) on its first reference case's inputs, 1 thread, planned mode, all
+/// optimisations: what a user's `Session::run` pays. A model that does not load or run is left
+/// out with a line saying why (`scripts/bench-compare` lists it as in one arm only).
+fn corpus_models(c: &mut Criterion) {
+    let root = cache_dir().join("corpus");
+    let Ok(dirs) = std::fs::read_dir(&root) else {
+        eprintln!(
+            "left out: model/*: no corpus at {} (the test run's set-up fetches it)",
+            root.display()
+        );
+        return;
+    };
+    let mut models: Vec<PathBuf> = dirs
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.join("model.onnx").exists())
+        // the generation pair runs through the decode loop, not one call
+        .filter(|p| {
+            !p.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with("tiny_llama_genai")
+        })
+        .collect();
+    models.sort();
+    for dir in models {
+        let name = dir.file_name().unwrap().to_string_lossy().to_string();
+        let case = (|| {
+            let mut cases: Vec<PathBuf> = std::fs::read_dir(dir.join("ref"))
+                .map_err(|e| e.to_string())?
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .collect();
+            cases.sort();
+            let case = cases.into_iter().next().ok_or("no reference case")?;
+            let io: serde_json::Value = serde_json::from_slice(
+                &std::fs::read(case.join("io.json")).map_err(|e| e.to_string())?,
+            )
+            .map_err(|e| e.to_string())?;
+            let mut feeds = Vec::new();
+            for i in io["inputs"].as_array().ok_or("io.json has no inputs")? {
+                let file = case.join(i["file"].as_str().ok_or("an input without a file")?);
+                let bytes = std::fs::read(&file).map_err(|e| e.to_string())?;
+                let t = nxrt::npy::read_npy(&bytes).map_err(|e| e.to_string())?;
+                feeds.push((i["name"].as_str().unwrap_or("").to_string(), t));
+            }
+            let s = Session::builder()
+                .threads(1)
+                .load(dir.join("model.onnx"))
+                .map_err(|e| e.to_string())?;
+            Ok::<_, String>((case, s, feeds))
+        })();
+        let (case, s, feeds) = match case {
+            Ok(x) => x,
+            Err(e) => {
+                eprintln!("left out: model/{name}_threads=1: {e}");
+                continue;
+            }
+        };
+        let case = case.file_name().unwrap().to_string_lossy().to_string();
+        let feeds: Vec<(&str, Tensor)> =
+            feeds.iter().map(|(n, t)| (n.as_str(), t.clone())).collect();
+        let made = (|| {
+            for _ in 0..2 {
+                s.run(feeds.iter().map(|(n, t)| (*n, t.clone())))
+                    .map_err(|e| e.to_string())?;
+            }
+            Ok::<_, String>(s)
+        })();
+        bench_session_sized(
+            c,
+            &format!("model/{name}_threads=1/{case}"),
+            None,
+            made,
+            &feeds,
+            10,
+        );
+    }
+}
+
 /// The quantized set's folder (`$NXRT_CACHE/quant`), where the test run's set-up wrote it.
 fn quant_dir() -> PathBuf {
     cache_dir().join("quant")
@@ -737,7 +833,8 @@ criterion_group!(
     qwen3_sampling,
     logit_processing,
     kv_cache,
-    block_quantized
+    block_quantized,
+    corpus_models
 );
 
 #[cfg(feature = "tokenizers")]
