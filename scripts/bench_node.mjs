@@ -11,40 +11,27 @@
 // js/build.sh), the corpus, and onnxruntime-web (installed into $NXRT_CACHE/ortweb by
 // compare_web.mjs's rule: pinned by ORT_WEB_VERSION, default 1.30.0).
 
-import { execFileSync } from 'node:child_process';
-import { existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
+import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { pathToFileURL } from 'node:url';
-import { CACHE, CORPUS, REPO, corpusCases, corpusModels } from '../js/test/corpus.mjs';
+import { CORPUS, REPO, corpusCases, corpusModels } from '../js/test/corpus.mjs';
+import { ORT_WEB_VERSION, median, ortWebDist, report } from './web_bench.mjs';
 
 const args = process.argv.slice(2);
 const opt = (n, d) => (args.includes(n) ? args[args.indexOf(n) + 1] : d);
 const ROUNDS = Number(opt('--rounds', 5));
 const RUNS = Number(opt('--runs', 10));
 const WARM_MS = Number(opt('--warmup-ms', 8000));
-const VERSION = process.env.ORT_WEB_VERSION ?? '1.30.0';
 
-const ortDir = join(CACHE, 'ortweb');
-const pinned = join(ortDir, 'node_modules', 'onnxruntime-web', 'package.json');
-if (!existsSync(pinned) || JSON.parse(readFileSync(pinned, 'utf8')).version !== VERSION) {
-  mkdirSync(ortDir, { recursive: true });
-  console.error(`installing onnxruntime-web@${VERSION} into ${ortDir}`);
-  execFileSync('npm', ['install', '--no-audit', '--no-fund', '--prefix', ortDir, `onnxruntime-web@${VERSION}`], { stdio: 'inherit' });
-}
+const ortDist = ortWebDist();
+const VERSION = ORT_WEB_VERSION;
 const nx = await import(pathToFileURL(join(REPO, 'js', 'src', 'index.js')).href);
 const { parseNpy } = await import(pathToFileURL(join(REPO, 'js', 'src', 'npy.js')).href);
-const ortDist = join(ortDir, 'node_modules', 'onnxruntime-web', 'dist');
 const ort = await import(pathToFileURL(join(ortDist, 'ort.wasm.min.mjs')).href);
 ort.env.wasm.numThreads = 1;
 ort.env.wasm.proxy = false;
 ort.env.wasm.wasmPaths = pathToFileURL(ortDist + '/').href;
 ort.env.logLevel = 'error';
-
-const median = (xs) => {
-  const s = [...xs].sort((a, b) => a - b);
-  const m = s.length >> 1;
-  return s.length % 2 ? s[m] : (s[m - 1] + s[m]) / 2;
-};
 
 const models = opt('--models') ? opt('--models').split(',') : corpusModels();
 const rows = [];
@@ -102,26 +89,4 @@ for (const model of models) {
 
 const info = `Node ${process.version}, nxrt wasm ${(await nx.runtimeInfo()).simd}, onnxruntime-web ${VERSION} wasm EP`;
 console.log(`\n${info}, 1 thread each; median ms per run over ${ROUNDS} interleaved rounds x ${RUNS} samples (after ${WARM_MS} ms and 15 runs of warm-up per runtime).\n`);
-console.log('| model | nxrt ms | ORT-web ms | nxrt/ORT | runs per sample |');
-console.log('|---|---:|---:|---:|---:|');
-for (const r of rows) {
-  const a = r.err.nxrt ? null : median(r.nxrt);
-  const b = r.err.ort ? null : median(r.ort);
-  const cell = (v, w) => (v === null ? `error: ${r.err[w]}` : v.toFixed(3));
-  console.log(`| ${r.model} | ${cell(a, 'nxrt')} | ${cell(b, 'ort')} | ${a !== null && b !== null ? (a / b).toFixed(2) : '-'} | ${r.batch} |`);
-}
-const JSON_OUT = opt('--json');
-if (JSON_OUT) {
-  const stat = (xs, f) => (xs.length ? f(xs) : null);
-  writeFileSync(JSON_OUT, JSON.stringify({
-    info,
-    ortWebVersion: VERSION,
-    rows: rows.map((r) => ({
-      model: r.model,
-      batch: r.batch,
-      err: r.err,
-      median_ms: { nxrt: stat(r.nxrt, median), ort: stat(r.ort, median) },
-      min_ms: { nxrt: stat(r.nxrt, (x) => Math.min(...x)), ort: stat(r.ort, (x) => Math.min(...x)) },
-    })),
-  }, null, 1));
-}
+report(rows, info, opt('--json'));

@@ -27,10 +27,11 @@
 // (installed into $NXRT_CACHE/ortweb on first use; pinned by ORT_WEB_VERSION, default 1.30.0).
 
 import { execFileSync } from 'node:child_process';
-import { existsSync, mkdirSync, readFileSync } from 'node:fs';
+import { existsSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { gzipSync } from 'node:zlib';
-import { CACHE, CORPUS, REPO, corpusCases, corpusModels } from '../js/test/corpus.mjs';
+import { CORPUS, REPO, corpusCases, corpusModels } from '../js/test/corpus.mjs';
+import { ORT_WEB_VERSION, median, ortWebDist, report } from './web_bench.mjs';
 import { launchChromium, serve } from '../js/test/server.mjs';
 
 const args = process.argv.slice(2);
@@ -38,29 +39,17 @@ const opt = (n, d) => (args.includes(n) ? args[args.indexOf(n) + 1] : d);
 const ROUNDS = Number(opt('--rounds', 5));
 const RUNS = Number(opt('--runs', 10));
 const WARM_MS = Number(opt('--warmup-ms', 8000));
-const VERSION = process.env.ORT_WEB_VERSION ?? '1.30.0';
 const WEBGPU = args.includes('--webgpu');
 // the fewest warm-up runs (15: see above); the cross-target report lowers it for SwiftShader's
 // WebGPU, whose runs of a larger model take seconds and whose figures are not speed claims
 const MIN_WARM_RUNS = Number(opt('--min-warmup-runs', 15));
 
-const ortDir = join(CACHE, 'ortweb');
-const ortDist = join(ortDir, 'node_modules', 'onnxruntime-web', 'dist');
-const pinned = join(ortDir, 'node_modules', 'onnxruntime-web', 'package.json');
-if (!existsSync(pinned) || JSON.parse(readFileSync(pinned, 'utf8')).version !== VERSION) {
-  mkdirSync(ortDir, { recursive: true });
-  console.error(`installing onnxruntime-web@${VERSION} into ${ortDir}`);
-  execFileSync('npm', ['install', '--no-audit', '--no-fund', '--prefix', ortDir, `onnxruntime-web@${VERSION}`], { stdio: 'inherit' });
-}
+const ortDist = ortWebDist();
+const VERSION = ORT_WEB_VERSION;
 const NO_RELAXED = process.argv.includes('--no-relaxed');
 const nxWasm = join(REPO, 'js', 'wasm', NO_RELAXED ? 'nxrt_wasm_bg.wasm' : 'nxrt_wasm_bg.relaxed.wasm');
 if (!existsSync(nxWasm)) throw new Error('no wasm build: run bash js/build.sh');
 
-const median = (xs) => {
-  const s = [...xs].sort((a, b) => a - b);
-  const m = s.length >> 1;
-  return s.length % 2 ? s[m] : (s[m - 1] + s[m]) / 2;
-};
 const size = (f) => {
   const b = readFileSync(f);
   return { raw: b.length, gz: gzipSync(b, { level: 9 }).length };
@@ -126,30 +115,7 @@ if (WEBGPU) {
   console.log(`\nnxrt (wasm, ${nxIsa}, 1 thread) vs onnxruntime-web ${VERSION} (wasm EP, 1 thread), ${info}, headless;`);
 }
 console.log(`median ms per run over ${ROUNDS} interleaved rounds x ${RUNS} samples each (after ${WARM_MS} ms and at least 15 runs of warm-up per runtime; a sample is one run, or the mean of a batch of runs where a run takes under 5 ms), first reference case's inputs.\n`);
-console.log('| model | nxrt ms | ORT-web ms | nxrt/ORT | runs per sample |');
-console.log('|---|---:|---:|---:|---:|');
-for (const r of rows) {
-  const a = r.err.nxrt ? null : median(r.nxrt);
-  const b = r.err.ort ? null : median(r.ort);
-  const cell = (v, w) => (v === null ? `error: ${r.err[w]}` : v.toFixed(3));
-  console.log(`| ${r.model} | ${cell(a, 'nxrt')} | ${cell(b, 'ort')} | ${a !== null && b !== null ? (a / b).toFixed(2) : '-'} | ${r.batch} |`);
-}
-const JSON_OUT = opt('--json');
-if (JSON_OUT) {
-  const { writeFileSync } = await import('node:fs');
-  const stat = (xs, f) => (xs.length ? f(xs) : null);
-  writeFileSync(JSON_OUT, JSON.stringify({
-    info: `${info}, headless${WEBGPU ? ', WebGPU (SwiftShader)' : `, wasm ${nxIsa}`}`,
-    ortWebVersion: VERSION,
-    rows: rows.map((r) => ({
-      model: r.model,
-      batch: r.batch,
-      err: r.err,
-      median_ms: { nxrt: stat(r.nxrt, median), ort: stat(r.ort, median) },
-      min_ms: { nxrt: stat(r.nxrt, (x) => Math.min(...x)), ort: stat(r.ort, (x) => Math.min(...x)) },
-    })),
-  }, null, 1));
-}
+report(rows, `${info}, headless${WEBGPU ? ', WebGPU (SwiftShader)' : `, wasm ${nxIsa}`}`, opt('--json'));
 const n = size(nxWasm);
 const ortWasm = ['ort-wasm-simd-threaded.jsep.wasm', 'ort-wasm-simd-threaded.asyncify.wasm']
   .map((f) => join(ortDist, f))
