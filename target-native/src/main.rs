@@ -804,17 +804,7 @@ fn bench(a: BenchArgs) -> Result<(), Error> {
     if a.json {
         println!(
             "{}",
-            json!({
-                "model": a.model.display().to_string(),
-                "provider": c.provider,
-                "threads": session.threads(),
-                "warmup": a.warmup,
-                "runs": times.len(),
-                "median_ms": median,
-                "min_ms": min,
-                "max_ms": max,
-                "load_ms": load_ms,
-            })
+            bench_object(&a, &session, times.len(), median, min, max)
         );
     } else {
         println!(
@@ -828,6 +818,28 @@ fn bench(a: BenchArgs) -> Result<(), Error> {
     }
     report_profile(&session, c)?;
     Ok(())
+}
+
+/// The `bench --json` object (the contract in the README): one session's timed runs.
+fn bench_object(
+    a: &BenchArgs,
+    session: &Session,
+    runs: usize,
+    median: f64,
+    min: f64,
+    max: f64,
+) -> serde_json::Value {
+    json!({
+        "model": a.model.display().to_string(),
+        "provider": a.common.provider,
+        "threads": session.threads(),
+        "warmup": a.warmup,
+        "runs": runs,
+        "median_ms": median,
+        "min_ms": min,
+        "max_ms": max,
+        "load_ms": session.load_time().as_secs_f64() * 1e3,
+    })
 }
 
 /// `nxrt bench --vs-ort`: see `vs_ort`.
@@ -855,21 +867,17 @@ fn bench_vs_ort(a: &BenchArgs) -> Result<(), Error> {
         a.rounds,
     )?;
     if a.json {
-        println!(
-            "{}",
-            json!({
-                "model": a.model.display().to_string(),
-                "provider": c.provider,
-                "threads": session.threads(),
-                "warmup": a.warmup,
-                "runs": r.nxrt.times.len(),
-                "median_ms": r.nxrt.median(),
-                "min_ms": r.nxrt.min(),
-                "max_ms": r.nxrt.times.iter().copied().fold(0.0, f64::max),
-                "load_ms": session.load_time().as_secs_f64() * 1e3,
-                "vs_ort": r.json(),
-            })
+        let max = r.nxrt.times.iter().copied().fold(0.0, f64::max);
+        let mut j = bench_object(
+            a,
+            &session,
+            r.nxrt.times.len(),
+            r.nxrt.median(),
+            r.nxrt.min(),
+            max,
         );
+        j["vs_ort"] = r.json();
+        println!("{j}");
     } else {
         print!("{}", r.text(&a.model));
     }
