@@ -20,7 +20,10 @@ export NXRT_CACHE="${NXRT_CACHE:-$HOME/.cache/nxrt}"
 export PATH="$HOME/.cargo/bin:$PATH"
 cd "$ROOT"
 T0=$(date +%s)
-step() { echo; echo "=== [$(( $(date +%s) - T0 ))s] $*"; }
+# each step's header says the disk space left: a full disk was a CI failure once (stop 53)
+step() { echo; echo "=== [$(( $(date +%s) - T0 ))s, $(df -Ph "$ROOT" | awk 'NR==2 {print $4}') free] $*"; }
+# NXRT_FREE_DISK=1 (CI's .ci/run sets it): remove a step's own target dir once the step passed
+free_disk() { if [ "${NXRT_FREE_DISK:-0}" = 1 ]; then rm -rf "$@"; fi; }
 
 if [ "${SKIP_SETUP:-0}" != 1 ]; then
   step "toolchain ($SHARED/toolchain/setup.sh)"
@@ -95,6 +98,7 @@ LSAN_OPTIONS=allocator_may_return_null=1 RUSTC_BOOTSTRAP=1 RUSTFLAGS="-Zsanitize
   NXRT_BIN="$ROOT/target/release/nxrt" \
   cargo test -p nxrt --target x86_64-unknown-linux-gnu --target-dir target/lsan \
   --test memory --test memory_stress --test leaks
+free_disk target/lsan
 
 step "benchmark suite, quick (cargo bench -p nxrt --bench suite; every scenario briefly)"
 # proves every scenario builds and runs; the figures of a quick run are not for comparison
@@ -119,6 +123,7 @@ node scripts/conformance_wasm.mjs --out "$ROOT/target/conformance-wasm.json" \
 step "wasm-bindgen tests in Node and headless Chromium (target-wasm/tests/web.rs)"
 wasm-pack test --node --mode no-install target-wasm
 wasm-pack test --headless --chrome --mode no-install target-wasm --features browser-tests
+free_disk target/wasm32-unknown-unknown/debug
 
 step "npm package: Node, headless Chromium (corpus vs native), example page, npm pack"
 (cd js && NXRT_BIN="$ROOT/target/release/nxrt" node --test test/)
