@@ -414,6 +414,7 @@ impl<'a> KernelCx<'a> {
             mem: None,
             account: None,
             bound: None,
+            weights: None,
         }
     }
 

@@ -92,15 +92,20 @@ pub enum Holder {
     Outputs,
     /// A decoder's key/value cache.
     Cache,
+    /// Dense copies of block-quantized weights that kernels keep between runs (see
+    /// [`crate::weight_cache`]): bounded by the session's weight cache limit, given back on
+    /// `release_cached` and whenever the account refuses a lease.
+    Dequantized,
     /// Anything else.
     Other,
 }
 
-const HOLDERS: [Holder; 5] = [
+const HOLDERS: [Holder; 6] = [
     Holder::Weights,
     Holder::Arena,
     Holder::Outputs,
     Holder::Cache,
+    Holder::Dequantized,
     Holder::Other,
 ];
 
@@ -111,6 +116,7 @@ impl Holder {
             Holder::Arena => "arena",
             Holder::Outputs => "outputs",
             Holder::Cache => "cache",
+            Holder::Dequantized => "dequantized",
             Holder::Other => "other",
         }
     }
@@ -256,9 +262,9 @@ pub struct Account {
     parent: Option<Arc<Account>>,
     tiers: [Budget; TIERS],
     holders: [[Budget; HOLDERS.len()]; TIERS],
-    /// A cache whose kept memory is charged here (a pool's arena cache): given back when a
-    /// lease is refused here, before the refusal stands.
-    reclaimer: spin::Mutex<Option<Weak<dyn crate::mechanism::Mechanism>>>,
+    /// Caches whose kept memory is charged here (a pool's arena cache, sessions' dense weight
+    /// caches): given back when a lease is refused here, before the refusal stands.
+    reclaimers: spin::Mutex<Vec<Reclaimer>>,
 }
 
 impl Account {
@@ -289,7 +295,7 @@ impl Account {
             parent,
             tiers: [const { Budget::new(None) }; TIERS],
             holders: [const { [const { Budget::new(None) }; HOLDERS.len()] }; TIERS],
-            reclaimer: spin::Mutex::new(None),
+            reclaimers: spin::Mutex::new(Vec::new()),
         };
         a.tiers[0].set_limit(host_limit);
         Arc::new(a)
@@ -321,13 +327,39 @@ impl Account {
     /// Sets the cache whose kept memory is charged to this account: a lease this account
     /// refuses (one not for a cache) has the cache given back and is tried once more.
     pub fn set_reclaimer(&self, m: Weak<dyn crate::mechanism::Mechanism>) {
-        *self.reclaimer.lock() = Some(m);
+        self.push_reclaimer(Reclaimer::Mechanism(m));
     }
 
-    /// Gives back what this account's reclaimer keeps; the bytes freed.
+    /// Adds a cache whose kept memory is charged to this account (see
+    /// [`Account::set_reclaimer`]); it is held weakly, and dropped from the list once gone.
+    pub fn add_reclaimer(&self, m: Weak<dyn Reclaim>) {
+        self.push_reclaimer(Reclaimer::Other(m));
+    }
+
+    fn push_reclaimer(&self, r: Reclaimer) {
+        let mut list = self.reclaimers.lock();
+        list.retain(Reclaimer::alive);
+        list.push(r);
+    }
+
+    /// Gives back what this account's reclaimers keep; the bytes freed. The list is copied
+    /// out first: a reclaimer's own leases going back must not find the list locked.
     fn reclaim(&self) -> usize {
-        let m = self.reclaimer.lock().as_ref().and_then(Weak::upgrade);
-        m.map_or(0, |m| m.release_cached())
+        let live: Vec<LiveReclaimer> = self
+            .reclaimers
+            .lock()
+            .iter()
+            .filter_map(|r| match r {
+                Reclaimer::Mechanism(m) => m.upgrade().map(LiveReclaimer::Mechanism),
+                Reclaimer::Other(m) => m.upgrade().map(LiveReclaimer::Other),
+            })
+            .collect();
+        live.iter()
+            .map(|r| match r {
+                LiveReclaimer::Mechanism(m) => m.release_cached(),
+                LiveReclaimer::Other(m) => m.release_cached(),
+            })
+            .sum()
     }
 
     /// Charges `bytes` of `tier` for `holder` here and in every parent, or charges none of
@@ -604,6 +636,35 @@ fn content_hash(b: &[u8]) -> u64 {
     h ^ (h >> 29)
 }
 
+/// Something that keeps memory for reuse and can give it back on demand (a mechanism's cache,
+/// a session's dense weight cache).
+pub trait Reclaim: Send + Sync {
+    /// Frees what it keeps for reuse; returns the bytes freed.
+    fn release_cached(&self) -> usize;
+}
+
+/// A reclaimer an account holds weakly.
+#[derive(Debug)]
+enum Reclaimer {
+    Mechanism(Weak<dyn crate::mechanism::Mechanism>),
+    Other(Weak<dyn Reclaim>),
+}
+
+impl Reclaimer {
+    fn alive(&self) -> bool {
+        match self {
+            Reclaimer::Mechanism(m) => m.strong_count() > 0,
+            Reclaimer::Other(m) => m.strong_count() > 0,
+        }
+    }
+}
+
+/// A reclaimer made strong for one reclaim.
+enum LiveReclaimer {
+    Mechanism(Arc<dyn crate::mechanism::Mechanism>),
+    Other(Arc<dyn Reclaim>),
+}
+
 /// Bytes of a tier held for a holder: charged to the process and (with one) to a session's
 /// account when taken, returned to both when dropped.
 #[derive(Debug)]
@@ -640,8 +701,9 @@ impl Lease {
             let mut charged = a.charge(tier, holder, bytes);
             if let Err((refused, _)) = charged {
                 // a cache charged to the refusing account gives back what it keeps (never
-                // for a cache's own lease: it is taken under that cache's lock)
-                if holder != Holder::Cache && refused.reclaim() > 0 {
+                // for a cache's own lease: it is taken under that cache's lock, and one
+                // cache filling does not empty another)
+                if !matches!(holder, Holder::Cache | Holder::Dequantized) && refused.reclaim() > 0 {
                     charged = a.charge(tier, holder, bytes);
                 }
             }

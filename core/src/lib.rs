@@ -31,6 +31,7 @@ pub mod shapefold;
 pub mod simd;
 pub mod tensor;
 pub mod value;
+pub mod weight_cache;
 
 pub use dtype::DataType;
 pub use error::{Error, NodeContext, Result};

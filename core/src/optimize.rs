@@ -43,7 +43,17 @@ const FOLD_GROWTH_LIMIT: usize = 1 << 20;
 /// slices and concatenates its LSTM's weights inside a nested If) is folded once at load, not
 /// copied on every run, and the kernels reading it see initializers they can prepack.
 pub fn fold_constants(g: &mut Graph, cpu: &dyn ExecutionProvider) -> Result<usize> {
-    fold_scoped(g, cpu, None)
+    fold_scoped(g, cpu, None, false)
+}
+
+/// [`fold_constants`], with blocked DequantizeLinear of constant weights folded whatever their
+/// growth: the pre-expanded arm of block-quantized weights
+/// ([`crate::weight_cache::BlockWeights::Expanded`]), dense float initializers made at load.
+pub fn fold_constants_expanding_blocks(
+    g: &mut Graph,
+    cpu: &dyn ExecutionProvider,
+) -> Result<usize> {
+    fold_scoped(g, cpu, None, true)
 }
 
 /// [`fold_constants`] of `g`, whose parent's constants (by name) are `parent`.
@@ -51,6 +61,7 @@ fn fold_scoped(
     g: &mut Graph,
     cpu: &dyn ExecutionProvider,
     parent: Option<&BTreeMap<String, Value>>,
+    expand_blocks: bool,
 ) -> Result<usize> {
     if let Some(outer) = parent {
         // a captured constant becomes one of this graph's own
@@ -66,7 +77,7 @@ fn fold_scoped(
         }
         g.captures = kept;
     }
-    let mut count = fold_graph(g, cpu)?;
+    let mut count = fold_graph(g, cpu, expand_blocks)?;
     let has_subgraphs = g.nodes.iter().any(|n| {
         n.attrs
             .iter()
@@ -84,11 +95,12 @@ fn fold_scoped(
         for (_, a) in node.attrs.iter_mut() {
             match a {
                 AttrValue::Graph(sub) => {
-                    count += fold_scoped(Arc::make_mut(sub), cpu, Some(&consts))?;
+                    count += fold_scoped(Arc::make_mut(sub), cpu, Some(&consts), expand_blocks)?;
                 }
                 AttrValue::Graphs(subs) => {
                     for sub in subs.iter_mut() {
-                        count += fold_scoped(Arc::make_mut(sub), cpu, Some(&consts))?;
+                        count +=
+                            fold_scoped(Arc::make_mut(sub), cpu, Some(&consts), expand_blocks)?;
                     }
                 }
                 _ => {}
@@ -99,7 +111,7 @@ fn fold_scoped(
 }
 
 /// [`fold_constants`] of one graph (not its subgraphs).
-fn fold_graph(g: &mut Graph, cpu: &dyn ExecutionProvider) -> Result<usize> {
+fn fold_graph(g: &mut Graph, cpu: &dyn ExecutionProvider, expand_blocks: bool) -> Result<usize> {
     let mut consts: Vec<Option<Value>> = vec![None; g.values.len()];
     for (id, v) in &g.initializers {
         consts[*id] = Some(v.clone());
@@ -180,7 +192,10 @@ fn fold_graph(g: &mut Graph, cpu: &dyn ExecutionProvider) -> Result<usize> {
             continue; // errors surface at run time, with context
         };
         let out_bytes: usize = outs.iter().map(|v| v.byte_size()).sum();
-        if out_bytes > 2 * in_bytes + FOLD_GROWTH_LIMIT {
+        let expanding = expand_blocks
+            && node.op_type == "DequantizeLinear"
+            && node.get_i("block_size", 0).unwrap_or(0) > 0;
+        if out_bytes > 2 * in_bytes + FOLD_GROWTH_LIMIT && !expanding {
             continue;
         }
         for (slot, v) in node.outputs.iter().zip(outs) {

@@ -85,6 +85,10 @@ pub struct KernelCx<'a> {
     /// Per node output: host storage the caller bound to it (I/O binding), taken by the
     /// output's allocation ([`KernelCx::output`], [`KernelCx::output_raw`]).
     pub(crate) bound: Option<&'a spin::Mutex<alloc::vec::Vec<Option<crate::Tensor>>>>,
+    /// The session's dense weight cache (see [`crate::weight_cache`]); `None` outside a
+    /// session (constant folding, kernels run alone): block-quantized products then read
+    /// their codes.
+    pub(crate) weights: Option<&'a crate::weight_cache::WeightCache>,
 }
 
 /// A compiled operator instance (attributes parsed, ready to run).

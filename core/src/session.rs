@@ -120,6 +120,9 @@ pub struct SessionOptions {
     /// released arenas for the next session or run that needs one of their size class.
     /// [`Session::select_host_mechanism`] changes it later.
     pub host_mechanism: Option<Arc<dyn HostMechanism>>,
+    /// How block-quantized weights are multiplied, and how much the dense copies the
+    /// session's kernels keep may hold (see [`crate::weight_cache`]).
+    pub weight_cache: crate::weight_cache::WeightCacheOptions,
 }
 
 /// A public description of a graph input or output.
@@ -383,6 +386,9 @@ pub struct Session {
     log: spin::Mutex<ProfileLog>,
     /// The session's memory account (see [`crate::governor`]).
     account: Arc<Account>,
+    /// Dense copies of block-quantized weights its kernels keep (a reclaimer of its account
+    /// and of its pool's).
+    weight_cache: Arc<crate::weight_cache::WeightCache>,
     /// The lease on the kernels' prepacked weights.
     _prepacked: Lease,
     /// Leases on the initializers of subgraphs (If/Loop/Scan bodies), held for the session.
@@ -456,7 +462,11 @@ impl Session {
                 crate::fuse::quant::integer_to_float(&mut model.graph)?;
             }
             if let Some(cpu) = cpu {
-                optimize::fold_constants(&mut model.graph, &*cpu)?;
+                if opts.weight_cache.policy == crate::weight_cache::BlockWeights::Expanded {
+                    optimize::fold_constants_expanding_blocks(&mut model.graph, &*cpu)?;
+                } else {
+                    optimize::fold_constants(&mut model.graph, &*cpu)?;
+                }
                 // block-quantized weights of MatMuls onto the block-quantized kernels (every
                 // provider has them)
                 crate::fuse::quant::block_matmuls(&mut model.graph)?;
@@ -505,6 +515,17 @@ impl Session {
             &|| "the prepacked weights".into(),
         )?;
         let feed_readers = feed_readers(&plan, &providers);
+        let weight_cache = Arc::new(crate::weight_cache::WeightCache::new(
+            opts.weight_cache.policy,
+            opts.weight_cache.limit,
+        ));
+        {
+            let weak = Arc::downgrade(&weight_cache);
+            account.add_reclaimer(weak.clone());
+            if let Some(parent) = account.parent() {
+                parent.add_reclaimer(weak);
+            }
+        }
         let host = Binding::new(SystemHeap::shared());
         if let Some(m) = &opts.host_mechanism {
             host.select(m.clone())?;
@@ -544,6 +565,7 @@ impl Session {
                 last_stats: spin::Mutex::new(None),
                 log: spin::Mutex::new(log),
                 account,
+                weight_cache,
                 _prepacked: prepacked,
                 _subgraph_weights: subgraph_weights,
             },
@@ -590,9 +612,11 @@ impl Session {
         self.to_host(v)
     }
 
-    /// Frees what the session caches between runs: its memory plans with their arenas, and
-    /// each provider's pooled buffers. The session stays usable; the next run allocates again.
+    /// Frees what the session caches between runs: its dense weight copies, its memory plans
+    /// with their arenas, and each provider's pooled buffers. The session stays usable; the next run allocates again.
     pub fn release_cached(&self) {
+        use crate::governor::Reclaim;
+        self.weight_cache.release_cached();
         self.plan.clear_plans();
         self.const_uploads.lock().clear();
         for p in &self.providers {
@@ -605,6 +629,11 @@ impl Session {
     /// refused; one that dies while selected is replaced by the one selected before it.
     pub fn select_host_mechanism(&self, m: Arc<dyn HostMechanism>) -> Result<()> {
         self.host.select(m)
+    }
+
+    /// The dense weight cache's figures (see [`crate::weight_cache`]).
+    pub fn weight_cache(&self) -> crate::weight_cache::WeightCacheStats {
+        self.weight_cache.stats()
     }
 
     /// The mechanism each tier allocates from now: the host's (arenas) and each device
@@ -1275,6 +1304,7 @@ impl Session {
                         mem: None,
                         account: Some(&self.account),
                         bound: bound.as_ref(),
+                        weights: Some(&self.weight_cache),
                     };
                     kernel
                         .compute_owned(&cx, owned)
@@ -1309,6 +1339,7 @@ impl Session {
                                 mem,
                                 account: Some(&self.account),
                                 bound: bound.as_ref(),
+                                weights: Some(&self.weight_cache),
                             };
                             kernel
                                 .compute(&cx, &inputs)

@@ -480,7 +480,7 @@ export class InferenceSession {
 
   /**
    * What the session holds now, in bytes: `{name, tiers: [{tier: 'host', inUse, peak, limit,
-   * leases, holders: {weights, arena, outputs, cache, other}}]}` (each holder `{inUse, peak,
+   * leases, holders: {weights, arena, outputs, cache, dequantized, other}}]}` (each holder `{inUse, peak,
    * leases}`; `limit` null when none was set).
    */
   memorySnapshot() {

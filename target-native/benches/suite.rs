@@ -764,60 +764,100 @@ fn cache_dir() -> PathBuf {
     )
 }
 
-/// MXFP4 block-quantized MatMul, 1x1024x1024, in the arms the reference runtime names:
-/// dequantizing the FLOAT4E2M1 blocks on every call (the graph as written, unoptimised),
-/// the weights pre-expanded to dense floats (ONNX Runtime's anchor model of the same weights),
-/// and nxrt's own arm (`mxfp4_fused_codes`: the fused block-quantized kernel reading 8-bit
-/// codes). The bounded cache of dense weights (`mxfp4_cached_dense_repeated_call`) is not
-/// built yet, so it is not listed.
+/// Block-quantized products in the arms the reference runtime names (see
+/// `nxrt::weight_cache`), on the quantized set's MXFP4 models: dequantizing the FLOAT4E2M1
+/// blocks on every call (the graph as written, unoptimised), a dense copy made on the first
+/// call and kept by the session's bounded weight cache (`--block-weights cached`), dense
+/// float weights made at load (`expanded`), and nxrt's reading of the codes (`codes`, which
+/// `auto`, the default, takes for as few rows as these). The matmul is 1x1024x1024; the
+/// mixture of experts is 4 tokens of 512 routed to 2 of 8 SwiGLU experts of 512.
 fn block_quantized(c: &mut Criterion) {
-    let dir = quant_dir().join("mxfp4_matmul_1x1024x1024");
-    let (model, anchor) = (dir.join("model.onnx"), dir.join("ort_anchor.onnx"));
-    if !model.exists() || !anchor.exists() {
-        eprintln!(
-            "left out: block_quantized_matmul_cached_dense/*: no {} (the test run's set-up writes it)",
-            dir.display()
-        );
-        return;
-    }
-    let load = |p: &PathBuf, opt: OptLevel| {
-        Session::builder()
-            .optimization(opt)
-            .load(p)
-            .map_err(|e| e.to_string())
-    };
-    let x = tensor(F32, &[1, 1024], 15);
-    let mut arms = Vec::new();
-    arms.push((
-        "mxfp4_uncached_dequant_each_call",
-        load(&model, OptLevel::None),
-    ));
-    arms.push(("mxfp4_preexpanded_dense", load(&anchor, OptLevel::All)));
-    arms.push(("mxfp4_fused_codes", load(&model, OptLevel::All)));
-    for (arm, s) in arms {
-        let s = match s {
-            Ok(s) => s,
-            Err(e) => {
-                eprintln!("left out: block_quantized_matmul_cached_dense/{arm}: {e}");
-                continue;
-            }
-        };
-        let input = s.inputs()[0].name.clone();
-        let feeds = [(input.as_str(), x.clone())];
-        let made = (|| {
-            for _ in 0..2 {
-                s.run(feeds.iter().map(|(n, t)| (*n, t.clone())))
-                    .map_err(|e| e.to_string())?;
-            }
-            Ok::<_, String>(s)
-        })();
-        bench_session(
-            c,
-            &format!("block_quantized_matmul_cached_dense/{arm}/1x1024x1024"),
+    use nxrt::BlockWeights;
+    for (model_dir, group, label, arm_prefix, elements) in [
+        (
+            "mxfp4_matmul_1x1024x1024",
+            "block_quantized_matmul_cached_dense",
+            "1x1024x1024",
+            "mxfp4_",
             2 * 1024 * 1024,
-            made,
-            &feeds,
-        );
+        ),
+        (
+            "mxfp4_moe_t4_h512_i512_e8_k2",
+            "block_quantized_moe_cached_dense",
+            "t4_h512_i512_e8_k2",
+            "moe_",
+            // 4 tokens x 2 experts x three 512x512 products
+            4 * 2 * 3 * 2 * 512 * 512,
+        ),
+    ] {
+        let model = quant_dir().join(model_dir).join("model.onnx");
+        if !model.exists() {
+            eprintln!(
+                "left out: {group}/*: no {} (the test run's set-up writes it)",
+                model.display()
+            );
+            continue;
+        }
+        let load = |opt: OptLevel, policy: BlockWeights| {
+            Session::builder()
+                .optimization(opt)
+                .block_weights(policy)
+                .load(&model)
+                .map_err(|e| e.to_string())
+        };
+        let arms = [
+            (
+                "uncached_dequant_each_call",
+                OptLevel::None,
+                BlockWeights::Codes,
+            ),
+            (
+                "cached_dense_repeated_call",
+                OptLevel::All,
+                BlockWeights::Cached,
+            ),
+            ("preexpanded_dense", OptLevel::All, BlockWeights::Expanded),
+            ("fused_codes", OptLevel::All, BlockWeights::Codes),
+        ];
+        for (arm, opt, policy) in arms {
+            let name = format!("{group}/{arm_prefix}{arm}/{label}");
+            let made = load(opt, policy).and_then(|s| {
+                let feeds: Vec<(String, Tensor)> = s
+                    .inputs()
+                    .iter()
+                    .enumerate()
+                    .map(|(i, io)| {
+                        let shape: Vec<usize> = io
+                            .ty
+                            .tensor_shape()
+                            .unwrap_or_default()
+                            .iter()
+                            .map(|d| match d {
+                                nxrt::Dim::Known(n) => *n,
+                                _ => 1,
+                            })
+                            .collect();
+                        (io.name.clone(), tensor(F32, &shape, 15 + i as u32))
+                    })
+                    .collect();
+                for _ in 0..2 {
+                    s.run(feeds.iter().map(|(n, t)| (n.as_str(), t.clone())))
+                        .map_err(|e| e.to_string())?;
+                }
+                if policy == BlockWeights::Cached && s.weight_cache().copies == 0 {
+                    return Err("the weight cache made no dense copy".into());
+                }
+                Ok((s, feeds))
+            });
+            match made {
+                Ok((s, feeds)) => {
+                    let feeds: Vec<(&str, Tensor)> =
+                        feeds.iter().map(|(n, t)| (n.as_str(), t.clone())).collect();
+                    bench_session(c, &name, elements, Ok(s), &feeds);
+                }
+                Err(e) => eprintln!("left out: {name}: {e}"),
+            }
+        }
     }
 }
 

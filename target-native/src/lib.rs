@@ -29,6 +29,8 @@ pub use nxrt_core::profile::{
     PhaseProfile,
 };
 pub use nxrt_core::session::{ExecMode, IoInfo, PartitionReport};
+pub use nxrt_core::weight_cache;
+pub use nxrt_core::weight_cache::{BlockWeights, WeightCacheStats};
 pub use nxrt_core::{npy, DataType, Dim, Error, OptLevel, Result, Tensor, TypeInfo, Value};
 
 pub mod alloc;
@@ -233,6 +235,7 @@ pub struct SessionBuilder {
     pool: Option<Arc<governor::MemoryPool>>,
     keep_arena_limit: Option<usize>,
     host_mechanism: Option<Arc<dyn mechanism::HostMechanism>>,
+    weight_cache: weight_cache::WeightCacheOptions,
 }
 
 impl Default for SessionBuilder {
@@ -249,6 +252,7 @@ impl Default for SessionBuilder {
             pool: None,
             keep_arena_limit: None,
             host_mechanism: None,
+            weight_cache: Default::default(),
         }
     }
 }
@@ -331,6 +335,26 @@ impl SessionBuilder {
         self
     }
 
+    /// How block-quantized weights (MXFP4, blocked int4/int8 DequantizeLinear before a MatMul,
+    /// MatMulNBits with float activations) are multiplied: `Auto` (default) reads their codes
+    /// for up to a few rows and keeps a dense copy for more; `Codes` never makes one; `Cached`
+    /// always uses one where the cache can hold it; `Expanded` makes dense float weights at
+    /// load. See [`weight_cache`].
+    pub fn block_weights(mut self, policy: BlockWeights) -> Self {
+        self.weight_cache.policy = policy;
+        self
+    }
+
+    /// Bytes the session's dense weight copies may hold together (default 256 MiB; `None`:
+    /// only the session's memory budget bounds them). They are leased as `dequantized` from
+    /// the session's account, and given back by `release_cached` or whenever the account
+    /// (or its pool's) refuses a lease; a weight the cache cannot hold is computed from its
+    /// codes.
+    pub fn weight_cache_limit(mut self, bytes: Option<usize>) -> Self {
+        self.weight_cache.limit = bytes;
+        self
+    }
+
     fn options(&self) -> SessionOptions {
         SessionOptions {
             optimization: self.optimization,
@@ -342,6 +366,7 @@ impl SessionBuilder {
             pool: self.pool.clone(),
             keep_arena_limit: self.keep_arena_limit,
             host_mechanism: self.host_mechanism.clone(),
+            weight_cache: self.weight_cache,
         }
     }
 
@@ -560,8 +585,13 @@ impl Session {
     pub fn mechanisms(&self) -> Vec<mechanism::MechanismReport> {
         self.inner.mechanisms()
     }
-    /// Frees what the session caches between runs (its memory plans' arenas, providers'
-    /// pooled buffers) now; the next run allocates again.
+    /// The dense weight cache's figures: its policy and limit, what it holds, its fills, hits
+    /// and declines (see [`weight_cache`]).
+    pub fn weight_cache(&self) -> WeightCacheStats {
+        self.inner.weight_cache()
+    }
+    /// Frees what the session caches between runs (its dense weight copies, its memory plans'
+    /// arenas, providers' pooled buffers) now; the next run allocates again.
     pub fn release_cached(&self) {
         self.inner.release_cached()
     }

@@ -214,6 +214,16 @@ struct Common {
     /// out-of-memory error (exit code 1) instead of allocating.
     #[arg(long, value_name = "SIZE")]
     memory_limit: Option<String>,
+    /// How block-quantized weights (MXFP4, blocked DequantizeLinear before a MatMul,
+    /// MatMulNBits with float activations) are multiplied: `auto` (their codes for a few rows,
+    /// a cached dense copy for more), `codes` (never a dense copy), `cached` (always the dense
+    /// copy where the cache holds it) or `expanded` (dense float weights made at load).
+    #[arg(long, default_value = "auto", value_name = "POLICY")]
+    block_weights: String,
+    /// The most the session's dense weight copies may hold together, e.g. `64MiB`, or `none`
+    /// (only the memory budget bounds them).
+    #[arg(long, default_value = "256MiB", value_name = "SIZE")]
+    weight_cache_limit: String,
 }
 
 #[derive(Args)]
@@ -299,6 +309,8 @@ fn main() -> ExitCode {
                 trace: None,
                 profile_nodes: 15,
                 memory_limit: None,
+                block_weights: "auto".into(),
+                weight_cache_limit: "256MiB".into(),
             },
             output_dir: None,
             memory_report: false,
@@ -389,6 +401,18 @@ fn print_governor(session: &Session) {
             }
         }
     }
+    let w = session.weight_cache();
+    println!(
+        "dense weight cache: policy {}, limit {}, holds {} in {} copies; {} fills, {} hits, {} declined, {} given back",
+        w.policy,
+        limit(w.limit),
+        show(w.bytes),
+        w.copies,
+        w.fills,
+        w.hits,
+        w.declined,
+        show(w.released)
+    );
     for m in session.mechanisms() {
         let state = match (&m.failure, &m.last_failure) {
             (Some(f), _) => format!(", dead: {f}"),
@@ -425,12 +449,29 @@ fn builder(c: &Common) -> Result<SessionBuilder, Error> {
             )))
         }
     };
+    let policy = nxrt::BlockWeights::parse(&c.block_weights).map_err(|_| {
+        Error::Input(format!(
+            "--block-weights {}: expected 'auto', 'codes', 'cached' or 'expanded'",
+            c.block_weights
+        ))
+    })?;
+    let cache_limit = match c.weight_cache_limit.as_str() {
+        "none" => None,
+        s => Some(parse_size(s).map_err(|e| {
+            Error::Input(
+                e.to_string()
+                    .replace("--memory-limit", "--weight-cache-limit"),
+            )
+        })?),
+    };
     Ok(Session::builder()
         .threads(c.threads)
         .optimization(level)
         .providers(&[c.provider.as_str()])
         .mode(mode)
-        .phase_profile(c.phase_profile || c.trace.is_some()))
+        .phase_profile(c.phase_profile || c.trace.is_some())
+        .block_weights(policy)
+        .weight_cache_limit(cache_limit))
 }
 
 /// Prints the phase profile to stderr and writes the trace, when asked for.
@@ -958,6 +999,8 @@ fn generate(a: GenerateArgs) -> Result<(), Error> {
         trace: None,
         profile_nodes: a.profile_nodes,
         memory_limit: None,
+        block_weights: "auto".into(),
+        weight_cache_limit: "256MiB".into(),
     };
     let mut g = Generator::from_folder(&a.model_dir, &builder(&common)?)?;
     let opts = GenOptions {

@@ -13,13 +13,19 @@ use std::process::Command;
 use nxrt_tests::quant::{quant_models, QuantCase};
 use nxrt_tests::{nxrt_bin, webgpu_available};
 
-fn check(bin: &Path, provider: &str, dir: &Path, out: &Path) -> Result<String, String> {
+fn check(
+    bin: &Path,
+    (provider, extra): (&str, &[&str]),
+    dir: &Path,
+    out: &Path,
+) -> Result<String, String> {
     let case = QuantCase::open(dir)?;
     let mut cmd = Command::new(bin);
     cmd.arg("run")
         .arg(&case.model)
         .args(["--provider", provider, "--runs", "2", "--output-dir"])
-        .arg(out);
+        .arg(out)
+        .args(extra);
     for (name, file) in case.inputs() {
         cmd.arg("--input").arg(format!("{name}={}", file.display()));
     }
@@ -34,6 +40,10 @@ fn check(bin: &Path, provider: &str, dir: &Path, out: &Path) -> Result<String, S
 }
 
 fn parity(provider: &str, only: impl Fn(&str) -> bool) {
+    parity_with(provider, &[], only)
+}
+
+fn parity_with(provider: &str, extra: &[&str], only: impl Fn(&str) -> bool) {
     let models = quant_models().unwrap_or_else(|e| panic!("{e}"));
     assert!(
         models.len() >= 11,
@@ -41,7 +51,11 @@ fn parity(provider: &str, only: impl Fn(&str) -> bool) {
         models.len()
     );
     let bin = nxrt_bin();
-    let tmp = std::env::temp_dir().join(format!("nxrt-quant-{provider}-{}", std::process::id()));
+    let tmp = std::env::temp_dir().join(format!(
+        "nxrt-quant-{provider}-{}-{}",
+        extra.join("-"),
+        std::process::id()
+    ));
     let mut failures = Vec::new();
     let mut ran = 0;
     for m in &models {
@@ -52,7 +66,7 @@ fn parity(provider: &str, only: impl Fn(&str) -> bool) {
         ran += 1;
         let out = tmp.join(&name);
         std::fs::create_dir_all(&out).unwrap();
-        match check(&bin, provider, m, &out) {
+        match check(&bin, (provider, extra), m, &out) {
             Ok(r) => println!("{name:<32} ok   {r}"),
             Err(e) => {
                 println!("{name:<32} FAIL {e}");
@@ -73,6 +87,18 @@ fn parity(provider: &str, only: impl Fn(&str) -> bool) {
 #[test]
 fn quantized_models_match_onnx_runtime_within_the_rule() {
     parity("cpu", |_| true);
+}
+
+/// The block-quantized models (MXFP4 matmuls and mixture of experts, MatMulNBits) in every arm
+/// of `--block-weights` (the default, `auto`, ran above): from the codes, from the cached dense
+/// copy (the second run of each reads the copy the first made), pre-expanded at load.
+#[test]
+fn block_weight_arms_match_onnx_runtime_within_the_rule() {
+    for policy in ["codes", "cached", "expanded"] {
+        parity_with("cpu", &["--block-weights", policy], |n| {
+            n.contains("mxfp4") || n.contains("nbits")
+        });
+    }
 }
 
 #[test]

@@ -18,6 +18,7 @@
 //! differently only in the last bits).
 
 use alloc::boxed::Box;
+use alloc::sync::Arc;
 use alloc::vec;
 use alloc::vec::Vec;
 
@@ -30,6 +31,7 @@ use crate::provider::{Kernel, KernelCx, KernelDef};
 use crate::simd::{Gemm, NBits, Operand, Q4Packed, W8Packed};
 use crate::tensor::Tensor;
 use crate::value::Value;
+use crate::weight_cache::DenseSlot;
 use crate::{bail, unsupported};
 
 pub(crate) const KERNELS: &[KernelDef] = &[
@@ -239,6 +241,12 @@ const DIRECT_ROWS: usize = 8;
 /// AVX2 (Zen 3, 1 thread) they cross between 12 and 16 rows for K x N of 1536 x 384,
 /// 384 x 1536 and 4096 x 4096 (at 32 rows the SGEMM path takes 0.7-0.8 of the time).
 const W8_ROWS: usize = 12;
+/// The layouts of the dense copies the weight cache keeps for these kernels: the SGEMM's B
+/// panels (int8 weights), and rows of B's columns, K floats each in the SIMD layer's order
+/// within groups or in plain order.
+const LAYOUT_W8_PANELS: u32 = 1;
+const LAYOUT_COLUMNS_SIMD: u32 = 2;
+const LAYOUT_COLUMNS: u32 = 3;
 /// Columns a task of the direct kernel computes.
 const PANEL_COLS: usize = 64;
 /// Columns a task of the dequantizing path unpacks and multiplies at a time.
@@ -259,6 +267,11 @@ struct MatMulNBits {
     q4: Option<Q4Weights>,
     /// Constant weights repacked at load as int8 for float activations (see `W8Packed`).
     w8: Option<W8Weights>,
+    /// The keys of constant B, scales and zero points, seen at load (see [`key_of`]): the float
+    /// path keeps a dense copy of them in `dense` only for calls given these very tensors.
+    consts: Option<Keys>,
+    /// Where the session's weight cache keeps the float path's dense copy.
+    dense: Arc<DenseSlot>,
 }
 
 /// [`W8Packed`] weights, the vector type they were packed for and the tensors they came from
@@ -270,6 +283,9 @@ struct W8Weights {
     /// The zero points decoded (as [`zero_points`]) for the rows past [`W8_ROWS`], which
     /// dequantize the same tensors on every call.
     zps: Option<(Vec<f32>, bool)>,
+    /// Where the session's weight cache keeps these weights dequantized into the SGEMM's
+    /// panels (the cached dense arm, see [`crate::weight_cache`]).
+    dense: Arc<DenseSlot>,
 }
 
 /// Packs constant weights for [`w8_product`], or `None` where they do not fit int8.
@@ -292,6 +308,7 @@ fn w8_prepare(
         packed,
         keys,
         zps,
+        dense: DenseSlot::new(),
     })
 }
 
@@ -316,79 +333,168 @@ fn w8_product(
     true
 }
 
+/// The SGEMM's panel width and whether [`w8_gemm`] takes these weights with `k` columns of A
+/// (this machine's SGEMM panels must hold whole groups of the packed lanes).
+fn w8_gemm_fits(w: &W8Weights, k: usize) -> Option<usize> {
+    let nr = crate::simd::gemm_tile().1;
+    (nr.is_multiple_of(w.packed.lanes) && k <= w.packed.kp).then_some(nr)
+}
+
+/// Columns of one task of [`w8_gemm`] and [`w8_dense_fill`]: [`W8_GEMM_COLS`] rounded up to
+/// whole panels of `nr`.
+fn w8_task_cols(nr: usize) -> usize {
+    W8_GEMM_COLS.div_ceil(nr) * nr
+}
+
+/// Floats of every column's panels of `k` rows (the dense copy [`w8_gemm`] reads).
+fn w8_dense_len(w: &W8Weights, k: usize, nr: usize) -> usize {
+    w.packed.n.div_ceil(nr) * k * nr
+}
+
+/// Dequantizes every column of the int8 weights into the SGEMM's B panels of `k` rows, in
+/// parallel: the dense copy the cached arm keeps ([`w8_dense_len`] floats).
+fn w8_dense_fill(cx: &KernelCx<'_>, w: &W8Weights, k: usize, nr: usize, out: &mut [f32]) {
+    let n = w.packed.n;
+    let panel = w8_task_cols(nr);
+    let op = SyncPtr(out.as_mut_ptr());
+    let total = out.len();
+    cx.cpu
+        .parallel_for_work(n.div_ceil(panel), n * k * 2, &|t| {
+            let (j0, j1) = (t * panel, ((t + 1) * panel).min(n));
+            let (at, len) = (j0 / nr * k * nr, (j1 - j0).div_ceil(nr) * k * nr);
+            assert!(at + len <= total, "w8_dense_fill: panels fit the copy");
+            // SAFETY: each task writes its own columns' panels, disjoint ranges of `out`
+            let dst = unsafe { core::slice::from_raw_parts_mut(op.get().add(at), len) };
+            crate::simd::w8_panels_on(w.isa, &w.packed, k, (j0, j1 - j0), nr, dst);
+        });
+}
+
 /// `Y = A · Bᵀ` for many rows of A (a prompt, an encoder's tokens): the int8 weights
 /// dequantized a task's panel of columns at a time straight into the SGEMM's B panels (where
-/// they are still in cache when the SGEMM reads them), A packed once for every task; false
-/// (nothing written) where this machine's SGEMM panels do not hold whole groups of the packed
-/// lanes.
+/// they are still in cache when the SGEMM reads them), or read from `dense` (every column's
+/// panels, dequantized once: the cached arm), A packed once for every task; false (nothing
+/// written) where this machine's SGEMM panels do not hold whole groups of the packed lanes.
+/// Both arms hand the SGEMM the same panels: their answers are the same bits.
 fn w8_gemm(
     cx: &KernelCx<'_>,
     w: &W8Weights,
+    dense: Option<&[f32]>,
     (a, m, k): (&[f32], usize, usize),
     y: &mut [f32],
 ) -> bool {
     let p = &w.packed;
     let n = p.n;
-    let nr = crate::simd::gemm_tile().1;
-    if !nr.is_multiple_of(p.lanes) || k > p.kp {
+    let Some(nr) = w8_gemm_fits(w, k) else {
         return false;
+    };
+    if let (Some(d), true) = (dense, m <= DIRECT_ROWS) {
+        dense_panel_rows(cx, d, (a, m, k), (n, nr), y);
+        return true;
     }
     let mr = crate::simd::gemm_mr_for(m);
     // A in the SGEMM's panels, in a pooled buffer (nothing allocated per call)
     let mut ap = crate::simd::scratch::<f32>(m.div_ceil(mr) * k * mr);
     crate::simd::gemm::pack_a_into(m, k, a, k as isize, 1, mr, &mut ap);
     let ap = &ap[..m.div_ceil(mr) * k * mr];
-    let panel = W8_GEMM_COLS.div_ceil(nr) * nr;
+    let panel = w8_task_cols(nr);
     let tasks = n.div_ceil(panel);
     let yp = SyncPtr(y.as_mut_ptr());
-    cx.cpu
-        .parallel_for_work(tasks, m * n * k * 2 + n * k * 2, &|t| {
-            let (j0, j1) = (t * panel, ((t + 1) * panel).min(n));
-            let cols = j1 - j0;
-            let mut bp = crate::simd::scratch::<f32>(cols.div_ceil(nr) * k * nr);
-            crate::simd::w8_panels_on(w.isa, p, k, (j0, cols), nr, &mut bp);
-            let mut buf = crate::simd::scratch::<f32>(m * cols);
-            let gm = Gemm {
-                m,
-                n: cols,
-                k,
-                a_rs: 0,
-                a_cs: 0,
-                b_rs: 0,
-                b_cs: 0,
-                ldc: cols,
-                alpha: 1.0,
-                beta: 0.0,
-            };
-            let a = Operand::Panels {
-                data: ap,
-                panel: mr,
-            };
-            let b = Operand::Panels {
-                data: &bp,
-                panel: nr,
-            };
-            let ok = crate::simd::sgemm_ops_checked(&gm, a, b, &mut buf);
-            debug_assert!(ok, "MatMulNBits: SGEMM operands fit by construction");
-            for r in 0..m {
-                // SAFETY: as in `direct_rows`: disjoint columns per task.
-                let dst =
-                    unsafe { core::slice::from_raw_parts_mut(yp.get().add(r * n + j0), cols) };
-                dst.copy_from_slice(&buf[r * cols..(r + 1) * cols]);
+    let work = m * n * k * 2 + if dense.is_some() { 0 } else { n * k * 2 };
+    cx.cpu.parallel_for_work(tasks, work, &|t| {
+        let (j0, j1) = (t * panel, ((t + 1) * panel).min(n));
+        let cols = j1 - j0;
+        let len = cols.div_ceil(nr) * k * nr;
+        let mut bp;
+        let panels: &[f32] = match dense {
+            Some(d) => &d[j0 / nr * k * nr..j0 / nr * k * nr + len],
+            None => {
+                bp = crate::simd::scratch::<f32>(len);
+                crate::simd::w8_panels_on(w.isa, p, k, (j0, cols), nr, &mut bp);
+                &bp
             }
-        });
+        };
+        let mut buf = crate::simd::scratch::<f32>(m * cols);
+        let gm = Gemm {
+            m,
+            n: cols,
+            k,
+            a_rs: 0,
+            a_cs: 0,
+            b_rs: 0,
+            b_cs: 0,
+            ldc: cols,
+            alpha: 1.0,
+            beta: 0.0,
+        };
+        let a = Operand::Panels {
+            data: ap,
+            panel: mr,
+        };
+        let b = Operand::Panels {
+            data: panels,
+            panel: nr,
+        };
+        let ok = crate::simd::sgemm_ops_checked(&gm, a, b, &mut buf);
+        debug_assert!(ok, "MatMulNBits: SGEMM operands fit by construction");
+        for r in 0..m {
+            // SAFETY: as in `direct_rows`: disjoint columns per task.
+            let dst = unsafe { core::slice::from_raw_parts_mut(yp.get().add(r * n + j0), cols) };
+            dst.copy_from_slice(&buf[r * cols..(r + 1) * cols]);
+        }
+    });
     true
 }
 
-/// `Y = A · Bᵀ` through the int8 weights by whichever of [`w8_gemm`] (many rows) and
-/// [`w8_product`] takes it; false (nothing written) where neither does.
+/// `Y = A · Bᵀ` for few rows of A from the dense copy in the SGEMM's B panels (`nr` columns
+/// of `k` rows each): row by row, each panel's columns as sums of its rows scaled by A's
+/// (where the SGEMM would pad the few rows to its micro-kernel's height), column panels in
+/// parallel.
+fn dense_panel_rows(
+    cx: &KernelCx<'_>,
+    d: &[f32],
+    (a, m, k): (&[f32], usize, usize),
+    (n, nr): (usize, usize),
+    y: &mut [f32],
+) {
+    let panel = w8_task_cols(nr);
+    let yp = SyncPtr(y.as_mut_ptr());
+    cx.cpu
+        .parallel_for_work(n.div_ceil(panel), m * n * k * 2, &|t| {
+            let (j0, j1) = (t * panel, ((t + 1) * panel).min(n));
+            for p0 in (j0..j1).step_by(nr) {
+                let cols = nr.min(j1 - p0);
+                let pan = &d[p0 / nr * k * nr..(p0 / nr + 1) * k * nr];
+                for r in 0..m {
+                    // SAFETY: as in `direct_rows`: disjoint columns per task.
+                    let out =
+                        unsafe { core::slice::from_raw_parts_mut(yp.get().add(r * n + p0), cols) };
+                    out.fill(0.0);
+                    crate::simd::axpy_rows(&a[r * k..(r + 1) * k], pan, nr, out);
+                }
+            }
+        });
+}
+
+/// `Y = A · Bᵀ` through the int8 weights: from the session's cached dense copy where its
+/// policy wants one for `m` rows and the cache holds (or makes) it, else by whichever of
+/// [`w8_gemm`] (many rows) and [`w8_product`] takes it; false (nothing written) where none
+/// does.
 fn w8_any(
     cx: &KernelCx<'_>,
     w: &W8Weights,
     (a, m, k): (&[f32], usize, usize),
     y: &mut [f32],
 ) -> bool {
-    (m > W8_ROWS && w8_gemm(cx, w, (a, m, k), y)) || w8_product(cx, w, (a, m, k), y)
+    if let (Some(cache), Some(nr)) = (cx.weights, w8_gemm_fits(w, k)) {
+        if cache.wants(m, W8_ROWS) {
+            let len = w8_dense_len(w, k, nr);
+            let fill = |out: &mut [f32]| w8_dense_fill(cx, w, k, nr, out);
+            if let Some(d) = cache.get(&w.dense, LAYOUT_W8_PANELS, cx.account, len, &fill) {
+                return w8_gemm(cx, w, Some(d.data()), (a, m, k), y);
+            }
+        }
+    }
+    (m > W8_ROWS && w8_gemm(cx, w, None, (a, m, k), y)) || w8_product(cx, w, (a, m, k), y)
 }
 
 /// [`Q4Packed`] weights, the vector type they were packed for, and which tensors they came
@@ -462,6 +568,8 @@ fn build(node: &Node) -> Result<Box<dyn Kernel>> {
         }),
         q4: None,
         w8: None,
+        consts: None,
+        dense: DenseSlot::new(),
     }))
 }
 
@@ -568,6 +676,9 @@ impl Kernel for MatMulNBits {
         let (Some(b), Some(scales)) = (c(1), c(2)) else {
             return 0;
         };
+        if c(4).is_none() {
+            self.consts = keys_of(b, scales, c(3));
+        }
         // the int8 path: 4 bits at accuracy level 4, integer zero points, no g_idx (an input
         // present at run time that is not what was packed sends the call to the other paths)
         let zp = c(3);
@@ -705,12 +816,20 @@ impl Kernel for MatMulNBits {
         };
         let zt = zps.map(|z| z.0.as_slice());
         let direct = m <= DIRECT_ROWS && gidx.is_none() && bits != 2;
+        // the dense copy the weight cache keeps, for the constants seen at load only
+        let cache = cx.weights.filter(|c| {
+            q4.is_none()
+                && gidx.is_none()
+                && now.is_some()
+                && now == self.consts
+                && c.wants(m, DIRECT_ROWS)
+        });
         let bias_v = bias.map(|b| b.as_slice::<f32>()).transpose()?;
         // the int8 kernel adds the bias itself (before the zero points' share, as ONNX Runtime)
         let bias_done = m > 0 && q4.is_some();
         if let (true, Some(q4)) = (m > 0, q4) {
             q4_product(cx, q4, (&av, m, k, bs), n, bias_v.as_deref(), &mut y);
-        } else if m > 0 && direct {
+        } else if m > 0 && direct && cache.is_none() {
             direct_rows(cx, (&g, self.isa), (&av, m), (&bv, &sv, zt), n, &mut y);
         } else if m > 0 {
             let fq;
@@ -742,7 +861,12 @@ impl Kernel for MatMulNBits {
                         out,
                     )
                 };
-                dequant_gemm(cx, (&ap, kp, m), n, &fill, &mut y);
+                let dense = cache.and_then(|c| {
+                    let all = |out: &mut [f32]| fill_columns(cx, n, kp, &fill, out);
+                    c.get(&self.dense, LAYOUT_COLUMNS_SIMD, cx.account, n * kp, &all)
+                });
+                let dense = dense.as_ref().map(|d| d.data());
+                dequant_gemm(cx, (&ap, kp, m), n, &fill, dense, &mut y);
             } else {
                 let w = Weights {
                     b: &bv,
@@ -756,7 +880,12 @@ impl Kernel for MatMulNBits {
                         w.column(&g, j0 + c, &mut out[c * k..(c + 1) * k]);
                     }
                 };
-                dequant_gemm(cx, (a_used, k, m), n, &fill, &mut y);
+                let dense = cache.and_then(|c| {
+                    let all = |out: &mut [f32]| fill_columns(cx, n, k, &fill, out);
+                    c.get(&self.dense, LAYOUT_COLUMNS, cx.account, n * k, &all)
+                });
+                let dense = dense.as_ref().map(|d| d.data());
+                dequant_gemm(cx, (a_used, k, m), n, &fill, dense, &mut y);
             }
         }
         if let (Some(bias), false) = (&bias_v, bias_done) {
@@ -907,57 +1036,100 @@ impl Weights<'_> {
     }
 }
 
+/// Every column of B dequantized by `fill` (as [`dequant_gemm`] calls it) into `out`: `n`
+/// rows of `kk` floats, panels in parallel (the dense copy the weight cache keeps).
+fn fill_columns(
+    cx: &KernelCx<'_>,
+    n: usize,
+    kk: usize,
+    fill: &(dyn Fn(usize, usize, &mut [f32]) + Sync),
+    out: &mut [f32],
+) {
+    let panel = GEMM_PANEL_COLS;
+    assert!(out.len() >= n * kk, "fill_columns: room for every column");
+    let op = SyncPtr(out.as_mut_ptr());
+    cx.cpu
+        .parallel_for_work(n.div_ceil(panel), n * kk * 4, &|t| {
+            let (j0, j1) = (t * panel, ((t + 1) * panel).min(n));
+            // SAFETY: each task writes its own columns' rows, disjoint ranges of `out`
+            let dst =
+                unsafe { core::slice::from_raw_parts_mut(op.get().add(j0 * kk), (j1 - j0) * kk) };
+            fill(j0, j1 - j0, dst);
+        });
+}
+
 /// `Y = A · Bᵀ` with B dequantized a panel of columns at a time by `fill(j0, cols, out)`
-/// (`cols` rows of `kk` floats, matching A's `m` rows of `kk`), tasks in parallel, each with a
-/// single-threaded SGEMM. Each task computes `Yᵀ = B_panel · Aᵀ`, so the dequantized panel
+/// (`cols` rows of `kk` floats, matching A's `m` rows of `kk`), or read from `dense` (every
+/// column so dequantized, [`fill_columns`]: the cached arm, same bits), tasks in parallel,
+/// each with a single-threaded SGEMM. Each task computes `Yᵀ = B_panel · Aᵀ`, so the dequantized panel
 /// is the SGEMM's A side, read along its rows, and Aᵀ is packed once for all tasks.
 fn dequant_gemm(
     cx: &KernelCx<'_>,
     (a, kk, m): (&[f32], usize, usize),
     n: usize,
     fill: &(dyn Fn(usize, usize, &mut [f32]) + Sync),
+    dense: Option<&[f32]>,
     y: &mut [f32],
 ) {
     let panel = GEMM_PANEL_COLS;
     let tasks = n.div_ceil(panel);
     let yp = SyncPtr(y.as_mut_ptr());
+    if let (Some(d), true) = (dense, m <= DIRECT_ROWS) {
+        // few rows: each output a dot product of A's row and a dense column
+        cx.cpu.parallel_for_work(tasks, m * n * kk * 2, &|t| {
+            let (j0, j1) = (t * panel, ((t + 1) * panel).min(n));
+            for r in 0..m {
+                // SAFETY: as below: disjoint columns per task.
+                let out =
+                    unsafe { core::slice::from_raw_parts_mut(yp.get().add(r * n + j0), j1 - j0) };
+                crate::simd::dot_rows(&d[j0 * kk..j1 * kk], kk, &a[r * kk..(r + 1) * kk], out);
+            }
+        });
+        return;
+    }
     // Aᵀ (kk x m) in the SGEMM's B panels: element (p, r) is a[r * kk + p]
     let nr = crate::simd::gemm_tile().1;
     let pb = crate::simd::gemm::pack_b(kk, m, a, 1, kk as isize, nr);
-    cx.cpu
-        .parallel_for_work(tasks, m * n * kk * 2 + n * kk * 4, &|t| {
-            let (j0, j1) = (t * panel, ((t + 1) * panel).min(n));
-            let cols = j1 - j0;
-            let mut bt = crate::simd::scratch::<f32>(cols * kk);
-            fill(j0, cols, &mut bt);
-            let mut buf = crate::simd::scratch::<f32>(cols * m);
-            let gm = Gemm {
-                m: cols,
-                n: m,
-                k: kk,
-                a_rs: kk as isize,
-                a_cs: 1,
-                b_rs: 0,
-                b_cs: 0,
-                ldc: m,
-                alpha: 1.0,
-                beta: 0.0,
-            };
-            let b = Operand::Panels {
-                data: &pb,
-                panel: nr,
-            };
-            let ok = crate::simd::sgemm_ops_checked(&gm, Operand::Strided(&bt), b, &mut buf);
-            debug_assert!(ok, "MatMulNBits: SGEMM operands fit by construction");
-            for r in 0..m {
-                // SAFETY: as in `direct_rows`: disjoint columns per task.
-                let dst =
-                    unsafe { core::slice::from_raw_parts_mut(yp.get().add(r * n + j0), cols) };
-                for (c, d) in dst.iter_mut().enumerate() {
-                    *d = buf[c * m + r];
-                }
+    let work = m * n * kk * 2 + if dense.is_some() { 0 } else { n * kk * 4 };
+    cx.cpu.parallel_for_work(tasks, work, &|t| {
+        let (j0, j1) = (t * panel, ((t + 1) * panel).min(n));
+        let cols = j1 - j0;
+        let mut own;
+        let bt: &[f32] = match dense {
+            Some(d) => &d[j0 * kk..j1 * kk],
+            None => {
+                own = crate::simd::scratch::<f32>(cols * kk);
+                fill(j0, cols, &mut own);
+                &own
             }
-        });
+        };
+        let mut buf = crate::simd::scratch::<f32>(cols * m);
+        let gm = Gemm {
+            m: cols,
+            n: m,
+            k: kk,
+            a_rs: kk as isize,
+            a_cs: 1,
+            b_rs: 0,
+            b_cs: 0,
+            ldc: m,
+            alpha: 1.0,
+            beta: 0.0,
+        };
+        let b = Operand::Panels {
+            data: &pb,
+            panel: nr,
+        };
+        let ok = crate::simd::sgemm_ops_checked(&gm, Operand::Strided(bt), b, &mut buf);
+        debug_assert!(ok, "MatMulNBits: SGEMM operands fit by construction");
+        for r in 0..m {
+            // SAFETY: as in `direct_rows`: disjoint columns per task.
+            let dst = unsafe { core::slice::from_raw_parts_mut(yp.get().add(r * n + j0), cols) };
+            for (c, d) in dst.iter_mut().enumerate() {
+                *d = buf[c * m + r];
+            }
+        }
+    });
 }
 
 #[cfg(test)]
