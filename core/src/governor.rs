@@ -264,7 +264,7 @@ pub struct Account {
     holders: [[Budget; HOLDERS.len()]; TIERS],
     /// Caches whose kept memory is charged here (a pool's arena cache, sessions' dense weight
     /// caches): given back when a lease is refused here, before the refusal stands.
-    reclaimers: spin::Mutex<Vec<Reclaimer>>,
+    reclaimers: Reclaimers,
 }
 
 impl Account {
@@ -295,7 +295,7 @@ impl Account {
             parent,
             tiers: [const { Budget::new(None) }; TIERS],
             holders: [const { [const { Budget::new(None) }; HOLDERS.len()] }; TIERS],
-            reclaimers: spin::Mutex::new(Vec::new()),
+            reclaimers: Reclaimers::new(),
         };
         a.tiers[0].set_limit(host_limit);
         Arc::new(a)
@@ -337,29 +337,12 @@ impl Account {
     }
 
     fn push_reclaimer(&self, r: Reclaimer) {
-        let mut list = self.reclaimers.lock();
-        list.retain(Reclaimer::alive);
-        list.push(r);
+        self.reclaimers.push(r);
     }
 
-    /// Gives back what this account's reclaimers keep; the bytes freed. The list is copied
-    /// out first: a reclaimer's own leases going back must not find the list locked.
+    /// Gives back what this account's reclaimers keep; the bytes freed.
     fn reclaim(&self) -> usize {
-        let live: Vec<LiveReclaimer> = self
-            .reclaimers
-            .lock()
-            .iter()
-            .filter_map(|r| match r {
-                Reclaimer::Mechanism(m) => m.upgrade().map(LiveReclaimer::Mechanism),
-                Reclaimer::Other(m) => m.upgrade().map(LiveReclaimer::Other),
-            })
-            .collect();
-        live.iter()
-            .map(|r| match r {
-                LiveReclaimer::Mechanism(m) => m.release_cached(),
-                LiveReclaimer::Other(m) => m.release_cached(),
-            })
-            .sum()
+        self.reclaimers.reclaim()
     }
 
     /// Charges `bytes` of `tier` for `holder` here and in every parent, or charges none of
@@ -536,7 +519,8 @@ impl MemoryPool {
         let account = Account::build(name, "pool", host_limit, None);
         let arenas = crate::mechanism::BlockCache::new(name, usize::MAX, Some(account.clone()));
         let weak: Weak<dyn crate::mechanism::Mechanism> = Arc::downgrade(&arenas) as _;
-        account.set_reclaimer(weak);
+        account.set_reclaimer(weak.clone());
+        PROCESS_RECLAIMERS.push(Reclaimer::Mechanism(weak));
         Arc::new(MemoryPool {
             account,
             weights: spin::Mutex::new(BTreeMap::new()),
@@ -665,6 +649,53 @@ enum LiveReclaimer {
     Other(Arc<dyn Reclaim>),
 }
 
+/// Caches that give back what they keep when a budget refuses a lease (an account's, or the
+/// process's), held weakly.
+#[derive(Debug)]
+struct Reclaimers(spin::Mutex<Vec<Reclaimer>>);
+
+impl Reclaimers {
+    const fn new() -> Reclaimers {
+        Reclaimers(spin::Mutex::new(Vec::new()))
+    }
+
+    fn push(&self, r: Reclaimer) {
+        let mut list = self.0.lock();
+        list.retain(Reclaimer::alive);
+        list.push(r);
+    }
+
+    /// Has every live reclaimer give back what it keeps; the bytes freed. The list is copied
+    /// out first: a reclaimer's own leases going back must not find the list locked.
+    fn reclaim(&self) -> usize {
+        let live: Vec<LiveReclaimer> = self
+            .0
+            .lock()
+            .iter()
+            .filter_map(|r| match r {
+                Reclaimer::Mechanism(m) => m.upgrade().map(LiveReclaimer::Mechanism),
+                Reclaimer::Other(m) => m.upgrade().map(LiveReclaimer::Other),
+            })
+            .collect();
+        live.iter()
+            .map(|r| match r {
+                LiveReclaimer::Mechanism(m) => m.release_cached(),
+                LiveReclaimer::Other(m) => m.release_cached(),
+            })
+            .sum()
+    }
+}
+
+/// Every pool's arena cache and every session's dense weight cache: what they keep is charged
+/// to the process's budget too, so a lease that budget refuses has them give it back first.
+static PROCESS_RECLAIMERS: Reclaimers = Reclaimers::new();
+
+/// Adds a cache whose kept memory is charged to the process's budget (see
+/// [`Account::add_reclaimer`]); held weakly.
+pub fn add_process_reclaimer(m: Weak<dyn Reclaim>) {
+    PROCESS_RECLAIMERS.push(Reclaimer::Other(m));
+}
+
 /// Bytes of a tier held for a holder: charged to the process and (with one) to a session's
 /// account when taken, returned to both when dropped.
 #[derive(Debug)]
@@ -688,7 +719,16 @@ impl Lease {
         what: &dyn Fn() -> String,
     ) -> Result<Lease> {
         let process = process_budget(tier);
-        if let Err(in_use) = process.take(bytes) {
+        let mut took = process.take(bytes);
+        // the caches charged to the process give back what they keep (never for a cache's own
+        // lease, as below)
+        if took.is_err()
+            && !matches!(holder, Holder::Cache | Holder::Dequantized)
+            && PROCESS_RECLAIMERS.reclaim() > 0
+        {
+            took = process.take(bytes);
+        }
+        if let Err(in_use) = took {
             return Err(Error::OutOfMemory {
                 tier: alloc::format!("{tier} memory of the process"),
                 requested: bytes as u64,

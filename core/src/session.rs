@@ -523,8 +523,9 @@ impl Session {
             let weak = Arc::downgrade(&weight_cache);
             account.add_reclaimer(weak.clone());
             if let Some(parent) = account.parent() {
-                parent.add_reclaimer(weak);
+                parent.add_reclaimer(weak.clone());
             }
+            crate::governor::add_process_reclaimer(weak);
         }
         let host = Binding::new(SystemHeap::shared());
         if let Some(m) = &opts.host_mechanism {

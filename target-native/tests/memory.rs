@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{f32s, node, opset17_model, vi, xorshift_data};
+use common::{chain_model, f32s, node, opset17_model, vi, xorshift_data};
 use nxrt::governor::{Holder, Tier};
 use nxrt::{Error, Session, Tensor};
 use nxrt_core::proto::GraphProto;
@@ -381,20 +381,6 @@ fn sessions_in_a_pool_hold_identical_weights_once_and_share_its_limit() {
     drop(c);
     let h = account.budget(Tier::Host);
     assert_eq!((h.in_use(), h.leases()), (0, 0));
-}
-
-/// `z = Sigmoid(Relu(x))`, `x` float `[n]`: its intermediate `y` lives in the arena.
-fn chain_model() -> Vec<u8> {
-    opset17_model(GraphProto {
-        name: "chain".into(),
-        node: vec![
-            node("Relu", &["x"], &["y"]),
-            node("Sigmoid", &["y"], &["z"]),
-        ],
-        input: vec![vi("x", 1, &["n"])],
-        output: vec![vi("z", 1, &["n"])],
-        ..Default::default()
-    })
 }
 
 #[test]

@@ -1,11 +1,14 @@
 //! The dense weight cache (`nxrt::weight_cache`): block-quantized weights multiplied from a
 //! cached dense copy give the bits of the uncached many-row arm, the copies are leased as
 //! `dequantized` and bounded by the cache's limit, and `release_cached` or a lease the account
-//! refuses gives them back, the run going on from the codes.
+//! refuses gives them back, the run going on from the codes. A lease the process's budget
+//! refuses has every pool's arena cache and every session's weight cache give back theirs too.
+//!
+//! The tests of this file run one at a time (`serial`): one of them sets the process's limit.
 
 mod common;
 
-use common::{node, vi, xorshift_data};
+use common::{chain_model, node, vi, xorshift_data};
 use nxrt::governor::Holder;
 use nxrt::{BlockWeights, Session, Tensor};
 use nxrt_core::proto::{AttributeProto, GraphProto, ModelProto, OperatorSetIdProto, TensorProto};
@@ -13,6 +16,12 @@ use prost::Message;
 
 // big enough that folding does not expand the weight at load (it folds growth up to 1 MiB)
 const K: usize = 1024;
+
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
 const N: usize = 1024;
 const BS: usize = 32;
 
@@ -160,6 +169,7 @@ const COPY: usize = 4 * K * N;
 
 #[test]
 fn the_cached_arm_gives_the_uncached_arms_bits_and_is_leased_as_dequantized() {
+    let _one_at_a_time = serial();
     for kind in [Kind::Int8, Kind::Float] {
         let (m, x) = (32, input(32, 9));
         let codes = load(kind, BlockWeights::Codes, None, None);
@@ -211,6 +221,7 @@ fn the_cached_arm_gives_the_uncached_arms_bits_and_is_leased_as_dequantized() {
 
 #[test]
 fn the_limit_bounds_the_copies() {
+    let _one_at_a_time = serial();
     for kind in [Kind::Int8, Kind::Float] {
         let (m, x) = (32, input(32, 11));
         let want = run(&load(kind, BlockWeights::Codes, None, None), &x, m).unwrap();
@@ -229,6 +240,7 @@ fn the_limit_bounds_the_copies() {
 
 #[test]
 fn release_and_a_refused_lease_give_the_copies_back() {
+    let _one_at_a_time = serial();
     for kind in [Kind::Int8, Kind::Float] {
         let (m, x) = (32, input(32, 12));
         let want = run(&load(kind, BlockWeights::Codes, None, None), &x, m).unwrap();
@@ -268,4 +280,87 @@ fn release_and_a_refused_lease_give_the_copies_back() {
         assert!(w.released >= COPY, "{w:?}");
         assert_eq!(dequantized(&tight), 0);
     }
+}
+
+/// The process's limit, put back to none when dropped (a failing test included).
+struct ProcessLimit;
+
+impl ProcessLimit {
+    fn set(bytes: usize) -> ProcessLimit {
+        nxrt::governor::set_process_limit(nxrt::governor::Tier::Host, Some(bytes));
+        ProcessLimit
+    }
+}
+
+impl Drop for ProcessLimit {
+    fn drop(&mut self) {
+        nxrt::governor::set_process_limit(nxrt::governor::Tier::Host, None);
+    }
+}
+
+fn process_in_use() -> usize {
+    nxrt::governor::process_snapshot().tiers[0].in_use
+}
+
+#[test]
+fn a_process_refusal_gives_back_the_caches_charged_to_the_process() {
+    let _one_at_a_time = serial();
+    // a session's dense weight copy: as in the session-limit test above, under a process
+    // limit one byte short of what the 64-row run needs with the copy held
+    let kind = Kind::Int8;
+    let (m, x, x64) = (32, input(32, 14), input(64, 15));
+    let probe = load(kind, BlockWeights::Auto, None, None);
+    run(&probe, &x, m).unwrap();
+    let y64 = run(&probe, &x64, 64).unwrap();
+    let host = &probe.memory_snapshot().tiers[0];
+    let outputs = host.holders.iter().find(|h| h.holder == Holder::Outputs);
+    let need = host.in_use + outputs.unwrap().peak;
+    drop(probe);
+    let s = load(kind, BlockWeights::Auto, None, None);
+    run(&s, &x, m).unwrap();
+    assert!(dequantized(&s) >= COPY);
+    {
+        let _limit = ProcessLimit::set(process_in_use() - host_in_use(&s) + need - 1);
+        let got = run(&s, &x64, 64).expect("the copy is given back for the process's budget");
+        assert_eq!(got, y64);
+    }
+    assert!(s.weight_cache().released >= COPY, "{:?}", s.weight_cache());
+    drop(s);
+
+    // a pool's arena cache: an arena of one size class kept by the pool, then a run needing
+    // an arena of another class under a process limit that only fits it once the kept one is
+    // given back
+    use nxrt::governor::MemoryPool;
+    use nxrt::mechanism::Mechanism;
+    let bytes = chain_model();
+    let pool = MemoryPool::new("process", None);
+    let cache: std::sync::Arc<dyn nxrt::mechanism::HostMechanism> = pool.arena_cache().clone();
+    let s = Session::builder()
+        .pool(&pool)
+        .host_mechanism(cache)
+        .load_bytes(&bytes)
+        .unwrap();
+    let chain = |n: usize| {
+        let x = Tensor::from_vec(&[n], xorshift_data(n, 6)).unwrap();
+        s.run([("x", x)]).map(|_| ())
+    };
+    // (the first run records the sizes, the second runs from the plan's arena)
+    chain(50_000).unwrap();
+    chain(50_000).unwrap();
+    s.release_cached();
+    let kept = pool.arena_cache().cached_bytes();
+    assert!(
+        kept >= 200_000,
+        "the pool keeps the released arena ({kept} bytes)"
+    );
+    {
+        // room for the new arena (240 000 bytes) and the run's output, not with the kept one
+        let _limit = ProcessLimit::set(process_in_use() - kept + 600_000);
+        chain(60_000).expect("the pool's cache is given back for the process's budget");
+    }
+    assert_eq!(pool.arena_cache().cached_bytes(), 0);
+}
+
+fn host_in_use(s: &Session) -> usize {
+    s.memory_snapshot().tiers[0].in_use
 }

@@ -93,3 +93,17 @@ pub fn f32s(name: &str, dims: &[i64], v: &[f32]) -> TensorProto {
         ..Default::default()
     }
 }
+
+/// `z = Sigmoid(Relu(x))`, `x` float `[n]`: its intermediate `y` lives in the arena.
+pub fn chain_model() -> Vec<u8> {
+    opset17_model(GraphProto {
+        name: "chain".into(),
+        node: vec![
+            node("Relu", &["x"], &["y"]),
+            node("Sigmoid", &["y"], &["z"]),
+        ],
+        input: vec![vi("x", 1, &["n"])],
+        output: vec![vi("z", 1, &["n"])],
+        ..Default::default()
+    })
+}
