@@ -69,6 +69,10 @@ export interface SessionOptions {
   externalData?: { path: string; data: Uint8Array | ArrayBuffer | string | URL }[];
   /** The session's host memory budget in bytes. */
   memoryLimit?: number;
+  /** How block-quantized weights (MXFP4, blocked DequantizeLinear before a MatMul, MatMulNBits with float activations) are multiplied: from their codes, from a cached dense copy, or dense weights made at load. Default 'auto': codes for a few rows, the cached copy for more. */
+  blockWeights?: 'auto' | 'codes' | 'cached' | 'expanded';
+  /** Bytes the session's dense weight copies may hold together (default 256 MiB; null: only memoryLimit bounds them). */
+  weightCacheLimit?: number | null;
   /** 'gpu-buffer' (for every output, or per output name): outputs the WebGPU provider computed stay on the GPU; feed them back to this session without a copy. */
   preferredOutputLocation?: DataLocation | Record<string, DataLocation>;
 }
@@ -90,6 +94,8 @@ export declare class InferenceSession {
     /** What each device provider runs on: the adapter, shader-f16 and the limits it respects. */
     devices: { provider: string; device: string }[];
   };
+  /** The dense weight cache's policy, limit (null: none) and figures (bytes and counts). */
+  weightCache(): { policy: string; limit: number | null; bytes: number; copies: number; fills: number; hits: number; declined: number; released: number };
   /** What the session holds, in bytes, per tier and holder. */
   memorySnapshot(): {
     name: string;

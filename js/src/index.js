@@ -422,7 +422,10 @@ export class InferenceSession {
    * beside a model loaded from a URL or path), `memoryLimit` (bytes: the session's host
    * memory budget; its weights, activation memory and outputs are charged to it, and loading
    * or a run over it rejects with an `out of memory` error naming what asked, the session
-   * staying usable), `preferredOutputLocation` (`'cpu'` (default) or `'gpu-buffer'`, for every
+   * staying usable), `blockWeights` (`'auto'` (default), `'codes'`, `'cached'` or `'expanded'`:
+   * how block-quantized weights such as MXFP4 are multiplied, see `weightCache()`),
+   * `weightCacheLimit` (bytes the session's dense weight copies may hold; default 256 MiB,
+   * `null` for no limit but the memory budget), `preferredOutputLocation` (`'cpu'` (default) or `'gpu-buffer'`, for every
    * output or per output as `{name: location}`: an output the WebGPU provider computed stays
    * on the GPU as a Tensor with `location: 'gpu-buffer'`, read with `await getData()`, fed
    * back to this session without a copy, and freed with `dispose()`; an output the CPU
@@ -438,13 +441,25 @@ export class InferenceSession {
     if (limit !== undefined && !(Number.isSafeInteger(limit) && limit >= 0)) {
       throw new TypeError(`memoryLimit must be a whole number of bytes, not ${limit}`);
     }
+    const blockWeights = options.blockWeights;
+    if (blockWeights !== undefined && !['auto', 'codes', 'cached', 'expanded'].includes(blockWeights)) {
+      throw new TypeError(`blockWeights must be 'auto', 'codes', 'cached' or 'expanded', not ${blockWeights}`);
+    }
+    let cacheLimit = options.weightCacheLimit;
+    if (cacheLimit === null) {
+      cacheLimit = -1; // no limit of its own
+    } else if (cacheLimit !== undefined && !(Number.isSafeInteger(cacheLimit) && cacheLimit >= 0)) {
+      throw new TypeError(`weightCacheLimit must be a whole number of bytes or null, not ${cacheLimit}`);
+    }
     const pref = options.preferredOutputLocation;
     if (pref !== undefined) keepList(pref, null); // a bad location fails before loading
     const [extNames, extData] = await externalFiles(bytes, options.externalData, url);
     let inner;
     try {
       // async: 'webgpu' opens the adapter (navigator.gpu.requestAdapter) first
-      inner = await wasm.WasmSession.create(bytes, providers, level, extNames, extData, limit);
+      inner = await wasm.WasmSession.create(
+        bytes, providers, level, extNames, extData, limit, blockWeights, cacheLimit,
+      );
     } catch (e) {
       throw asError(e);
     }
@@ -485,6 +500,16 @@ export class InferenceSession {
    */
   memorySnapshot() {
     return this.#live().memorySnapshot();
+  }
+
+  /**
+   * The dense weight cache: `{policy, limit, bytes, copies, fills, hits, declined, released}`
+   * (bytes; `limit` null when none). Copies of block-quantized weights made for many-row
+   * products are kept up to the limit and leased as `dequantized`; `release()` and any
+   * refused lease give them back.
+   */
+  weightCache() {
+    return this.#live().weightCache();
   }
 
   /** How many of this session's outputs are held on the GPU (not yet disposed). */

@@ -253,8 +253,11 @@ impl WasmSession {
     /// Loads a model, opening the WebGPU adapter first when `providers` names `webgpu`
     /// (async, as `requestAdapter` is). `ext_names[i]` is the external-data file whose bytes
     /// are `ext_data[i]` (a location the model names; none when it has no external data).
-    /// `memory_limit`: the session's host memory budget in bytes (none when undefined).
+    /// `memory_limit`: the session's host memory budget in bytes (none when undefined);
+    /// `block_weights` (`auto`, `codes`, `cached`, `expanded`; default `auto`) and
+    /// `weight_cache_limit` (bytes, default 256 MiB; negative: none): the dense weight cache.
     /// Resolves to a `WasmSession`.
+    #[allow(clippy::too_many_arguments)]
     pub fn create(
         bytes: Vec<u8>,
         providers: Vec<String>,
@@ -262,21 +265,37 @@ impl WasmSession {
         ext_names: Vec<String>,
         ext_data: Vec<Uint8Array>,
         memory_limit: Option<f64>,
+        block_weights: Option<String>,
+        weight_cache_limit: Option<f64>,
     ) -> js_sys::Promise {
         wasm_bindgen_futures::future_to_promise(async move {
             let level = opt_level(&opt).map_err(js_err)?;
             let ext = JsFiles::new(ext_names, ext_data).map_err(js_err)?;
-            let limit = match memory_limit {
-                Some(b) if b.is_finite() && b >= 0.0 && b.fract() == 0.0 => Some(b as usize),
-                Some(b) => {
-                    return Err(input_err(format!(
-                        "memoryLimit must be a whole number of bytes, not {b}"
-                    ))
-                    .into())
+            let bytes_of = |name: &str, b: f64| {
+                if b.is_finite() && b >= 0.0 && b.fract() == 0.0 {
+                    Ok(b as usize)
+                } else {
+                    Err(input_err(format!(
+                        "{name} must be a whole number of bytes, not {b}"
+                    )))
                 }
-                None => None,
             };
-            let s = crate::build_session_limited(&bytes, &providers, level, &ext, limit)
+            let mut memory = crate::Memory {
+                limit: memory_limit
+                    .map(|b| bytes_of("memoryLimit", b))
+                    .transpose()?,
+                ..Default::default()
+            };
+            if let Some(p) = block_weights {
+                memory.weight_cache.policy =
+                    nxrt_core::weight_cache::BlockWeights::parse(&p).map_err(js_err)?;
+            }
+            match weight_cache_limit {
+                Some(b) if b < 0.0 => memory.weight_cache.limit = None,
+                Some(b) => memory.weight_cache.limit = Some(bytes_of("weightCacheLimit", b)?),
+                None => {}
+            }
+            let s = crate::build_session_limited(&bytes, &providers, level, &ext, memory)
                 .await
                 .map_err(js_err)?;
             Ok(JsValue::from(WasmSession::wrap(s)))
@@ -290,8 +309,32 @@ impl WasmSession {
     }
 
     /// What the session holds: `{name, tiers: [{tier, inUse, peak, limit, leases, holders:
-    /// {weights|arena|outputs|cache|other: {inUse, peak, leases}}}]}` (bytes; `limit` null
-    /// when none).
+    /// {weights|arena|outputs|cache|dequantized|other: {inUse, peak, leases}}}]}` (bytes;
+    /// `limit` null when none).
+    /// The dense weight cache's figures: `{policy, limit, bytes, copies, fills, hits,
+    /// declined, released}` (bytes; `limit` null when none).
+    #[wasm_bindgen(js_name = weightCache)]
+    pub fn weight_cache(&self) -> Object {
+        let w = self.inner.weight_cache();
+        let o = Object::new();
+        set(&o, "policy", &JsValue::from_str(&w.policy));
+        let limit = w
+            .limit
+            .map_or(JsValue::NULL, |l| JsValue::from_f64(l as f64));
+        set(&o, "limit", &limit);
+        for (k, v) in [
+            ("bytes", w.bytes),
+            ("copies", w.copies),
+            ("fills", w.fills),
+            ("hits", w.hits),
+            ("declined", w.declined),
+            ("released", w.released),
+        ] {
+            set(&o, k, &JsValue::from_f64(v as f64));
+        }
+        o
+    }
+
     #[wasm_bindgen(js_name = memorySnapshot)]
     pub fn memory_snapshot(&self) -> Object {
         let snap = self.inner.memory_snapshot();

@@ -58,7 +58,7 @@ fn session_with(
     mut list: Vec<Arc<dyn ExecutionProvider>>,
     opt: OptLevel,
     ext: &dyn loader::ExternalDataSource,
-    memory_limit: Option<usize>,
+    memory: Memory,
 ) -> Result<Session> {
     let model = loader::load_model(bytes, ext)?;
     list.push(Arc::new(CpuProvider::new(Arc::new(ReferenceCpu))));
@@ -69,10 +69,19 @@ fn session_with(
             optimization: opt,
             #[cfg(target_arch = "wasm32")]
             clock: Some(bindings::now_ns),
-            memory_limit,
+            memory_limit: memory.limit,
+            weight_cache: memory.weight_cache,
             ..Default::default()
         },
     )
+}
+
+/// A session's memory settings: its host budget in bytes (none by default) and its dense
+/// weight cache's policy and limit (see `nxrt_core::weight_cache`).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Memory {
+    pub limit: Option<usize>,
+    pub weight_cache: nxrt_core::weight_cache::WeightCacheOptions,
 }
 
 /// Builds a session from model bytes for the named CPU providers (`webgpu` needs
@@ -84,7 +93,13 @@ pub fn build_session(bytes: &[u8], providers: &[String], opt: OptLevel) -> Resul
             "the webgpu provider is opened asynchronously: use build_session_async".into(),
         ));
     }
-    session_with(bytes, Vec::new(), opt, &loader::NoExternalData, None)
+    session_with(
+        bytes,
+        Vec::new(),
+        opt,
+        &loader::NoExternalData,
+        Memory::default(),
+    )
 }
 
 /// Builds a session for the named providers in preference order; `webgpu` opens the
@@ -95,17 +110,18 @@ pub async fn build_session_async(
     opt: OptLevel,
     ext: &dyn loader::ExternalDataSource,
 ) -> Result<Session> {
-    build_session_limited(bytes, providers, opt, ext, None).await
+    build_session_limited(bytes, providers, opt, ext, Memory::default()).await
 }
 
-/// [`build_session_async`] with a host memory budget for the session (see
-/// `nxrt_core::governor`): over it, loading or a run is `Error::OutOfMemory`.
+/// [`build_session_async`] with the session's memory settings: a host budget (see
+/// `nxrt_core::governor`: over it, loading or a run is `Error::OutOfMemory`) and the dense
+/// weight cache's policy and limit.
 pub async fn build_session_limited(
     bytes: &[u8],
     providers: &[String],
     opt: OptLevel,
     ext: &dyn loader::ExternalDataSource,
-    memory_limit: Option<usize>,
+    memory: Memory,
 ) -> Result<Session> {
     check_providers(providers)?;
     let mut list: Vec<Arc<dyn ExecutionProvider>> = Vec::new();
@@ -113,7 +129,7 @@ pub async fn build_session_limited(
     if providers.iter().any(|p| p == "webgpu") {
         list.push(Arc::new(webgpu::WebGpuProvider::new(0).await?));
     }
-    session_with(bytes, list, opt, ext, memory_limit)
+    session_with(bytes, list, opt, ext, memory)
 }
 
 #[cfg(feature = "webgpu")]
