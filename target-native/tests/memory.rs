@@ -604,16 +604,8 @@ fn a_pool_cache_filling_the_pool_limit_is_given_back_for_an_arena() {
     let w = s0.memory_snapshot().tiers[0].in_use; // the session's own (weights etc.)
                                                   // room for the weights of one session and one arena of 50 000 floats, not two
     let pool = MemoryPool::new("tight", Some(w + 600_000));
-    let cache: std::sync::Arc<dyn nxrt::mechanism::HostMechanism> = pool.arena_cache().clone();
-    let s = Session::builder()
-        .pool(&pool)
-        .host_mechanism(cache)
-        .load_bytes(&bytes)
-        .unwrap();
-    let run = |n: usize| {
-        let x = Tensor::from_vec(&[n], xorshift_data(n, 6)).unwrap();
-        s.run([("x", x)]).map(|_| ())
-    };
+    let s = common::pool_chain_session(&pool);
+    let run = |n: usize| common::run_chain(&s, n);
     run(50_000).unwrap();
     run(50_000).unwrap();
     s.release_cached();

@@ -8,7 +8,7 @@
 
 mod common;
 
-use common::{chain_model, node, vi, xorshift_data};
+use common::{node, vi, xorshift_data};
 use nxrt::governor::Holder;
 use nxrt::{BlockWeights, Session, Tensor};
 use nxrt_core::proto::{AttributeProto, GraphProto, ModelProto, OperatorSetIdProto, TensorProto};
@@ -332,18 +332,9 @@ fn a_process_refusal_gives_back_the_caches_charged_to_the_process() {
     // given back
     use nxrt::governor::MemoryPool;
     use nxrt::mechanism::Mechanism;
-    let bytes = chain_model();
     let pool = MemoryPool::new("process", None);
-    let cache: std::sync::Arc<dyn nxrt::mechanism::HostMechanism> = pool.arena_cache().clone();
-    let s = Session::builder()
-        .pool(&pool)
-        .host_mechanism(cache)
-        .load_bytes(&bytes)
-        .unwrap();
-    let chain = |n: usize| {
-        let x = Tensor::from_vec(&[n], xorshift_data(n, 6)).unwrap();
-        s.run([("x", x)]).map(|_| ())
-    };
+    let s = common::pool_chain_session(&pool);
+    let chain = |n: usize| common::run_chain(&s, n);
     // (the first run records the sizes, the second runs from the plan's arena)
     chain(50_000).unwrap();
     chain(50_000).unwrap();

@@ -107,3 +107,20 @@ pub fn chain_model() -> Vec<u8> {
         ..Default::default()
     })
 }
+
+/// A session of [`chain_model`] in `pool`, its arenas from the pool's arena cache, and a run
+/// of `n` elements.
+pub fn pool_chain_session(pool: &std::sync::Arc<nxrt::governor::MemoryPool>) -> nxrt::Session {
+    let cache: std::sync::Arc<dyn nxrt::mechanism::HostMechanism> = pool.arena_cache().clone();
+    nxrt::Session::builder()
+        .pool(pool)
+        .host_mechanism(cache)
+        .load_bytes(&chain_model())
+        .unwrap()
+}
+
+/// Runs [`chain_model`] on `n` elements.
+pub fn run_chain(s: &nxrt::Session, n: usize) -> nxrt::Result<()> {
+    let x = nxrt::Tensor::from_vec(&[n], xorshift_data(n, 6)).unwrap();
+    s.run([("x", x)]).map(|_| ())
+}
