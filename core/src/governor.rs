@@ -324,20 +324,12 @@ impl Account {
         self.parent.as_ref()
     }
 
-    /// Sets the cache whose kept memory is charged to this account: a lease this account
-    /// refuses (one not for a cache) has the cache given back and is tried once more.
-    pub fn set_reclaimer(&self, m: Weak<dyn crate::mechanism::Mechanism>) {
-        self.push_reclaimer(Reclaimer::Mechanism(m));
-    }
-
-    /// Adds a cache whose kept memory is charged to this account (see
-    /// [`Account::set_reclaimer`]); it is held weakly, and dropped from the list once gone.
+    /// Adds a cache whose kept memory is charged to this account (a pool's arena cache, a
+    /// session's weight cache): a lease this account refuses (one not for a cache) has every
+    /// such cache give back what it keeps and is tried once more. Held weakly, and dropped from
+    /// the list once gone.
     pub fn add_reclaimer(&self, m: Weak<dyn Reclaim>) {
-        self.push_reclaimer(Reclaimer::Other(m));
-    }
-
-    fn push_reclaimer(&self, r: Reclaimer) {
-        self.reclaimers.push(r);
+        self.reclaimers.push(m);
     }
 
     /// Gives back what this account's reclaimers keep; the bytes freed.
@@ -518,9 +510,9 @@ impl MemoryPool {
     pub fn new(name: &str, host_limit: Option<usize>) -> Arc<MemoryPool> {
         let account = Account::build(name, "pool", host_limit, None);
         let arenas = crate::mechanism::BlockCache::new(name, usize::MAX, Some(account.clone()));
-        let weak: Weak<dyn crate::mechanism::Mechanism> = Arc::downgrade(&arenas) as _;
-        account.set_reclaimer(weak.clone());
-        PROCESS_RECLAIMERS.push(Reclaimer::Mechanism(weak));
+        let weak: Weak<dyn Reclaim> = Arc::downgrade(&arenas) as _;
+        account.add_reclaimer(weak.clone());
+        PROCESS_RECLAIMERS.push(weak);
         Arc::new(MemoryPool {
             account,
             weights: spin::Mutex::new(BTreeMap::new()),
@@ -544,8 +536,7 @@ impl MemoryPool {
 
     /// Frees the arenas the pool keeps; returns the bytes freed.
     pub fn release_cached(&self) -> usize {
-        use crate::mechanism::Mechanism;
-        self.arenas.release_cached()
+        crate::mechanism::Mechanism::release_cached(&*self.arenas)
     }
 
     /// What every session in the pool holds together, with the shared weights.
@@ -627,62 +618,27 @@ pub trait Reclaim: Send + Sync {
     fn release_cached(&self) -> usize;
 }
 
-/// A reclaimer an account holds weakly.
-#[derive(Debug)]
-enum Reclaimer {
-    Mechanism(Weak<dyn crate::mechanism::Mechanism>),
-    Other(Weak<dyn Reclaim>),
-}
-
-impl Reclaimer {
-    fn alive(&self) -> bool {
-        match self {
-            Reclaimer::Mechanism(m) => m.strong_count() > 0,
-            Reclaimer::Other(m) => m.strong_count() > 0,
-        }
-    }
-}
-
-/// A reclaimer made strong for one reclaim.
-enum LiveReclaimer {
-    Mechanism(Arc<dyn crate::mechanism::Mechanism>),
-    Other(Arc<dyn Reclaim>),
-}
-
 /// Caches that give back what they keep when a budget refuses a lease (an account's, or the
 /// process's), held weakly.
 #[derive(Debug)]
-struct Reclaimers(spin::Mutex<Vec<Reclaimer>>);
+struct Reclaimers(spin::Mutex<Vec<Weak<dyn Reclaim>>>);
 
 impl Reclaimers {
     const fn new() -> Reclaimers {
         Reclaimers(spin::Mutex::new(Vec::new()))
     }
 
-    fn push(&self, r: Reclaimer) {
+    fn push(&self, r: Weak<dyn Reclaim>) {
         let mut list = self.0.lock();
-        list.retain(Reclaimer::alive);
+        list.retain(|r| r.strong_count() > 0);
         list.push(r);
     }
 
     /// Has every live reclaimer give back what it keeps; the bytes freed. The list is copied
     /// out first: a reclaimer's own leases going back must not find the list locked.
     fn reclaim(&self) -> usize {
-        let live: Vec<LiveReclaimer> = self
-            .0
-            .lock()
-            .iter()
-            .filter_map(|r| match r {
-                Reclaimer::Mechanism(m) => m.upgrade().map(LiveReclaimer::Mechanism),
-                Reclaimer::Other(m) => m.upgrade().map(LiveReclaimer::Other),
-            })
-            .collect();
-        live.iter()
-            .map(|r| match r {
-                LiveReclaimer::Mechanism(m) => m.release_cached(),
-                LiveReclaimer::Other(m) => m.release_cached(),
-            })
-            .sum()
+        let live: Vec<Arc<dyn Reclaim>> = self.0.lock().iter().filter_map(Weak::upgrade).collect();
+        live.iter().map(|r| r.release_cached()).sum()
     }
 }
 
@@ -693,7 +649,7 @@ static PROCESS_RECLAIMERS: Reclaimers = Reclaimers::new();
 /// Adds a cache whose kept memory is charged to the process's budget (see
 /// [`Account::add_reclaimer`]); held weakly.
 pub fn add_process_reclaimer(m: Weak<dyn Reclaim>) {
-    PROCESS_RECLAIMERS.push(Reclaimer::Other(m));
+    PROCESS_RECLAIMERS.push(m);
 }
 
 /// Bytes of a tier held for a holder: charged to the process and (with one) to a session's

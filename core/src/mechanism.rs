@@ -253,6 +253,14 @@ impl Mechanism for BlockCache {
     }
 }
 
+impl crate::governor::Reclaim for BlockCache {
+    /// What [`Mechanism::release_cached`] gives back (an account's and the process's refusals
+    /// reclaim through this).
+    fn release_cached(&self) -> usize {
+        Mechanism::release_cached(self)
+    }
+}
+
 impl HostMechanism for BlockCache {
     fn block_size(&self, bytes: usize) -> usize {
         size_class(bytes)

@@ -614,7 +614,8 @@ impl Session {
     }
 
     /// Frees what the session caches between runs: its dense weight copies, its memory plans
-    /// with their arenas, and each provider's pooled buffers. The session stays usable; the next run allocates again.
+    /// with their arenas, and each provider's pooled buffers. The session stays usable; the
+    /// next run allocates again.
     pub fn release_cached(&self) {
         use crate::governor::Reclaim;
         self.weight_cache.release_cached();
